@@ -1,0 +1,260 @@
+"""The concrete element algebra: numpy arrays, floats widened to float64.
+
+Every piece of element arithmetic an op evaluator does goes through one of these methods,
+so the symbolic algebra (tv_ir.symbolic) only has to override them. Floats are reals: a
+float-to-float `convert` is the identity; integers keep their machine dtype here (the
+conformance tests compare with XLA bit for bit on integers).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .ir import TensorType
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def _errstate():
+    return np.errstate(all="ignore")
+
+
+class NumpyAlgebra:
+    """Concrete semantics of element operations over numpy arrays."""
+
+    symbolic = False
+
+    # -- constants and conversion ------------------------------------------------------
+    def constant(self, value: np.ndarray, t: TensorType) -> np.ndarray:
+        return np.asarray(value, dtype=t.numpy_dtype)
+
+    def convert(self, x, src: TensorType, dst: TensorType):
+        with _errstate():
+            if dst.is_bool:
+                return np.asarray(x) != 0
+            if dst.is_float:
+                return np.asarray(x, dtype=np.float64)
+            if src.is_float:
+                # float -> int: round toward zero, saturating at the integer range (XLA's CPU rule)
+                info = np.iinfo(dst.numpy_dtype)
+                y = np.trunc(np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0))
+                return np.clip(y, info.min, info.max).astype(dst.numpy_dtype)
+            return np.asarray(x).astype(dst.numpy_dtype)
+
+    def is_symbolic(self, x) -> bool:
+        return False
+
+    # -- arithmetic ----------------------------------------------------------------------
+    def add(self, x, y):
+        with _errstate():
+            return np.add(x, y)
+
+    def subtract(self, x, y):
+        with _errstate():
+            return np.subtract(x, y)
+
+    def multiply(self, x, y):
+        with _errstate():
+            return np.multiply(x, y)
+
+    def divide(self, x, y):
+        with _errstate():
+            return np.divide(x, y)
+
+    def int_divide(self, x, y):
+        """Integer division rounding toward zero; x / 0 = -1 (XLA's CPU convention)."""
+        x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
+        safe = np.where(y == 0, 1, y)
+        with _errstate():
+            q = np.abs(x) // np.abs(safe)
+            q = np.where((x < 0) != (safe < 0), -q, q).astype(x.dtype)
+        return np.where(y == 0, np.array(-1).astype(x.dtype), q)
+
+    def remainder(self, x, y):
+        with _errstate():
+            if np.asarray(x).dtype.kind == "f":
+                return np.fmod(x, y)
+            x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
+            safe = np.where(y == 0, 1, y)
+            return np.where(y == 0, x, np.fmod(x, safe)).astype(x.dtype)
+
+    def negate(self, x):
+        with _errstate():
+            return np.negative(x)
+
+    def abs(self, x):
+        return np.abs(x)
+
+    def sign(self, x):
+        return np.sign(x)
+
+    def maximum(self, x, y):
+        return np.maximum(x, y)
+
+    def minimum(self, x, y):
+        return np.minimum(x, y)
+
+    def power(self, x, y):
+        with _errstate():
+            if np.asarray(x).dtype.kind in "iu":
+                return self._int_power(np.asarray(x), np.asarray(y))
+            return np.power(x, y)
+
+    def _int_power(self, x, y):
+        x, y = np.broadcast_arrays(x, y)
+        out = np.ones_like(x)
+        base = x.copy()
+        e = y.astype(np.int64).copy()
+        neg = e < 0
+        e = np.where(neg, 0, e)
+        while np.any(e > 0):
+            out = np.where(e & 1, out * base, out)
+            base = base * base
+            e = e >> 1
+        # negative exponents: 1 -> 1, -1 -> +-1, else 0
+        negres = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 == 0, 1, -1), 0))
+        return np.where(neg, negres.astype(x.dtype), out)
+
+    # -- transcendental -----------------------------------------------------------------
+    def unary(self, fn: str, x):
+        """A named math function: exp, log, tanh, rsqrt, ... (see UNARY)."""
+        with _errstate():
+            return UNARY[fn](np.asarray(x, dtype=np.float64))
+
+    def atan2(self, x, y):
+        with _errstate():
+            return np.arctan2(x, y)
+
+    # -- comparison and logic ---------------------------------------------------------
+    def compare(self, direction: str, x, y):
+        with _errstate():
+            return {
+                "EQ": np.equal,
+                "NE": np.not_equal,
+                "LT": np.less,
+                "LE": np.less_equal,
+                "GT": np.greater,
+                "GE": np.greater_equal,
+            }[direction](x, y)
+
+    def select(self, pred, on_true, on_false):
+        return np.where(pred, on_true, on_false)
+
+    def logical_and(self, x, y):
+        return np.bitwise_and(x, y)
+
+    def logical_or(self, x, y):
+        return np.bitwise_or(x, y)
+
+    def logical_xor(self, x, y):
+        return np.bitwise_xor(x, y)
+
+    def logical_not(self, x):
+        x = np.asarray(x)
+        return np.logical_not(x) if x.dtype == bool else np.invert(x)
+
+    def shift(self, kind: str, x, y):
+        x = np.asarray(x)
+        bits = x.dtype.itemsize * 8
+        y = np.asarray(y).astype(np.int64)
+        over = (y < 0) | (y >= bits)
+        ys = np.where(over, 0, y).astype(x.dtype)
+        if kind == "left":
+            return np.where(over, 0, np.left_shift(x, ys)).astype(x.dtype)
+        if kind == "right_logical":
+            ux = x.view(f"uint{bits}")
+            r = np.right_shift(ux, ys.astype(ux.dtype)).view(x.dtype)
+            return np.where(over, 0, r).astype(x.dtype)
+        fill = np.where(x < 0, -1, 0).astype(x.dtype)
+        return np.where(over, fill, np.right_shift(x, ys)).astype(x.dtype)
+
+    def popcnt(self, x):
+        x = np.asarray(x)
+        ux = x.view(f"uint{x.dtype.itemsize * 8}").astype(np.uint64)
+        return np.vectorize(lambda v: bin(int(v)).count("1"))(ux).astype(x.dtype)
+
+    def count_leading_zeros(self, x):
+        x = np.asarray(x)
+        bits = x.dtype.itemsize * 8
+        ux = x.view(f"uint{bits}").astype(np.uint64)
+        return np.vectorize(lambda v: bits - int(v).bit_length())(ux).astype(x.dtype)
+
+    # -- values that must be concrete (indices, control flow) --------------------------
+    def index(self, x) -> int:
+        """A scalar used as an index; must be concrete."""
+        return int(np.asarray(x).reshape(()))
+
+    def truth(self, x) -> bool:
+        """A scalar predicate deciding control flow; must be concrete."""
+        return bool(np.asarray(x).reshape(()))
+
+    def indices(self, x) -> np.ndarray:
+        """An index array (gather/scatter); must be concrete."""
+        return np.asarray(x).astype(np.int64)
+
+    # -- reductions and contractions ----------------------------------------------------
+    def reduce_sum(self, x, axes: tuple[int, ...]):
+        with _errstate():
+            return np.sum(x, axis=axes, dtype=np.asarray(x).dtype)
+
+    def reduce_prod(self, x, axes):
+        with _errstate():
+            return np.prod(x, axis=axes, dtype=np.asarray(x).dtype)
+
+    def reduce_max(self, x, axes):
+        return np.max(x, axis=axes) if np.asarray(x).size else x.sum(axis=axes)
+
+    def reduce_min(self, x, axes):
+        return np.min(x, axis=axes) if np.asarray(x).size else x.sum(axis=axes)
+
+    def reduce_and(self, x, axes):
+        x = np.asarray(x)
+        if x.dtype == bool:
+            return np.all(x, axis=axes)
+        return np.bitwise_and.reduce(x, axis=axes)
+
+    def reduce_or(self, x, axes):
+        x = np.asarray(x)
+        if x.dtype == bool:
+            return np.any(x, axis=axes)
+        return np.bitwise_or.reduce(x, axis=axes)
+
+    def matmul(self, a, b):
+        """Batched matrix product: (B, M, K) x (B, K, N) -> (B, M, N)."""
+        with _errstate():
+            return np.matmul(a, b)
+
+
+def _rsqrt(x):
+    return 1.0 / np.sqrt(x)
+
+
+def _round_half_away(x):
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+UNARY = {
+    "exp": np.exp,
+    "expm1": np.expm1,
+    "log": np.log,
+    "log1p": np.log1p,
+    "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "tanh": np.tanh,
+    "sqrt": np.sqrt,
+    "rsqrt": _rsqrt,
+    "cbrt": np.cbrt,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "erf": _erf,
+    "lgamma": _lgamma,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round_nearest_afz": _round_half_away,
+    "round_nearest_even": np.rint,
+    "is_finite": np.isfinite,
+}
+

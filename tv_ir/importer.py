@@ -1,0 +1,430 @@
+"""Import StableHLO (text or bytecode) and HLO text into tv_ir, through jaxlib's MLIR bindings.
+
+This is the only module that touches MLIR objects. Legacy ops are legalised with StableHLO's
+own passes before conversion; attributes are decoded once into plain Python values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import attrs as A
+from .errors import BadInput
+from .ir import (
+    UNKNOWN_LOC,
+    Block,
+    Function,
+    Location,
+    Module,
+    Op,
+    Region,
+    TensorType,
+    TokenType,
+    TupleType,
+    Value,
+)
+
+_BYTECODE_MAGIC = b"ML\xefR"
+_TERMINATORS = {"stablehlo.return", "func.return", "sdy.return", "mhlo.return"}
+# CHLO ops the op table defines directly (decomposing them would turn a math function into a
+# polynomial approximation, which the prover could only treat as an opaque polynomial).
+CHLO_NATIVE = {"chlo.erf", "chlo.tan", "chlo.erf_inv", "chlo.lgamma", "chlo.digamma"}
+
+_context = None
+
+
+def mlir_context():
+    """One MLIR context with every dialect jax registers (stablehlo, chlo, sdy, mhlo, func)."""
+    global _context
+    if _context is None:
+        from jax._src.interpreters import mlir as jmlir
+        from jaxlib.mlir.dialects import stablehlo
+
+        _context = jmlir.make_ir_context()
+        stablehlo.register_stablehlo_passes()
+        _context.allow_unregistered_dialects = False
+    return _context
+
+
+def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
+    """Return (contents, display name) for a path, or pass text/bytes through."""
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source), "<bytes>"
+    if isinstance(source, os.PathLike) or (
+        isinstance(source, str) and "\n" not in source and len(source) < 4096 and not
+        source.lstrip().startswith(("module", "func.func", "HloModule"))
+    ):
+        path = Path(source)
+        if not path.exists():
+            raise BadInput(f"{path}: no such file")
+        if path.is_dir():
+            raise BadInput(f"{path}: is a directory, expected a .mlir, .mlirbc or .hlo file")
+        data = path.read_bytes()
+        if not data.strip():
+            raise BadInput(f"{path}: file is empty")
+        if data.startswith(_BYTECODE_MAGIC):
+            return data, str(path)
+        try:
+            return data.decode("utf-8"), str(path)
+        except UnicodeDecodeError:
+            raise BadInput(f"{path}: not a StableHLO/MLIR or HLO file (binary content)") from None
+    return source, "<text>"
+
+
+def parse_mlir(source: str | bytes | os.PathLike):
+    """Parse into an `ir.Module` (jaxlib bindings), converting HLO text first."""
+    from jaxlib.mlir import ir
+
+    data, name = read_source(source)
+    if isinstance(data, str) and data.lstrip().startswith("HloModule"):
+        data = hlo_text_to_stablehlo_bytecode(data, name)
+    if isinstance(data, bytes) and not data.startswith(_BYTECODE_MAGIC):
+        raise BadInput(f"{name}: not a StableHLO/MLIR or HLO file (binary content)")
+    ctx = mlir_context()
+    with ctx:
+        try:
+            m = ir.Module.parse(data)
+        except Exception as e:  # MLIRError: keep the first diagnostic line
+            raise BadInput(f"{name}: malformed IR: {_first_diagnostic(str(e))}") from None
+        if not m.operation.verify():
+            raise BadInput(f"{name}: IR does not verify")
+    return m, name
+
+
+def hlo_text_to_stablehlo_bytecode(text: str, name: str) -> bytes:
+    from jax._src.lib import _jax
+    from jax._src.lib import hlo as xhlo
+
+    try:
+        hm = xhlo.hlo_module_from_text(text)
+    except Exception as e:
+        raise BadInput(f"{name}: malformed HLO: {_first_diagnostic(str(e))}") from None
+    return _jax.mlir.hlo_to_stablehlo(hm.as_serialized_hlo_module_proto())
+
+
+def _first_diagnostic(msg: str) -> str:
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("error:"):
+            return ln[len("error:") :].strip()
+    return lines[-1] if lines else msg
+
+
+def _legalize(m) -> None:
+    """Legacy ops to current ones; CHLO to StableHLO where tv has no direct definition."""
+    from jaxlib.mlir.passmanager import PassManager
+
+    names = set()
+    _collect_op_names(m.operation, names)
+    passes = []
+    if names & {"stablehlo.dot", "stablehlo.einsum", "stablehlo.unary_einsum",
+                "stablehlo.broadcast", "stablehlo.create_token", "stablehlo.cross-replica-sum"}:
+        passes.append("func.func(stablehlo-legalize-deprecated-ops)")
+    if any(n.startswith("chlo.") and n not in CHLO_NATIVE for n in names):
+        passes.append("func.func(chlo-legalize-to-stablehlo)")
+    if passes:
+        with m.context:
+            PassManager.parse("builtin.module(" + ",".join(passes) + ")").run(m.operation)
+
+
+def _collect_op_names(op, names: set) -> None:
+    for r in op.regions:
+        for b in r.blocks:
+            for o in b.operations:
+                names.add(o.operation.name)
+                _collect_op_names(o.operation, names)
+
+
+def load(source: str | bytes | os.PathLike | Any) -> Module:
+    """Import a module from a path, text, bytecode, HLO text or an `ir.Module`."""
+    if hasattr(source, "operation") and hasattr(source, "body"):
+        mlir_module, name = source, "<ir.Module>"
+        with mlir_context():
+            mlir_module = _reparse(mlir_module)
+    else:
+        mlir_module, name = parse_mlir(source)
+    with mlir_module.context:
+        _legalize(mlir_module)
+        module = _Converter(name).module(mlir_module)
+    if not module.functions:
+        raise BadInput(f"{name}: module has no functions")
+    return module
+
+
+def _reparse(m):
+    """Bring a module from another context (e.g. jax's) into ours via bytecode-free text."""
+    from jaxlib.mlir import ir
+
+    return ir.Module.parse(m.operation.get_asm(enable_debug_info=True))
+
+
+class _Converter:
+    def __init__(self, name: str):
+        self.name = name
+        self.values: dict[Any, Value] = {}
+
+    def module(self, m) -> Module:
+        funcs: dict[str, Function] = {}
+        other: list[str] = []
+        mod_attrs = {n: decode_attr(m.operation.attributes[n]) for n in m.operation.attributes}
+        for op in m.body.operations:
+            op = op.operation
+            if op.name == "func.func":
+                f = self.function(op)
+                funcs[f.name] = f
+            else:
+                other.append(op.name)
+                if op.name == "sdy.mesh":
+                    mod_attrs.setdefault("sdy.meshes", {})[_sym_name(op)] = decode_attr(
+                        op.attributes["mesh"]
+                    )
+        return Module(funcs, mod_attrs, self.name, other)
+
+    def function(self, op) -> Function:
+        from jaxlib.mlir import ir
+
+        name = _sym_name(op)
+        vis = op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else "public"
+        ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+        result_types = [convert_type(t) for t in ftype.results]
+        arg_attrs = _dict_list(op, "arg_attrs", len(ftype.inputs))
+        res_attrs = _dict_list(op, "res_attrs", len(ftype.results))
+        if not op.regions or not op.regions[0].blocks:
+            raise BadInput(f"{self.name}: function @{name} has no body (declarations not supported)")
+        block = self.block(op.regions[0].blocks[0])
+        arg_names = [_arg_name(a) for a in op.regions[0].blocks[0].arguments]
+        return Function(name, block, result_types, arg_attrs, res_attrs, arg_names, vis)
+
+    def block(self, b) -> Block:
+        args = []
+        for a in b.arguments:
+            v = Value(convert_type(a.type), _arg_name(a))
+            self.values[a] = v
+            args.append(v)
+        ops: list[Op] = []
+        results: list[Value] = []
+        for o in b.operations:
+            o = o.operation
+            if o.name in _TERMINATORS:
+                results = [self.values[x] for x in o.operands]
+                continue
+            ops.append(self.op(o))
+        return Block(args, ops, results)
+
+    def op(self, o) -> Op:
+        operands = [self.values[x] for x in o.operands]
+        attrs = {n: decode_attr(o.attributes[n]) for n in o.attributes}
+        regions = [Region(self.block(r.blocks[0])) for r in o.regions if len(r.blocks)]
+        new = Op(o.name, operands, [], attrs, regions, convert_location(o.location))
+        for i, r in enumerate(o.results):
+            v = Value(convert_type(r.type), None, new, i)
+            self.values[r] = v
+            new.results.append(v)
+        return new
+
+
+def _sym_name(op) -> str:
+    return op.attributes["sym_name"].value
+
+
+def _dict_list(op, key: str, n: int) -> list[dict]:
+    if key not in op.attributes:
+        return [{} for _ in range(n)]
+    return [decode_attr(d) for d in op.attributes[key]]
+
+
+def _arg_name(a) -> str | None:
+    try:
+        loc = a.location
+        if hasattr(loc, "name_str"):
+            return loc.name_str
+    except Exception:
+        pass
+    return None
+
+
+_DTYPE_RE = re.compile(r"^(bf16|f\d+\w*|i\d+|ui\d+|si\d+|index|complex<.*>)$")
+
+
+def convert_type(t):
+    from jaxlib.mlir import ir
+
+    s = str(t)
+    if s == "!stablehlo.token":
+        return TokenType()
+    if s.startswith("tuple<"):
+        tt = ir.TupleType(t)
+        return TupleType(tuple(convert_type(tt.get_type(i)) for i in range(tt.num_types)))
+    try:
+        rt = ir.RankedTensorType(t)
+    except Exception:
+        raise BadInput(f"unsupported type {s} (only static ranked tensors, tokens, tuples)") from None
+    if not rt.has_static_shape:
+        raise BadInput(f"dynamic shape {s} not supported (tv needs static shapes)")
+    et = str(rt.element_type)
+    if et.startswith("si"):
+        et = "i" + et[2:]
+    return TensorType(tuple(rt.shape), et)
+
+
+def convert_location(loc) -> Location:
+    """JAX locations: NameLoc(name stack, CallSiteLoc(NameLoc(fn, FileLineColLoc), caller))."""
+    name = None
+    found: list = []
+
+    def visit(l, fn_name=None):
+        nonlocal name
+        cls = type(l).__name__
+        if cls == "NameLoc":
+            n = l.name_str
+            if name is None and ("/" in n or n.startswith("jit")):
+                name = n
+            visit(l.child_loc, n)
+        elif cls == "CallSiteLoc":
+            visit(l.callee, fn_name)
+            if not found:
+                visit(l.caller, fn_name)
+        elif cls == "FileLineColLoc":
+            if not found:
+                found.append((l.filename, l.start_line, fn_name))
+        elif cls == "FusedLoc":
+            for x in l.locations:
+                visit(x, fn_name)
+        elif cls == "OpaqueLoc":
+            pass
+
+    try:
+        visit(loc)
+    except Exception:
+        return UNKNOWN_LOC
+    if found:
+        f, line, fn = found[0]
+        return Location(f, line, name, fn if fn != name else None)
+    return Location(None, None, name, None) if name else UNKNOWN_LOC
+
+
+def decode_attr(a) -> Any:
+    """An MLIR attribute as a plain Python value."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir._mlir_libs import _stablehlo as S
+
+    if isinstance(a, ir.BoolAttr):
+        return bool(a.value)
+    if isinstance(a, ir.IntegerAttr):
+        return int(a.value)
+    if isinstance(a, ir.FloatAttr):
+        return float(a.value)
+    if isinstance(a, ir.StringAttr):
+        return a.value
+    if isinstance(a, ir.DenseI64ArrayAttr) or isinstance(a, ir.DenseI32ArrayAttr):
+        return tuple(int(x) for x in a)
+    if isinstance(a, ir.DenseBoolArrayAttr):
+        return tuple(bool(x) for x in a)
+    if isinstance(a, ir.DenseElementsAttr):
+        return _dense_to_numpy(a)
+    if isinstance(a, ir.DictAttr):
+        return {a[i].name: decode_attr(a[i].attr) for i in range(len(a))}
+    if isinstance(a, ir.ArrayAttr):
+        return [decode_attr(x) for x in a]
+    if isinstance(a, ir.FlatSymbolRefAttr):
+        return a.value
+    if isinstance(a, ir.TypeAttr):
+        return str(a.value)
+    if isinstance(a, ir.UnitAttr):
+        return True
+    if S.DotDimensionNumbers.isinstance(a):
+        d = S.DotDimensionNumbers(a)
+        return A.DotDims(
+            tuple(d.lhs_batching_dimensions),
+            tuple(d.rhs_batching_dimensions),
+            tuple(d.lhs_contracting_dimensions),
+            tuple(d.rhs_contracting_dimensions),
+        )
+    if S.GatherDimensionNumbers.isinstance(a):
+        d = S.GatherDimensionNumbers(a)
+        return A.GatherDims(
+            tuple(d.offset_dims),
+            tuple(d.collapsed_slice_dims),
+            tuple(d.operand_batching_dims),
+            tuple(d.start_indices_batching_dims),
+            tuple(d.start_index_map),
+            int(d.index_vector_dim),
+        )
+    if S.ScatterDimensionNumbers.isinstance(a):
+        d = S.ScatterDimensionNumbers(a)
+        return A.ScatterDims(
+            tuple(d.update_window_dims),
+            tuple(d.inserted_window_dims),
+            tuple(d.input_batching_dims),
+            tuple(d.scatter_indices_batching_dims),
+            tuple(d.scattered_dims_to_operand_dims),
+            int(d.index_vector_dim),
+        )
+    if S.ConvDimensionNumbers.isinstance(a):
+        d = S.ConvDimensionNumbers(a)
+        return A.ConvDims(
+            d.input_batch_dimension,
+            d.input_feature_dimension,
+            tuple(d.input_spatial_dimensions),
+            d.kernel_input_feature_dimension,
+            d.kernel_output_feature_dimension,
+            tuple(d.kernel_spatial_dimensions),
+            d.output_batch_dimension,
+            d.output_feature_dimension,
+            tuple(d.output_spatial_dimensions),
+        )
+    if S.ChannelHandle.isinstance(a):
+        c = S.ChannelHandle(a)
+        return A.ChannelHandle(int(c.handle), int(c.channel_type))
+    if S.ReplicaGroupMeshAxesAttr.isinstance(a):
+        r = S.ReplicaGroupMeshAxesAttr(a)
+        return A.MeshAxesGroups(str(r.mesh), tuple(str(x) for x in r.axes))
+    for kind in ("ComparisonDirectionAttr", "ComparisonTypeAttr", "PrecisionAttr",
+                 "TransposeAttr", "FftTypeAttr", "RngAlgorithmAttr", "RngDistributionAttr"):
+        cls = getattr(S, kind, None)
+        if cls is not None and cls.isinstance(a):
+            return A.EnumAttr(kind, cls(a).value)
+    return A.OpaqueAttr(str(a))
+
+
+def _dense_to_numpy(a) -> np.ndarray:
+    from jaxlib.mlir import ir
+
+    t = ir.ShapedType(a.type)
+    et = str(t.element_type)
+    if et in ("bf16", "f16") or et.startswith("f8"):
+        # numpy cannot read these buffers directly: go through the printed form via ml_dtypes
+        import ml_dtypes
+
+        dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}.get(et)
+        if dt is None:
+            dt = getattr(ml_dtypes, {"f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2"}[et])
+        if a.is_splat:
+            v = _splat_value(a, dt)
+            return np.full(tuple(t.shape), v, dtype=np.float64)
+        raw = np.frombuffer(bytes(memoryview(a)), dtype=dt) if hasattr(a, "__buffer__") else None
+        if raw is None:
+            raw = np.array(a)
+        return np.asarray(raw, dtype=np.float64).reshape(tuple(t.shape))
+    arr = np.array(a)
+    if arr.shape != tuple(t.shape):  # splat
+        arr = np.broadcast_to(arr.reshape(-1)[:1].reshape(()), tuple(t.shape)).copy()
+    if arr.dtype.kind == "f":
+        arr = arr.astype(np.float64)
+    return arr
+
+
+def _splat_value(a, dt):
+    text = str(a)
+    m = re.search(r"dense<([^>]*)>", text)
+    s = m.group(1).strip() if m else "0"
+    if s.startswith("0x"):
+        bits = int(s, 16)
+        width = np.dtype(dt).itemsize * 8
+        return float(np.array([bits], dtype=f"uint{width}").view(dt)[0])
+    return float(s)

@@ -1,0 +1,191 @@
+"""Element-wise ops (StableHLO spec: add ... xor). Each is one line over the element algebra."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import op
+
+
+def _float(ctx) -> bool:
+    return ctx.result_type.is_float
+
+
+@op("stablehlo.add")
+def add(ctx, x, y):
+    if ctx.result_type.is_bool:
+        return ctx.alg.logical_or(x, y)
+    return ctx.alg.add(x, y)
+
+
+@op("stablehlo.subtract")
+def subtract(ctx, x, y):
+    return ctx.alg.subtract(x, y)
+
+
+@op("stablehlo.multiply")
+def multiply(ctx, x, y):
+    if ctx.result_type.is_bool:
+        return ctx.alg.logical_and(x, y)
+    return ctx.alg.multiply(x, y)
+
+
+@op("stablehlo.divide")
+def divide(ctx, x, y):
+    return ctx.alg.divide(x, y) if _float(ctx) else ctx.alg.int_divide(x, y)
+
+
+@op("stablehlo.remainder")
+def remainder(ctx, x, y):
+    return ctx.alg.remainder(x, y)
+
+
+@op("stablehlo.power")
+def power(ctx, x, y):
+    return ctx.alg.power(x, y)
+
+
+@op("stablehlo.maximum")
+def maximum(ctx, x, y):
+    if ctx.result_type.is_bool:
+        return ctx.alg.logical_or(x, y)
+    return ctx.alg.maximum(x, y)
+
+
+@op("stablehlo.minimum")
+def minimum(ctx, x, y):
+    if ctx.result_type.is_bool:
+        return ctx.alg.logical_and(x, y)
+    return ctx.alg.minimum(x, y)
+
+
+@op("stablehlo.atan2")
+def atan2(ctx, x, y):
+    return ctx.alg.atan2(x, y)
+
+
+@op("stablehlo.negate")
+def negate(ctx, x):
+    return ctx.alg.negate(x)
+
+
+@op("stablehlo.abs")
+def abs_(ctx, x):
+    return ctx.alg.abs(x)
+
+
+@op("stablehlo.sign")
+def sign(ctx, x):
+    return ctx.alg.sign(x)
+
+
+def _unary(name: str, fn: str):
+    @op(name)
+    def evaluate(ctx, x):
+        return ctx.alg.unary(fn, x)
+
+    evaluate.__name__ = fn
+    return evaluate
+
+
+for _name, _fn in [
+    ("stablehlo.exponential", "exp"),
+    ("stablehlo.exponential_minus_one", "expm1"),
+    ("stablehlo.log", "log"),
+    ("stablehlo.log_plus_one", "log1p"),
+    ("stablehlo.logistic", "logistic"),
+    ("stablehlo.tanh", "tanh"),
+    ("stablehlo.sqrt", "sqrt"),
+    ("stablehlo.rsqrt", "rsqrt"),
+    ("stablehlo.cbrt", "cbrt"),
+    ("stablehlo.sine", "sin"),
+    ("stablehlo.cosine", "cos"),
+    ("stablehlo.tan", "tan"),
+    ("chlo.tan", "tan"),
+    ("chlo.erf", "erf"),
+    ("chlo.lgamma", "lgamma"),
+    ("stablehlo.floor", "floor"),
+    ("stablehlo.ceil", "ceil"),
+    ("stablehlo.round_nearest_afz", "round_nearest_afz"),
+    ("stablehlo.round_nearest_even", "round_nearest_even"),
+    ("stablehlo.is_finite", "is_finite"),
+]:
+    _unary(_name, _fn)
+
+
+@op("stablehlo.compare")
+def compare(ctx, x, y):
+    direction = str(ctx.attr("comparison_direction"))
+    return ctx.alg.compare(direction, x, y)
+
+
+@op("stablehlo.select")
+def select(ctx, pred, on_true, on_false):
+    return ctx.alg.select(pred, on_true, on_false)
+
+
+@op("stablehlo.clamp")
+def clamp(ctx, lo, x, hi):
+    return ctx.alg.minimum(ctx.alg.maximum(x, lo), hi)
+
+
+@op("stablehlo.and")
+def and_(ctx, x, y):
+    return ctx.alg.logical_and(x, y)
+
+
+@op("stablehlo.or")
+def or_(ctx, x, y):
+    return ctx.alg.logical_or(x, y)
+
+
+@op("stablehlo.xor")
+def xor(ctx, x, y):
+    return ctx.alg.logical_xor(x, y)
+
+
+@op("stablehlo.not")
+def not_(ctx, x):
+    return ctx.alg.logical_not(x)
+
+
+@op("stablehlo.shift_left")
+def shift_left(ctx, x, y):
+    return ctx.alg.shift("left", x, y)
+
+
+@op("stablehlo.shift_right_logical")
+def shift_right_logical(ctx, x, y):
+    return ctx.alg.shift("right_logical", x, y)
+
+
+@op("stablehlo.shift_right_arithmetic")
+def shift_right_arithmetic(ctx, x, y):
+    return ctx.alg.shift("right_arithmetic", x, y)
+
+
+@op("stablehlo.popcnt")
+def popcnt(ctx, x):
+    return ctx.alg.popcnt(x)
+
+
+@op("stablehlo.count_leading_zeros")
+def count_leading_zeros(ctx, x):
+    return ctx.alg.count_leading_zeros(x)
+
+
+@op("stablehlo.convert")
+def convert(ctx, x):
+    return ctx.alg.convert(x, ctx.operand_types[0], ctx.result_type)
+
+
+@op("stablehlo.reduce_precision")
+def reduce_precision(ctx, x):
+    return x  # floats are reals: rounding to fewer bits is not modelled
+
+
+@op("stablehlo.real")
+def real(ctx, x):
+    if np.asarray(x).dtype.kind == "c":
+        raise ctx.unsupported("complex numbers")
+    return x

@@ -1,0 +1,131 @@
+"""The result of a check: a closed set of verdicts, a replayed counterexample, a location."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+EQUIVALENT = "equivalent"
+NOT_EQUIVALENT = "not_equivalent"
+UNKNOWN = "unknown"
+EXIT_CODES = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, UNKNOWN: 2}
+SEMANTICS_NOTE = "equal over the reals, up to floating-point reassociation and rounding"
+
+
+@dataclass
+class OpSite:
+    """An op in one of the programs, with its source location when known."""
+
+    op: str
+    file: str | None = None
+    line: int | None = None
+    name: str | None = None  # JAX name stack, e.g. "jit(block)/dot_general"
+    function: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.file else "unknown source line"
+        extra = f" ({self.name})" if self.name else ""
+        return f"{self.op} at {where}{extra}"
+
+
+@dataclass
+class Location:
+    """Where the programs part ways: the first diverging op of the implementation and the spec."""
+
+    impl: OpSite | None = None
+    spec: OpSite | None = None
+
+    # the implementation side, flattened for convenience (`report.location.file`)
+    @property
+    def op(self) -> str | None:
+        return self.impl.op if self.impl else None
+
+    @property
+    def file(self) -> str | None:
+        return self.impl.file if self.impl else None
+
+    @property
+    def line(self) -> int | None:
+        return self.impl.line if self.impl else None
+
+
+@dataclass
+class Counterexample:
+    inputs: dict[str, np.ndarray]
+    output: int  # which output differs
+    index: tuple[int, ...]  # first differing element (logical index)
+    expected: float  # spec value at that element
+    actual: float  # implementation value at that element
+    device: int | None = None
+    max_abs_diff: float = 0.0
+
+
+@dataclass
+class OutputResult:
+    index: int
+    verdict: str
+    layout: str = "replicated"
+
+
+@dataclass
+class Stats:
+    stages: int = 0  # proved cut-points (spec/impl value pairs)
+    proved_by_normal_form: int = 0
+    proved_by_z3: int = 0
+    expansions: int = 0  # proofs that needed cut-points expanded
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    verdict: str
+    outputs: list[OutputResult] = field(default_factory=list)
+    counterexample: Counterexample | None = None
+    location: Location | None = None
+    stats: Stats = field(default_factory=Stats)
+    unsupported: list[str] = field(default_factory=list)
+    reason: str = ""  # why the verdict is unknown, in one line
+    notes: list[str] = field(default_factory=list)
+    spec_name: str = "spec"
+    impl_name: str = "impl"
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == EQUIVALENT
+
+    def raise_if_failed(self) -> Report:
+        if self.verdict != EQUIVALENT:
+            raise AssertionError(str(self))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if self.counterexample is not None:
+            ce = d["counterexample"]
+            ce["inputs"] = {k: _jsonable(v) for k, v in self.counterexample.inputs.items()}
+            ce["index"] = list(self.counterexample.index)
+        d["semantics"] = SEMANTICS_NOTE
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=_jsonable)
+
+    def __str__(self) -> str:
+        from .report_text import render
+
+        return render(self)
+
+
+def _jsonable(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, (np.floating, np.integer, np.bool_)):
+        return v.item()
+    return str(v)
