@@ -1,0 +1,20 @@
+"""IR-to-IR passes over tv_ir modules, by name.
+
+Each pass is a module with a `name` and a `run(module) -> module` function; `PASSES` maps
+names to them and `run_pipeline` applies a list in order.
+"""
+
+from __future__ import annotations
+
+from tv_ir.ir import Module
+
+from . import inline_calls
+
+PASSES = {p.name: p for p in (inline_calls,)}
+DEFAULT_PIPELINE = ("inline-calls",)
+
+
+def run_pipeline(module: Module, names=DEFAULT_PIPELINE) -> Module:
+    for n in names:
+        module = PASSES[n].run(module)
+    return module

@@ -14,6 +14,6 @@ def load(source):
 
 def check(spec, impl, **options):
     """Prove `impl` equal to `spec`, or refute it. Returns a `tv_ir.report.Report`."""
-    from .check import check as _check
+    from .pipeline import check as _check
 
     return _check(spec, impl, **options)

@@ -15,7 +15,42 @@ import numpy as np
 from .ir import TensorType
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
-_lgamma = np.vectorize(math.lgamma, otypes=[np.float64])
+
+
+def _lgamma_scalar(x: float) -> float:
+    try:
+        return math.lgamma(x)
+    except ValueError:  # the poles 0, -1, -2, ...: log|Gamma| is +inf (as XLA returns)
+        return math.inf
+
+
+_lgamma = np.vectorize(_lgamma_scalar, otypes=[np.float64])
+
+
+def _storage_dtype(t: TensorType) -> np.dtype:
+    """The numpy dtype holding t's elements at their true width (f32 -> float32, ...)."""
+    if not t.is_float:
+        return np.dtype(t.numpy_dtype)
+    import ml_dtypes
+
+    names = {"f64": "float64", "f32": "float32", "f16": "float16"}
+    if t.dtype in names:
+        return np.dtype(names[t.dtype])
+    extra = {"bf16": "bfloat16", "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2"}
+    return np.dtype(getattr(ml_dtypes, extra[t.dtype]))
+
+
+def _int_min_by_minus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Where a signed division overflows (INT_MIN / -1)."""
+    if x.dtype.kind != "i":
+        return np.zeros(x.shape, dtype=bool)
+    return (x == np.iinfo(x.dtype).min) & (y == -1)
+
+
+def _total_order_key(x) -> np.ndarray:
+    """int64 keys ordered like IEEE-754 totalOrder of the float64 values `x`."""
+    bits = np.asarray(x, dtype=np.float64).view(np.int64)
+    return bits ^ ((bits >> 63) & np.int64(0x7FFFFFFFFFFFFFFF))
 
 
 def _errstate():
@@ -38,11 +73,22 @@ class NumpyAlgebra:
             if dst.is_float:
                 return np.asarray(x, dtype=np.float64)
             if src.is_float:
-                # float -> int: round toward zero, saturating at the integer range (XLA's CPU rule)
+                # float -> int: round toward zero, saturating at the integer range, NaN -> 0
+                # (XLA's CPU rule). Compare in float64 before casting: float(int64 max) is 2**63.
                 info = np.iinfo(dst.numpy_dtype)
-                y = np.trunc(np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0))
-                return np.clip(y, info.min, info.max).astype(dst.numpy_dtype)
+                y = np.trunc(np.asarray(x, dtype=np.float64))
+                hi, lo = y >= float(info.max), y <= float(info.min)
+                mid = np.where(hi | lo | np.isnan(y), 0, y).astype(dst.numpy_dtype)
+                return np.where(hi, info.max, np.where(lo, info.min, mid)).astype(dst.numpy_dtype)
             return np.asarray(x).astype(dst.numpy_dtype)
+
+    def bitcast(self, x, src: TensorType, dst: TensorType):
+        """bitcast_convert of concrete values: floats are first rounded to their own width
+        (exact for values of that type), the bits reinterpreted little-endian (XLA:CPU);
+        a narrower result gets a trailing dimension, a wider one consumes it."""
+        bits = np.ascontiguousarray(np.asarray(x).astype(_storage_dtype(src)))
+        out = bits.view(_storage_dtype(dst)).reshape(dst.shape)
+        return out.astype(np.float64) if dst.is_float else out
 
     def is_symbolic(self, x) -> bool:
         return False
@@ -65,20 +111,22 @@ class NumpyAlgebra:
             return np.divide(x, y)
 
     def int_divide(self, x, y):
-        """Integer division rounding toward zero; x / 0 = -1 (XLA's CPU convention)."""
+        """Integer division rounding toward zero; x / 0 = -1, INT_MIN / -1 = INT_MIN (XLA)."""
         x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
-        safe = np.where(y == 0, 1, y)
+        overflow = _int_min_by_minus_one(x, y)
+        safe = np.where((y == 0) | overflow, 1, y).astype(y.dtype)
         with _errstate():
-            q = np.abs(x) // np.abs(safe)
-            q = np.where((x < 0) != (safe < 0), -q, q).astype(x.dtype)
-        return np.where(y == 0, np.array(-1).astype(x.dtype), q)
+            q = x // safe  # floor: step toward zero when the division is inexact
+            q = np.where((x - q * safe != 0) & ((x < 0) != (safe < 0)), q + 1, q).astype(x.dtype)
+        return np.where(y == 0, np.array(-1).astype(x.dtype), np.where(overflow, x, q))
 
     def remainder(self, x, y):
+        """fmod for floats; for integers the sign of x, x % 0 = x, INT_MIN % -1 = 0 (XLA)."""
         with _errstate():
             if np.asarray(x).dtype.kind == "f":
                 return np.fmod(x, y)
             x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
-            safe = np.where(y == 0, 1, y)
+            safe = np.where((y == 0) | _int_min_by_minus_one(x, y), 1, y).astype(y.dtype)
             return np.where(y == 0, x, np.fmod(x, safe)).astype(x.dtype)
 
     def negate(self, x):
@@ -104,19 +152,21 @@ class NumpyAlgebra:
             return np.power(x, y)
 
     def _int_power(self, x, y):
+        """XLA's integer power: x ** (y mod 64) by six squarings when y >= 0 (as a signed
+        integer); for y < 0: 1 if x == 1, +-1 if x == -1, else 0. Wraps like multiply."""
         x, y = np.broadcast_arrays(x, y)
+        signed = f"int{x.dtype.itemsize * 8}"
+        xs, ys = x.view(signed), y.view(f"int{y.dtype.itemsize * 8}")
         out = np.ones_like(x)
         base = x.copy()
-        e = y.astype(np.int64).copy()
-        neg = e < 0
-        e = np.where(neg, 0, e)
-        while np.any(e > 0):
-            out = np.where(e & 1, out * base, out)
+        e = ys.astype(np.int64)
+        for _ in range(6):
+            out = np.where(e & 1, out * base, out).astype(x.dtype)
             base = base * base
             e = e >> 1
-        # negative exponents: 1 -> 1, -1 -> +-1, else 0
-        negres = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 == 0, 1, -1), 0))
-        return np.where(neg, negres.astype(x.dtype), out)
+        odd = (ys % 2) != 0
+        negres = np.where(xs == 1, 1, np.where(xs == -1, np.where(odd, -1, 1), 0))
+        return np.where(ys < 0, negres.astype(signed).view(x.dtype), out)
 
     # -- transcendental -----------------------------------------------------------------
     def unary(self, fn: str, x):
@@ -140,6 +190,14 @@ class NumpyAlgebra:
                 "GE": np.greater_equal,
             }[direction](x, y)
 
+    def compare_total(self, direction: str, x, y):
+        """`compare` under IEEE-754 totalOrder (compare_type TOTALORDER, as XLA does it):
+        -NaN < -inf < ... < -0 < +0 < ... < inf < +NaN, and EQ is equality of bit patterns.
+        Symbolic values are reals (no NaN, no signed zero): that is plain `compare`."""
+        if self.is_symbolic(x) or self.is_symbolic(y):
+            return self.compare(direction, x, y)
+        return self.compare(direction, _total_order_key(x), _total_order_key(y))
+
     def select(self, pred, on_true, on_false):
         return np.where(pred, on_true, on_false)
 
@@ -157,6 +215,8 @@ class NumpyAlgebra:
         return np.logical_not(x) if x.dtype == bool else np.invert(x)
 
     def shift(self, kind: str, x, y):
+        """Shifts of the bit pattern; amounts outside [0, bits) shift everything out (XLA).
+        The arithmetic right shift copies the top bit, for unsigned types too."""
         x = np.asarray(x)
         bits = x.dtype.itemsize * 8
         y = np.asarray(y).astype(np.int64)
@@ -168,8 +228,10 @@ class NumpyAlgebra:
             ux = x.view(f"uint{bits}")
             r = np.right_shift(ux, ys.astype(ux.dtype)).view(x.dtype)
             return np.where(over, 0, r).astype(x.dtype)
-        fill = np.where(x < 0, -1, 0).astype(x.dtype)
-        return np.where(over, fill, np.right_shift(x, ys)).astype(x.dtype)
+        sx = x.view(f"int{bits}")
+        fill = np.where(sx < 0, -1, 0).astype(sx.dtype)
+        r = np.where(over, fill, np.right_shift(sx, ys.astype(sx.dtype)))
+        return r.astype(sx.dtype).view(x.dtype)
 
     def popcnt(self, x):
         x = np.asarray(x)
@@ -228,12 +290,27 @@ class NumpyAlgebra:
             return np.matmul(a, b)
 
 
+def _erf_inv(x):
+    from scipy.special import erfinv
+
+    return erfinv(x)
+
+
+def _digamma(x):
+    from scipy.special import digamma
+
+    pole = (x <= 0) & (x == np.floor(x))  # 0, -1, -2, ...: NaN (as XLA), not +-inf
+    return np.where(pole, np.nan, digamma(x))
+
+
 def _rsqrt(x):
     return 1.0 / np.sqrt(x)
 
 
 def _round_half_away(x):
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+    # not floor(|x| + 0.5): that sum rounds (0.49999999999999994 -> 1, 2**52 + 1 -> 2**52 + 2)
+    t = np.trunc(x)
+    return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t)
 
 
 UNARY = {
@@ -251,10 +328,11 @@ UNARY = {
     "tan": np.tan,
     "erf": _erf,
     "lgamma": _lgamma,
+    "erf_inv": _erf_inv,
+    "digamma": _digamma,
     "floor": np.floor,
     "ceil": np.ceil,
     "round_nearest_afz": _round_half_away,
     "round_nearest_even": np.rint,
     "is_finite": np.isfinite,
 }
-

@@ -1,4 +1,4 @@
-"""Control flow and calls: while, case, if, func.call, custom_call.
+"""Control flow and calls: while, case, if, func.call, composite, custom_call.
 
 Control decisions must be concrete: loops run (unrolled) when their predicates fold to
 constants; a predicate that depends on symbolic inputs is unsupported.
@@ -35,9 +35,15 @@ def if_(ctx, pred):
     return ctx.run_region(0 if ctx.alg.truth(pred) else 1, [])
 
 
-@op("func.call", "stablehlo.call")
+@op("func.call")
 def call(ctx, *args):
     return ctx.call(ctx.attr("callee"), list(args))
+
+
+@op("stablehlo.composite")
+def composite(ctx, *args):
+    """Its semantics are its decomposition function's."""
+    return ctx.call(ctx.attr("decomposition"), list(args))
 
 
 @op("stablehlo.custom_call")

@@ -104,6 +104,8 @@ for _name, _fn in [
     ("chlo.tan", "tan"),
     ("chlo.erf", "erf"),
     ("chlo.lgamma", "lgamma"),
+    ("chlo.erf_inv", "erf_inv"),
+    ("chlo.digamma", "digamma"),
     ("stablehlo.floor", "floor"),
     ("stablehlo.ceil", "ceil"),
     ("stablehlo.round_nearest_afz", "round_nearest_afz"),
@@ -116,6 +118,8 @@ for _name, _fn in [
 @op("stablehlo.compare")
 def compare(ctx, x, y):
     direction = str(ctx.attr("comparison_direction"))
+    if str(ctx.attr("compare_type", "")) == "TOTALORDER" and ctx.operand_types[0].is_float:
+        return ctx.alg.compare_total(direction, x, y)
     return ctx.alg.compare(direction, x, y)
 
 

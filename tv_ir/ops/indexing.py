@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .reduction import reducer_kind
 from .registry import op
+from .shape import filled
 
 
 def _start_vectors(indices: np.ndarray, index_vector_dim: int) -> np.ndarray:
@@ -32,7 +35,8 @@ def gather(ctx, operand, start_indices):
     batch_index = tuple(grid[d] for d in batch_dims)
     vec = starts[batch_index] if batch_dims else starts.reshape(starts.shape[-1:])
     window_dims = [
-        d for d in range(operand.ndim)
+        d
+        for d in range(operand.ndim)
         if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims
     ]
     operand_index = []
@@ -53,6 +57,9 @@ def gather(ctx, operand, start_indices):
 
 @op("stablehlo.scatter")
 def scatter(ctx, *operands):
+    """The spec's index formulas, with XLA's bounds rule: an update window whose start does
+    not fit it inside the operand (start < 0 or start + extent > dim) is skipped whole.
+    (The spec skips out-of-bounds elements one by one; XLA drops the window.)"""
     n = (len(operands) - 1) // 2
     inputs = [np.asarray(x) for x in operands[:n]]
     indices = ctx.alg.indices(operands[n])
@@ -61,45 +68,48 @@ def scatter(ctx, *operands):
     symbolic = any(x.dtype == object for x in inputs + updates)
     results = [x.astype(object) if symbolic else x.copy() for x in inputs]
     starts = _start_vectors(indices, dn.index_vector_dim)
-    upd_shape = updates[0].shape
+    shape, upd_shape = inputs[0].shape, updates[0].shape
     scatter_dims = [d for d in range(len(upd_shape)) if d not in dn.update_window_dims]
     window_dims = [
-        d for d in range(inputs[0].ndim)
+        d
+        for d in range(len(shape))
         if d not in dn.inserted_window_dims and d not in dn.input_batching_dims
     ]
+    extent = [1] * len(shape)
+    for d, u in zip(window_dims, dn.update_window_dims, strict=True):
+        extent[d] = upd_shape[u]
     kind = reducer_kind(ctx) if n == 1 else None
     replace = _is_replace(ctx)
     for update_index in np.ndindex(*upd_shape):
         scatter_index = tuple(update_index[d] for d in scatter_dims)
-        vec = starts[scatter_index]
-        result_index = []
-        for d in range(inputs[0].ndim):
-            i = 0
-            if d in dn.scattered_dims_to_operand_dims:
-                i += int(vec[dn.scattered_dims_to_operand_dims.index(d)])
-            if d in dn.input_batching_dims:
-                k = dn.input_batching_dims.index(d)
-                i += scatter_index[_batch_dim(dn.scatter_indices_batching_dims[k],
-                                              dn.index_vector_dim)]
-            if d in window_dims:
-                i += update_index[dn.update_window_dims[window_dims.index(d)]]
-            result_index.append(i)
-        if any(i < 0 or i >= s for i, s in zip(result_index, inputs[0].shape, strict=True)):
-            continue  # out-of-bounds updates are skipped (XLA's behaviour)
-        ri = tuple(result_index)
+        start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
+        if any(s < 0 or s + e > m for s, e, m in zip(start, extent, shape, strict=True)):
+            continue
+        ri = list(start)
+        for d, u in zip(window_dims, dn.update_window_dims, strict=True):
+            ri[d] += update_index[u]
+        ri = tuple(ri)
         if replace:
-            for r, u in zip(results, updates, strict=True):
-                r[ri] = u[update_index]
+            new = [u[update_index] for u in updates]
         elif kind is not None:
             binary = getattr(ctx.alg, kind[1])
-            results[0][ri] = binary(np.asarray(results[0][ri]), np.asarray(updates[0][update_index]))
+            new = [binary(np.asarray(results[0][ri]), np.asarray(updates[0][update_index]))]
         else:
-            new = ctx.run_region(
-                0, [np.asarray(r[ri]) for r in results] + [np.asarray(u[update_index]) for u in updates]
-            )
-            for r, v in zip(results, new, strict=True):
-                r[ri] = v
+            olds = [np.asarray(r[ri]) for r in results]
+            new = ctx.run_region(0, olds + [np.asarray(u[update_index]) for u in updates])
+        for r, v in zip(results, new, strict=True):
+            r[ri] = np.asarray(v)[()]
     return results
+
+
+def _scatter_start(dn, vec, scatter_index: tuple, rank: int) -> list[int]:
+    """full_start_index + full_batching_index of one update (spec names)."""
+    start = [0] * rank
+    for k, d in enumerate(dn.scattered_dims_to_operand_dims):
+        start[d] += int(vec[k])
+    for d, sd in zip(dn.input_batching_dims, dn.scatter_indices_batching_dims, strict=True):
+        start[d] += scatter_index[_batch_dim(sd, dn.index_vector_dim)]
+    return start
 
 
 def _is_replace(ctx) -> bool:
@@ -107,3 +117,48 @@ def _is_replace(ctx) -> bool:
     block = ctx.regions[0].block
     n = len(block.args) // 2
     return not block.ops and [v.id for v in block.results] == [a.id for a in block.args[n:]]
+
+
+@op("stablehlo.select_and_scatter")
+def select_and_scatter(ctx, operand, source, init_value):
+    """Scatter each source element to the element its window selects.
+
+    A window's selection scans its in-bounds elements in row-major order, keeping the current
+    one while `select(current, candidate)` holds (padding is never selected, as in XLA);
+    the result starts at init_value and accumulates with `scatter`.
+    """
+    operand, source = np.asarray(operand), np.asarray(source)
+    rank = operand.ndim
+    window = ctx.attr("window_dimensions")
+    strides = ctx.attr("window_strides") or (1,) * rank
+    padding = ctx.attr("padding")
+    lows = (
+        [0] * rank
+        if padding is None
+        else [int(p) for p in np.asarray(padding).reshape(rank, 2)[:, 0]]
+    )
+    symbolic = any(a.dtype == object for a in (operand, source, np.asarray(init_value)))
+    result = filled(
+        operand.shape, np.asarray(init_value).astype(object if symbolic else operand.dtype)
+    )
+    kind = reducer_kind(ctx, 1)
+    offsets = list(itertools.product(*[range(w) for w in window]))
+    for si in np.ndindex(*source.shape):
+        selected = None
+        for w in offsets:
+            i = tuple(si[d] * strides[d] - lows[d] + w[d] for d in range(rank))
+            if any(j < 0 or j >= n for j, n in zip(i, operand.shape, strict=True)):
+                continue
+            if selected is None or not ctx.alg.truth(
+                ctx.run_region(0, [np.asarray(operand[selected]), np.asarray(operand[i])])[0]
+            ):
+                selected = i
+        if selected is None:
+            continue  # a window of padding only
+        acc, new = np.asarray(result[selected]), np.asarray(source[si])
+        if kind is not None:
+            value = getattr(ctx.alg, kind[1])(acc, new)
+        else:
+            value = ctx.run_region(1, [acc, new])[0]
+        result[selected] = np.asarray(value)[()]
+    return result

@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 
+from ..ir import TensorType
 from .registry import op
 from .shape import _pad_dim
 
@@ -40,8 +41,38 @@ def reducer_kind(ctx, region_index: int = 0) -> tuple[str, str] | None:
 
 
 def fold(ctx, region_index, accs: list, elems: list) -> list:
-    """Apply a reducer region: accs <- body(accs, elems), element-wise over arrays."""
+    """Apply a reducer region once to scalars: accs <- body(accs, elems)."""
     return ctx.run_region(region_index, list(accs) + list(elems))
+
+
+def assemble(shape: tuple, scalars: list) -> np.ndarray:
+    """An array of `shape` from a row-major list of 0-d arrays (object dtype if any is)."""
+    scalars = [np.asarray(v) for v in scalars]
+    kinds = {v.dtype for v in scalars}
+    dtype = object if object in kinds or not kinds else np.result_type(*kinds)
+    out = np.empty(len(scalars), dtype=dtype)
+    for i, v in enumerate(scalars):
+        out[i] = v[()]
+    return out.reshape(shape)
+
+
+def fold_lanes(ctx, region_index: int, inits: list, lanes: list) -> list:
+    """Fold a reducer region along the last axis of each of `lanes`, one position at a time.
+
+    Regions take scalars, so the body runs once per element: result[i] is
+    body(...body(body(inits, lanes[..][i, 0]), lanes[..][i, 1])..., lanes[..][i, n-1]).
+    """
+    keep = lanes[0].shape[:-1]
+    per_result: list[list] = [[] for _ in inits]
+    for i in np.ndindex(*keep):
+        accs = [np.asarray(v) for v in inits]
+        for j in range(lanes[0].shape[-1]):
+            accs = fold(ctx, region_index, accs, [np.asarray(x[i + (j,)]) for x in lanes])
+        for out, a in zip(per_result, accs, strict=True):
+            out.append(a)
+    if not keep or all(keep):
+        return [assemble(keep, r) for r in per_result]
+    return [np.broadcast_to(v, keep).copy() for v in inits]  # no lanes at all
 
 
 @op("stablehlo.reduce")
@@ -49,19 +80,17 @@ def reduce(ctx, *operands):
     n = len(operands) // 2
     inputs, inits = operands[:n], operands[n:]
     axes = tuple(ctx.attr("dimensions"))
+    keep = tuple(s for d, s in enumerate(np.shape(inputs[0])) if d not in axes)
+    if any(np.shape(inputs[0])[d] == 0 for d in axes):
+        return [np.broadcast_to(i, keep).copy() for i in inits]  # nothing to reduce: the inits
     kind = reducer_kind(ctx) if n == 1 else None
     if kind is not None:
         reduction, binary = kind
         reduced = getattr(ctx.alg, reduction)(inputs[0], axes)
         return getattr(ctx.alg, binary)(inits[0], reduced)
-    # general reducer: move reduced axes last, fold one slice at a time
-    moved = [_axes_last(np.asarray(x), axes) for x in inputs]
-    keep = moved[0].shape[: moved[0].ndim - len(axes)]
-    accs = [np.broadcast_to(i, keep).copy() for i in inits]
-    flat = [m.reshape(keep + (-1,)) for m in moved]
-    for j in range(flat[0].shape[-1]):
-        accs = fold(ctx, 0, accs, [f[..., j] for f in flat])
-    return accs
+    # general reducer: move reduced axes last, fold each lane
+    lanes = [_axes_last(np.asarray(x), axes).reshape(keep + (-1,)) for x in inputs]
+    return fold_lanes(ctx, 0, list(inits), lanes)
 
 
 def _axes_last(x, axes):
@@ -83,12 +112,15 @@ def reduce_window(ctx, *operands):
     padded = []
     for x, init in zip(inputs, inits, strict=True):
         for d in range(rank):
-            x = _pad_dim(np.asarray(x), init, d, int(padding[d, 0]), int(padding[d, 1]),
-                         base_dil[d] - 1)
+            x = _pad_dim(
+                np.asarray(x), init, d, int(padding[d, 0]), int(padding[d, 1]), base_dil[d] - 1
+            )
         padded.append(x)
     shape = padded[0].shape
     out = [(shape[d] - ((window[d] - 1) * win_dil[d] + 1)) // strides[d] + 1 for d in range(rank)]
     out = [max(o, 0) for o in out]
+    if 0 in out:
+        return [np.broadcast_to(i, out).copy() for i in inits]
     slices = []
     for w in itertools.product(*[range(k) for k in window]):
         idx = tuple(
@@ -97,15 +129,14 @@ def reduce_window(ctx, *operands):
         )
         slices.append([p[idx] for p in padded])
     kind = reducer_kind(ctx) if n == 1 else None
-    accs = [np.broadcast_to(i, out).copy() for i in inits]
-    if kind is not None and slices:
+    if kind is not None:
         reduction, binary = kind
         stacked = np.stack([s[0] for s in slices], axis=-1)
         reduced = getattr(ctx.alg, reduction)(stacked, (rank,))
-        return getattr(ctx.alg, binary)(accs[0], reduced)
-    for s in slices:
-        accs = fold(ctx, 0, accs, s)
-    return accs
+        return getattr(ctx.alg, binary)(np.broadcast_to(inits[0], out), reduced)
+    # general reducer: stack each window's elements on a last axis, fold each lane
+    lanes = [np.stack([s[k] for s in slices], axis=-1) for k in range(n)]
+    return fold_lanes(ctx, 0, list(inits), lanes)
 
 
 @op("stablehlo.dot_general")
@@ -127,10 +158,67 @@ def dot_general(ctx, lhs, rhs):
     return ctx.alg.matmul(a, b).reshape(t.shape)
 
 
+@op("stablehlo.convolution")
+def convolution(ctx, lhs, rhs):
+    """The spec's definition: dot products of (padded, dilated) lhs windows with rhs.
+
+    Works in canonical layouts (lhs [N, C, spatial...], rhs [O, I, spatial...]); all windows
+    are gathered by strided slices and contracted with the kernel in one matmul.
+    Feature and batch groups split lhs and rhs and concatenate the results on features.
+    """
+    dn = ctx.attr("dimension_numbers")
+    t = ctx.result_type
+    lhs = ctx.alg.convert(lhs, ctx.operand_types[0], _like(ctx.operand_types[0], t))
+    rhs = ctx.alg.convert(rhs, ctx.operand_types[1], _like(ctx.operand_types[1], t))
+    x = np.transpose(lhs, [dn.input_batch, dn.input_feature, *dn.input_spatial])
+    k = np.transpose(rhs, [dn.kernel_output_feature, dn.kernel_input_feature, *dn.kernel_spatial])
+    nsp = x.ndim - 2
+    reversal = ctx.attr("window_reversal") or (False,) * nsp
+    k = np.flip(k, axis=tuple(2 + d for d in range(nsp) if reversal[d]))  # = reversed windows
+    padding = ctx.attr("padding")
+    padding = np.zeros((nsp, 2), int) if padding is None else np.asarray(padding).reshape(nsp, 2)
+    lhs_dil = ctx.attr("lhs_dilation") or (1,) * nsp
+    zero = ctx.alg.constant(np.zeros(()), TensorType((), t.dtype))
+    for d in range(nsp):
+        x = _pad_dim(x, zero, 2 + d, int(padding[d, 0]), int(padding[d, 1]), lhs_dil[d] - 1)
+    groups_f, groups_b = ctx.attr("feature_group_count", 1), ctx.attr("batch_group_count", 1)
+    xs = np.split(x, groups_f, axis=1) if groups_f > 1 else np.split(x, groups_b, axis=0)
+    ks = np.split(k, max(groups_f, groups_b), axis=0)
+    out = [_conv_canonical(ctx, xg, kg) for xg, kg in zip(xs, ks, strict=True)]
+    canon = np.concatenate(out, axis=1) if len(out) > 1 else out[0]
+    perm = [dn.output_batch, dn.output_feature, *dn.output_spatial]
+    return np.transpose(canon, np.argsort(perm)).reshape(t.shape)
+
+
+def _conv_canonical(ctx, x, k):
+    """Ungrouped convolution of padded x [N, C, S...] with k [O, C, K...] -> [N, O, W...]."""
+    nsp = x.ndim - 2
+    strides = ctx.attr("window_strides") or (1,) * nsp
+    rhs_dil = ctx.attr("rhs_dilation") or (1,) * nsp
+    ksz = k.shape[2:]
+    out = [(x.shape[2 + d] - ((ksz[d] - 1) * rhs_dil[d] + 1)) // strides[d] + 1 for d in range(nsp)]
+    out = [max(o, 0) for o in out]
+    patches = []  # one [N, C, W...] slice per kernel offset, in row-major kernel order
+    for w in itertools.product(*[range(n) for n in ksz]):
+        idx = tuple(
+            slice(w[d] * rhs_dil[d], w[d] * rhs_dil[d] + (out[d] - 1) * strides[d] + 1, strides[d])
+            if out[d]
+            else slice(0, 0)
+            for d in range(nsp)
+        )
+        patches.append(x[(slice(None), slice(None)) + idx])
+    n, c, o = x.shape[0], x.shape[1], k.shape[0]
+    p = len(patches)
+    stacked = np.stack(patches, axis=2) if patches else np.zeros((n, c, 0, *out), x.dtype)
+    # [N, C, P, W...] -> [1, N*W, C*P]; kernel [O, C, K...] -> [1, C*P, O] (same (c, p) order)
+    a = np.transpose(stacked, [0, *range(3, 3 + nsp), 1, 2]).reshape(1, -1, c * p)
+    b = k.reshape(o, c * p).T.reshape(1, c * p, o)
+    r = ctx.alg.matmul(a, b).reshape(n, *out, o)
+    return np.moveaxis(r, -1, 1)
+
+
 def _like(src, dst):
     """src's shape with dst's element type (dot_general's operand promotion)."""
-    from ..ir import TensorType
-
     return TensorType(src.shape, dst.dtype)
 
 
@@ -144,6 +232,7 @@ def sort(ctx, *operands):
     outs = [m.copy() for m in moved]
 
     for lane in np.ndindex(*lanes):
+
         def less(i, j, lane=lane):
             args = []
             for m in moved:

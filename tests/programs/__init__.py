@@ -1,0 +1,1 @@
+"""Small JAX programs (spec, equivalent rewrites, seeded bugs) for testing and benchmarking tv."""

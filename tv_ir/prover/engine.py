@@ -1,0 +1,495 @@
+"""Simulation-guided cut-points: prove an implementation equal to a spec stage by stage.
+
+1. Simulate both programs on random inputs (float64); if an output differs, that input is
+   the counterexample (replayed and localised by tv_ir.prover.localise).
+2. Evaluate the spec symbolically once, cutting at every float value: value s gets fresh
+   symbols S_s and a one-op definition D_s over its operands' symbols.
+3. Evaluate the implementation symbolically in program order. For each float value v, the
+   spec values that matched it in simulation are candidates; v is proved equal to a
+   candidate s by comparing v's terms with s's definition, where spec symbols not yet proved
+   are expanded. A proved v is replaced by S_s: later stages start from fresh symbols, so
+   cost grows with the size of a stage, not with the depth of the program.
+4. Outputs must be proved. When normal forms differ, proved cut symbols are expanded level
+   by level (cutting loses facts such as "m is the mean of x"), and what remains goes to Z3.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import terms as T
+from ..errors import TvError, Unsupported
+from ..interp import Interpreter
+from ..ir import Module, TensorType
+from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
+from ..symbolic import SymbolicAlgebra
+from . import smt
+from .localise import refutation
+from .simulate import ValueIndex, close, random_inputs, run_traced
+
+SIM_RUNS = 2
+STAGE_LEVELS = 6  # expansion levels tried for an intermediate cut-point
+STAGE_SMT_SECONDS = 0.5
+# ops that only move or relabel elements: never worth a cut-point of their own
+MOVEMENT_OPS = {
+    "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.slice",
+    "stablehlo.concatenate", "stablehlo.convert", "stablehlo.reverse", "stablehlo.pad",
+    "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "stablehlo.optimization_barrier",
+    "stablehlo.get_tuple_element", "stablehlo.tuple", "stablehlo.copy", "stablehlo.gather",
+    "stablehlo.select",
+}
+OUTPUT_LEVELS = 64
+STAGE_SMT_SIZE = 4000  # largest stage residue worth a solver call
+EXPANSION_BUDGET = 2_000_000  # term nodes, per output obligation
+STAGE_BUDGET = 20_000  # term nodes, per intermediate cut-point obligation
+
+
+@dataclass
+class Options:
+    timeout: float = 10.0  # seconds per solver query
+    seed: int = 0
+    progress: Callable[[str], None] | None = None
+
+
+class _Outcome:
+    def __init__(self, status: str, method: str = "", model=None, reason: str = ""):
+        self.status = status  # proved | sat | unknown
+        self.method = method
+        self.model = model
+        self.reason = reason
+
+
+class StageProver:
+    def __init__(self, spec: Module, impl: Module, options: Options | None = None):
+        self.spec = spec
+        self.impl = impl
+        self.opt = options or Options()
+        self.stats = Stats()
+        self.defs: dict[int, np.ndarray] = {}  # spec value id -> definition (terms)
+        self.syms: dict[int, np.ndarray] = {}  # spec value id -> its symbols
+        self.owner: dict[int, tuple[int, tuple]] = {}  # symbol atom id -> (value id, index)
+        self.proved: set[int] = set()
+        self.exprs: dict[int, np.ndarray] = {}  # memo of expr()
+        self.spec_env: dict[int, object] = {}
+        self.spec_order: dict[int, int] = {}
+        self.input_atoms: dict[int, tuple[int, tuple]] = {}
+        self.sim_env: dict[int, float] = {}
+        self.spec_trace = None
+        self.sim_inputs: list = []
+
+    # -- driver ------------------------------------------------------------------------
+    def run(self) -> Report:
+        t0 = time.perf_counter()
+        rng = np.random.default_rng(self.opt.seed)
+        inputs = [random_inputs(self.spec.main, rng) for _ in range(SIM_RUNS)]
+        try:
+            spec_tr = [run_traced(self.spec, x) for x in inputs]
+            impl_tr = [run_traced(self.impl, x) for x in inputs]
+        except Unsupported as e:
+            return self._unsupported(e)
+        self.stats.seconds["simulate"] = time.perf_counter() - t0
+        for x, s, i in zip(inputs, spec_tr, impl_tr, strict=True):
+            if not all(close(a, b) for a, b in zip(s.outputs, i.outputs, strict=True)):
+                return self._refuted(x, "simulation")
+        t1 = time.perf_counter()
+        try:
+            report = self._prove(spec_tr, impl_tr, inputs[0])
+        except Unsupported as e:
+            return self._unsupported(e)
+        self.stats.seconds["prove"] = time.perf_counter() - t1
+        return report
+
+    def _report(self, verdict: str, **kw) -> Report:
+        return Report(verdict, stats=self.stats, **kw)
+
+    def _unsupported(self, e: Unsupported) -> Report:
+        where = f" at {e.loc}" if e.loc is not None and str(e.loc) != "<unknown location>" else ""
+        return self._report(
+            UNKNOWN, unsupported=[e.op] if e.op else [], reason=f"{e}{where}"
+        )
+
+    def _refuted(self, inputs: list, how: str) -> Report:
+        r = refutation(self.spec, self.impl, inputs)
+        if r is None:
+            return self._report(UNKNOWN, reason=f"a {how} difference did not replay")
+        ce, loc, outputs = r
+        return self._report(NOT_EQUIVALENT, counterexample=ce, location=loc, outputs=outputs)
+
+    # -- symbolic passes -----------------------------------------------------------------
+    def _input_symbols(self) -> list:
+        out = []
+        names = self.spec.main.arg_names
+        for i, t in enumerate(self.spec.main.arg_types):
+            name = names[i] if i < len(names) and names[i] else f"arg{i}"
+            if not isinstance(t, TensorType):
+                out.append(None)
+                continue
+            arr = np.empty(t.shape, dtype=object)
+            for idx in np.ndindex(*t.shape):
+                p = T.symbol(name if t.is_float else f"{name}:int", idx)
+                arr[idx] = T.lift_bool(T.compare("NE", p, T.ZERO)) if t.is_bool else p
+                if not t.is_bool:
+                    self.input_atoms[T.as_atom(p).id] = (i, idx)
+            out.append(arr)
+        return out
+
+    def _spec_pass(self, inputs: list) -> list:
+        counter = [0]
+
+        def hook(op, results):
+            out = []
+            for v, r in zip(op.results, results, strict=True):
+                self.spec_order[v.id] = len(self.spec_order)
+                if _cuttable(op, v, r):
+                    counter[0] += 1
+                    sym = np.empty(v.type.shape, dtype=object)
+                    name = f"%{op.short_name}{counter[0]}"
+                    for idx in np.ndindex(*v.type.shape):
+                        p = T.symbol(name, idx)
+                        sym[idx] = p
+                        self.owner[T.as_atom(p).id] = (v.id, idx)
+                    self.defs[v.id] = r
+                    self.syms[v.id] = sym
+                    out.append(sym)
+                else:
+                    out.append(r)
+                self.spec_env[v.id] = out[-1]
+            return out
+
+        interp = Interpreter(self.spec, SymbolicAlgebra(), hook=hook)
+        for v, a in zip(self.spec.main.args, inputs, strict=True):
+            self.spec_env[v.id] = a
+        interp.run(self.spec.main, inputs)
+        return [v.id for v in self.spec.main.body.results]
+
+    def expr(self, vid: int) -> np.ndarray:
+        """Spec value `vid` in terms of proved cut symbols and inputs."""
+        if vid in self.exprs:
+            return self.exprs[vid]
+        # compute dependencies first, iteratively (programs can be deep)
+        stack, order, seen = [vid], [], set()
+        while stack:
+            v = stack.pop()
+            if v in seen or v in self.exprs:
+                continue
+            seen.add(v)
+            order.append(v)
+            for dep in self._unproved_deps(self.defs[v]):
+                if dep not in self.exprs and dep not in seen:
+                    stack.append(dep)
+        for v in sorted(order, key=lambda x: self.spec_order.get(x, 0)):
+            self.exprs[v] = self._expand(self.defs[v], self._unproved_mapping)
+        return self.exprs[vid]
+
+    def _unproved_deps(self, arr) -> set[int]:
+        deps = set()
+        for e in np.asarray(arr).reshape(-1):
+            if isinstance(e, (T.Poly, T.Bool)):
+                for a in e.syms:
+                    o = self.owner.get(a)
+                    if o is not None and o[0] not in self.proved:
+                        deps.add(o[0])
+        return deps
+
+    def _unproved_mapping(self, atom_id: int):
+        o = self.owner.get(atom_id)
+        if o is None or o[0] in self.proved:
+            return None
+        return self.expr(o[0])[o[1]]
+
+    def _proved_mapping(self, atom_id: int):
+        o = self.owner.get(atom_id)
+        if o is None or o[0] not in self.proved:
+            return None
+        return self.expr(o[0])[o[1]]
+
+    def _expand(self, arr, lookup) -> np.ndarray:
+        """Substitute symbols for which `lookup` gives a term, element by element."""
+        arr = np.asarray(arr)
+        if arr.dtype != object:
+            return arr
+        out = np.empty(arr.shape, dtype=object)
+        memo: dict = {}
+        for idx in np.ndindex(*arr.shape):
+            out[idx] = self._expand_term(arr[idx], lookup, memo)
+        return out
+
+    def _expand_term(self, e, lookup, memo):
+        if not isinstance(e, (T.Poly, T.Bool)):
+            return e
+        mapping = {}
+        for a in e.syms:
+            t = lookup(a)
+            if t is not None:
+                mapping[a] = t
+        return T.substitute(e, mapping, memo) if mapping else e
+
+    def spec_view(self, vid: int):
+        """What users of spec value `vid` see: its symbols once proved, else its expansion."""
+        if vid in self.defs:
+            return self.syms[vid] if vid in self.proved else self.expr(vid)
+        return self._expand(self.spec_env[vid], self._unproved_mapping)
+
+    # -- the proof -----------------------------------------------------------------------
+    def _prove(self, spec_tr, impl_tr, sim_inputs) -> Report:
+        self.spec_trace = spec_tr[0]
+        self.sim_inputs = sim_inputs
+        inputs = self._input_symbols()
+        spec_outs = self._spec_pass(inputs)
+        arg_ids = [v.id for v in self.spec.main.args]
+        for vid, arr in zip(arg_ids, inputs, strict=True):
+            if arr is not None and self.spec.main.args[arg_ids.index(vid)].type.is_float:
+                self.defs[vid] = arr
+                self.syms[vid] = arr
+                self.proved.add(vid)
+                self.exprs[vid] = arr
+        for i, v in enumerate(self.spec.main.args):
+            self.spec_order.setdefault(v.id, -len(arg_ids) + i)
+        types = {vid: self._spec_type(vid) for vid in self.defs}
+        index = ValueIndex(spec_tr, types, self.spec_order)
+        total = sum(1 for op in self.impl.main.body.ops for _ in op.results)
+        done = [0]
+
+        def hook(op, results):
+            out = []
+            for v, r in zip(op.results, results, strict=True):
+                done[0] += 1
+                if _cuttable(op, v, r):
+                    r = self._try_cut(v, r, index, impl_tr)
+                out.append(r)
+            if self.opt.progress and done[0] % 50 == 0:
+                self.opt.progress(f"stages: {self.stats.stages} proved, {done[0]}/{total} values")
+            return out
+
+        interp = Interpreter(self.impl, SymbolicAlgebra(), hook=hook)
+        impl_outs = interp.run(self.impl.main, inputs)
+
+        outputs, failures = [], []
+        for i, (a, svid) in enumerate(zip(impl_outs, spec_outs, strict=True)):
+            outcome = self._prove_arrays(a, self.spec_view(svid), OUTPUT_LEVELS, final=True)
+            verdict = EQUIVALENT if outcome.status == "proved" else UNKNOWN
+            outputs.append(OutputResult(i, verdict))
+            if outcome.status != "proved":
+                failures.append((i, outcome))
+        if not failures:
+            return self._report(EQUIVALENT, outputs=outputs)
+        for i, outcome in failures:
+            if outcome.status == "sat" and outcome.model is not None:
+                replay = self._model_inputs(outcome.model, spec_tr)
+                r = refutation(self.spec, self.impl, replay)
+                if r is not None:
+                    ce, loc, outs = r
+                    return self._report(NOT_EQUIVALENT, counterexample=ce, location=loc,
+                                        outputs=outs)
+        i, outcome = failures[0]
+        reason = outcome.reason or "normal forms differ and the solver could not decide"
+        return self._report(UNKNOWN, outputs=outputs, reason=f"output {i}: {reason}")
+
+    def _spec_type(self, vid):
+        for v in self.spec.main.args:
+            if v.id == vid:
+                return v.type
+        return TensorType(np.shape(self.defs[vid]), "f32")
+
+    def _try_cut(self, v, r, index: ValueIndex, impl_tr):
+        arrays = [tr.values[v.id] for tr in impl_tr]
+        for s in index.candidates(v.type.shape, arrays):
+            if s == v.id:
+                continue
+            outcome = self._prove_arrays(r, self.spec_view(s), STAGE_LEVELS, final=False)
+            if outcome.status == "proved":
+                self.proved.add(s)
+                self.stats.stages += 1
+                return self.syms[s]
+        return r
+
+    def _prove_arrays(self, a, b, levels: int, final: bool) -> _Outcome:
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return _Outcome("unknown", reason=f"shapes differ: {a.shape} vs {b.shape}")
+        work = []
+        for idx in np.ndindex(*a.shape):
+            x, y = a[idx], b[idx]
+            if not _same(x, y):
+                work.append(_residue(x, y))
+        if not work:
+            self.stats.proved_by_normal_form += 1
+            return _Outcome("proved", "normal_form")
+        memo: dict = {}
+        for _level in range(levels):
+            groups = self._culprits(work)
+            if not groups:
+                break
+            def lookup(aid, groups=groups):
+                o = self.owner.get(aid)
+                if o is None or o[0] not in groups:
+                    return None
+                return self.expr(o[0])[o[1]]
+
+            new, size = [], 0
+            for w in work:
+                w = _map_work(w, lambda e: self._expand_term(e, lookup, memo))
+                if not _work_done(w):
+                    new.append(w)
+                    size += _work_size(w)
+            work = new
+            self.stats.expansions += 1
+            if not work:
+                self.stats.proved_by_normal_form += 1
+                return _Outcome("proved", "normal_form")
+            if size > (EXPANSION_BUDGET if final else STAGE_BUDGET):
+                if not final:
+                    return _Outcome("unknown", reason="stage too large")
+                break
+        pairs = [_as_pair(w) for w in work]
+        if not final and sum(_size(x) + _size(y) for x, y in pairs) > STAGE_SMT_SIZE:
+            return _Outcome("unknown", reason="stage too large for the solver")
+        timeout = self.opt.timeout if final else min(STAGE_SMT_SECONDS, self.opt.timeout)
+        res = smt.check_equal(pairs, timeout_s=timeout)
+        if res.status == "unsat":
+            self.stats.proved_by_z3 += 1
+            return _Outcome("proved", "z3")
+        if res.status == "sat" and final and self._only_inputs(pairs):
+            return _Outcome("sat", model=res.model, reason="the solver found a difference")
+        return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
+
+    # -- simulation-guided expansion ------------------------------------------------------
+    def _sim_value(self, aid: int) -> float:
+        v = self.sim_env.get(aid)
+        if v is None:
+            o = self.owner.get(aid)
+            if o is not None:
+                v = float(self.spec_trace.values[o[0]][o[1]])
+            else:
+                i, idx = self.input_atoms[aid]
+                v = float(self.sim_inputs[i][idx])
+            self.sim_env[aid] = v
+        return v
+
+    def _culprits(self, work) -> set[int]:
+        """Cut values whose definitions the residues need: perturbing their symbols (with all
+        other symbols at their simulated values) makes a residue non-zero."""
+        flagged: set[int] = set()
+        rng = np.random.default_rng(1)
+        for w in work:
+            groups: dict[int, list[int]] = {}
+            syms = w.syms if isinstance(w, T.Poly) else (_syms(w[0]) | _syms(w[1]))
+            for aid in syms:
+                o = self.owner.get(aid)
+                if o is not None:
+                    groups.setdefault(o[0], []).append(aid)
+            pending = [g for g in groups if g not in flagged]
+            if not pending:
+                continue
+            if not isinstance(w, T.Poly):
+                flagged.update(pending)
+                continue
+            base = {aid: self._sim_value(aid) for aid in syms}
+            for g in pending:
+                env = dict(base)
+                for aid in groups[g]:
+                    env[aid] = base[aid] * 1.7 + float(rng.standard_normal())
+                try:
+                    val, scale = _eval_scaled(w, env)
+                except (ValueError, ZeroDivisionError, OverflowError, TvError):
+                    flagged.add(g)
+                    continue
+                if not (abs(val) <= 1e-7 * (1.0 + scale)):
+                    flagged.add(g)
+        return flagged
+
+    def _has_cut(self, e) -> bool:
+        if not isinstance(e, (T.Poly, T.Bool)):
+            return False
+        return any(self.owner.get(a) is not None for a in e.syms)
+
+    def _only_inputs(self, pairs) -> bool:
+        return not any(self._has_cut(x) or self._has_cut(y) for x, y in pairs)
+
+    def _model_inputs(self, model: dict[int, float], spec_tr) -> list:
+        base = [None if a is None else np.array(a, copy=True)
+                for a in (spec_tr[0].values[v.id] for v in self.spec.main.args)]
+        for aid, val in model.items():
+            where = self.input_atoms.get(aid)
+            if where is not None:
+                i, idx = where
+                base[i][idx] = val
+        return base
+
+
+def _cuttable(op, v, r) -> bool:
+    return (
+        op.name not in MOVEMENT_OPS
+        and isinstance(v.type, TensorType)
+        and v.type.is_float
+        and _is_sym(r)
+    )
+
+
+def _is_sym(r) -> bool:
+    return isinstance(r, np.ndarray) and r.dtype == object
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, T.Bool) or isinstance(y, T.Bool):
+        return T.lift_bool(x) is T.lift_bool(y)
+    try:
+        return T.lift(x) == T.lift(y)
+    except TvError:
+        return False
+
+
+def _residue(x, y):
+    """A numeric pair as one residue x - y (proved when it is 0); booleans stay pairs."""
+    if isinstance(x, T.Bool) or isinstance(y, T.Bool):
+        return (x, y)
+    try:
+        d = T.sub(T.lift(x), T.lift(y))
+    except TvError:
+        return (x, y)
+    return d
+
+
+def _map_work(w, f):
+    if isinstance(w, T.Poly):
+        return T.lift(f(w))
+    return _residue(f(w[0]), f(w[1]))
+
+
+def _work_done(w) -> bool:
+    if isinstance(w, T.Poly):
+        return not w.terms and not w.inf
+    return _same(w[0], w[1])
+
+
+def _work_size(w) -> int:
+    return _size(w) if isinstance(w, T.Poly) else _size(w[0]) + _size(w[1])
+
+
+def _as_pair(w):
+    return (w, T.ZERO) if isinstance(w, T.Poly) else w
+
+
+def _syms(e) -> frozenset:
+    return e.syms if isinstance(e, (T.Poly, T.Bool)) else frozenset()
+
+
+def _eval_scaled(p: T.Poly, env) -> tuple[float, float]:
+    """Value of p and the sum of its monomials' magnitudes (for a relative tolerance)."""
+    memo: dict = {}
+    total, scale = 0.0, 0.0
+    for m, c in p.terms.items():
+        v = float(c)
+        for aid, e in m:
+            v *= T._eval_atom(T.ATOM_BY_ID[aid], env, memo) ** e
+        total += v
+        scale += abs(v)
+    return total, scale
+
+
+def _size(e) -> int:
+    return T.size(e) if isinstance(e, (T.Poly, T.Bool)) else 1

@@ -1,0 +1,153 @@
+"""Concrete simulation: random inputs, every top-level value recorded, value matching.
+
+Floats are evaluated in float64 (the programs' real-number semantics, up to float64
+rounding). Two arrays *match* when they agree to a relative 1e-9: far below any real
+difference a bug makes, far above float64 noise in these programs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..algebra import NumpyAlgebra
+from ..interp import Interpreter
+from ..ir import Function, Module, TensorType
+
+RTOL = 1e-9
+
+
+def random_inputs(fn: Function, rng: np.random.Generator) -> list[np.ndarray]:
+    out = []
+    for t in fn.arg_types:
+        if not isinstance(t, TensorType):
+            out.append(None)
+            continue
+        if t.is_float:
+            # values representable in f32, so a reported input is exactly what XLA would see
+            a = rng.standard_normal(t.shape).astype(np.float32).astype(np.float64)
+        elif t.is_bool:
+            a = rng.random(t.shape) < 0.5
+        else:
+            a = rng.integers(0, 4, size=t.shape).astype(t.numpy_dtype)
+        out.append(np.asarray(a))
+    return out
+
+
+@dataclass
+class Trace:
+    """Every top-level value of one concrete run (by value id), and the outputs."""
+
+    values: dict[int, np.ndarray] = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+
+
+def run_traced(module: Module, inputs: list) -> Trace:
+    trace = Trace()
+
+    def hook(op, results):
+        for v, r in zip(op.results, results, strict=True):
+            trace.values[v.id] = r
+        return results
+
+    interp = Interpreter(module, NumpyAlgebra(), hook=hook)
+    for v, a in zip(module.main.args, inputs, strict=True):
+        trace.values[v.id] = a
+    trace.outputs = interp.run(module.main, inputs)
+    return trace
+
+
+def close(a, b, rtol: float = RTOL) -> bool:
+    """Equal up to float64 noise; infinities and NaNs must coincide exactly."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
+        return bool(np.array_equal(a, b))
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    if not np.array_equal(fa, fb):
+        return False
+    if not np.all(fa):
+        na, nb = np.isnan(a), np.isnan(b)
+        if not np.array_equal(na, nb) or not np.array_equal(a[~fa & ~na], b[~fb & ~nb]):
+            return False
+    if not np.any(fa):
+        return True
+    scale = max(1.0, float(np.max(np.abs(a[fa]))), float(np.max(np.abs(b[fb]))))
+    return bool(np.max(np.abs(a[fa] - b[fb])) <= rtol * scale)
+
+
+def first_difference(a, b, rtol: float = RTOL) -> tuple[int, ...] | None:
+    """Index of the first element where a and b differ beyond noise, or None."""
+    a = np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind != "b" else np.asarray(a)
+    b = np.asarray(b, dtype=np.float64) if np.asarray(b).dtype.kind != "b" else np.asarray(b)
+    if a.dtype.kind == "b" or b.dtype.kind == "b":
+        diff = a != b
+    else:
+        fa = np.isfinite(a)
+        fin = fa & np.isfinite(b)
+        scale = max(1.0, float(np.max(np.abs(a[fin]), initial=0)), float(np.max(np.abs(b[fin]), initial=0)))
+        with np.errstate(all="ignore"):
+            diff = np.where(fin, np.abs(a - b) > rtol * scale, ~((a == b) | (np.isnan(a) & np.isnan(b))))
+    idx = np.argwhere(diff)
+    return tuple(int(i) for i in idx[0]) if len(idx) else None
+
+
+class ValueIndex:
+    """Find spec values numerically equal to an implementation value (same shape)."""
+
+    def __init__(self, traces: list[Trace], value_types: dict[int, TensorType], order: dict[int, int]):
+        self.traces = traces
+        self.order = order
+        self.by_shape: dict[tuple, list[tuple[float, int]]] = {}
+        self.rngs: dict[tuple, np.ndarray] = {}
+        for vid, t in value_types.items():
+            if vid not in traces[0].values:
+                continue
+            key = self._key(t.shape, [tr.values[vid] for tr in traces])
+            if key is not None:
+                self.by_shape.setdefault(t.shape, []).append((key, vid))
+        for lst in self.by_shape.values():
+            lst.sort()
+
+    def _projection(self, shape) -> np.ndarray:
+        r = self.rngs.get(shape)
+        if r is None:
+            r = np.random.default_rng(hash(shape) & 0xFFFF).standard_normal(int(np.prod(shape)))
+            self.rngs[shape] = r
+        return r
+
+    def _key(self, shape, arrays) -> float | None:
+        r = self._projection(shape)
+        total = 0.0
+        for a in arrays:
+            a = np.asarray(a)
+            if a.dtype.kind not in "fiub":
+                return None
+            a = np.nan_to_num(a.astype(np.float64).reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
+            total += float(r @ a)
+        return total
+
+    def candidates(self, shape, arrays, limit: int = 4) -> list[int]:
+        lst = self.by_shape.get(tuple(shape))
+        if not lst:
+            return []
+        key = self._key(tuple(shape), arrays)
+        if key is None:
+            return []
+        mag = sum(float(np.sum(np.abs(np.nan_to_num(np.asarray(a, dtype=np.float64), posinf=0, neginf=0)))) for a in arrays)
+        tol = 1e-6 * (1.0 + mag)
+        import bisect
+
+        lo = bisect.bisect_left(lst, (key - tol, -1))
+        out = []
+        for k, vid in lst[lo:]:
+            if k > key + tol:
+                break
+            if all(close(a, tr.values[vid]) for a, tr in zip(arrays, self.traces, strict=True)):
+                out.append(vid)
+        out.sort(key=lambda v: self.order.get(v, 0))
+        return out[:limit] if limit else out

@@ -1,0 +1,171 @@
+"""Z3 behind one module: decide what normal forms leave open.
+
+Terms become Z3 Real expressions. Opaque functions are uninterpreted, with the axioms that
+make common identities provable (exp > 0, sqrt(x)^2 = x, rsqrt(x)^2 * x = 1, ...);
+denominators get the side condition `!= 0`, sqrt/rsqrt/log arguments the condition that
+they are in the function's domain. A query asks whether some pair differs under those
+conditions: unsat proves all pairs equal; sat gives a model (to be replayed concretely
+before anyone calls it a counterexample); anything else is unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import z3
+
+from .. import terms as T
+
+
+@dataclass
+class SmtResult:
+    status: str  # "unsat" (proved), "sat", "unknown"
+    model: dict[int, float] = field(default_factory=dict)  # symbol atom id -> value
+    reason: str = ""
+
+
+class _Encoder:
+    def __init__(self):
+        self.atoms: dict[int, z3.ArithRef] = {}
+        self.side: list = []
+        self.funcs: dict[str, z3.FuncDeclRef] = {}
+        self.symbols: dict[int, z3.ArithRef] = {}
+        self.bools: dict = {}
+
+    def fn(self, name: str, arity: int = 1):
+        f = self.funcs.get(name)
+        if f is None:
+            f = z3.Function(f"tv_{name}", *([z3.RealSort()] * (arity + 1)))
+            self.funcs[name] = f
+        return f
+
+    def poly(self, p: T.Poly):
+        if p.inf:
+            raise ValueError("infinite term")
+        out = []
+        for m, c in p.terms.items():
+            factors = []
+            for aid, e in m:
+                base = self.atom(T.ATOM_BY_ID[aid])
+                if e < 0:
+                    self.side.append(base != 0)
+                    factors.append(1 / (base ** (-e)) if e != -1 else 1 / base)
+                else:
+                    factors.append(base**e if e != 1 else base)
+            coeff = z3.RealVal(str(c)) if not isinstance(c, int) else z3.RealVal(c)
+            term = coeff
+            for f in factors:
+                term = term * f
+            out.append(term)
+        if not out:
+            return z3.RealVal(0)
+        return z3.Sum(out) if len(out) > 1 else out[0]
+
+    def atom(self, a: T.Atom):
+        hit = self.atoms.get(a.id)
+        if hit is not None:
+            return hit
+        k, args = a.kind, a.args
+        if k == "sym":
+            e = z3.Real(f"{args[0]}{list(args[1])}")
+            self.symbols[a.id] = e
+        elif k == "inv":
+            d = self.poly(args[0])
+            self.side.append(d != 0)
+            e = 1 / d
+        elif k == "fn":
+            e = self._function(args[0], self.poly(args[1]))
+        elif k in ("max", "min"):
+            items = [self.poly(x) for x in args[0]]
+            e = items[0]
+            for x in items[1:]:
+                e = z3.If(x > e, x, e) if k == "max" else z3.If(x < e, x, e)
+        elif k == "select":
+            e = z3.If(self.boolean(args[0]), self.poly(args[1]), self.poly(args[2]))
+        elif k in ("pow", "atan2"):
+            e = self.fn(k, 2)(self.poly(args[0]), self.poly(args[1]))
+        else:
+            raise ValueError(f"cannot encode atom kind {k}")
+        self.atoms[a.id] = e
+        return e
+
+    def _function(self, name: str, x):
+        f = self.fn(name)
+        y = f(x)
+        if name == "exp":
+            self.side.append(y > 0)
+        elif name == "sqrt":
+            self.side += [x >= 0, y >= 0, y * y == x]
+        elif name == "rsqrt":
+            self.side += [x > 0, y > 0, y * y * x == 1]
+        elif name in ("log", "log1p"):
+            self.side.append(x > (0 if name == "log" else -1))
+        elif name == "tanh":
+            self.side += [y > -1, y < 1]
+        elif name == "logistic":
+            self.side += [y > 0, y < 1]
+        return y
+
+    def boolean(self, b: T.Bool):
+        k, args = b.kind, b.args
+        if k == "const":
+            return z3.BoolVal(bool(args[0]))
+        if k == "cmp":
+            p = self.poly(args[1])
+            return p > 0 if args[0] == ">" else p >= 0 if args[0] == ">=" else p == 0
+        if k == "not":
+            return z3.Not(self.boolean(args[0]))
+        items = [self.boolean(x) for x in args[0]]
+        if k == "and":
+            return z3.And(items)
+        if k == "or":
+            return z3.Or(items)
+        if k == "xor":
+            out = items[0]
+            for x in items[1:]:
+                out = z3.Xor(out, x)
+            return out
+        raise ValueError(f"cannot encode boolean kind {k}")
+
+
+def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
+    """Is a == b for every (a, b) pair, for all values of the symbols (where defined)?"""
+    enc = _Encoder()
+    try:
+        diffs = []
+        for a, b in pairs:
+            if isinstance(a, T.Bool) or isinstance(b, T.Bool):
+                diffs.append(enc.boolean(T.lift_bool(a)) != enc.boolean(T.lift_bool(b)))
+            else:
+                diffs.append(enc.poly(T.lift(a)) != enc.poly(T.lift(b)))
+    except (ValueError, z3.Z3Exception) as e:
+        return SmtResult("unknown", reason=f"not encodable in SMT: {e}")
+    s = z3.Solver()
+    s.set("timeout", int(timeout_s * 1000))
+    s.add(*enc.side)
+    s.add(z3.Or(diffs) if len(diffs) > 1 else diffs[0])
+    r = s.check()
+    if r == z3.unsat:
+        return SmtResult("unsat")
+    if r == z3.sat:
+        m = s.model()
+        model = {}
+        for aid, e in enc.symbols.items():
+            v = m.eval(e, model_completion=True)
+            model[aid] = _to_float(v)
+        return SmtResult("sat", model)
+    return SmtResult("unknown", reason=f"z3: {s.reason_unknown()}")
+
+
+def _to_float(v) -> float:
+    try:
+        if z3.is_rational_value(v):
+            return float(v.numerator_as_long()) / float(v.denominator_as_long())
+        if z3.is_algebraic_value(v):
+            return float(v.approx(20).as_fraction())
+    except Exception:
+        pass
+    try:
+        return float(str(v).rstrip("?"))
+    except ValueError:
+        return 0.0

@@ -1,0 +1,307 @@
+"""The symbolic element algebra: numpy object arrays of terms (tv_ir.terms).
+
+It derives from the concrete algebra and overrides only element arithmetic: when every
+operand is concrete, the concrete method runs (constant folding, so index computations
+never become symbols); otherwise the operation is applied element by element to terms.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import terms as T
+from .algebra import NumpyAlgebra
+from .errors import Unsupported
+from .ir import TensorType
+
+
+def _sym(*xs) -> bool:
+    return any(isinstance(x, np.ndarray) and x.dtype == object for x in xs)
+
+
+def _ufunc(f, nin):
+    u = np.frompyfunc(f, nin, 1)
+
+    def apply(*xs):
+        out = u(*xs)
+        return out if isinstance(out, np.ndarray) else _scalar(out)
+
+    return apply
+
+
+def _scalar(x):
+    a = np.empty((), dtype=object)
+    a[()] = x
+    return a
+
+
+def _lifted2(f):
+    return _ufunc(lambda a, b: f(T.lift(a), T.lift(b)), 2)
+
+
+_add = _lifted2(T.add)
+_sub = _lifted2(T.sub)
+_mul = _lifted2(T.mul)
+_div = _lifted2(T.div)
+_neg = _ufunc(lambda a: T.neg(T.lift(a)), 1)
+_max = _ufunc(lambda a, b: T.maximum((a, b), True), 2)
+_min = _ufunc(lambda a, b: T.maximum((a, b), False), 2)
+_abs = _ufunc(lambda a: T.maximum((T.lift(a), T.neg(T.lift(a))), True), 1)
+_select = _ufunc(lambda c, a, b: T.select(T.lift_bool(c), T.lift(a), T.lift(b)), 3)
+_and = _ufunc(lambda a, b: T.logical_and(T.lift_bool(a), T.lift_bool(b)), 2)
+_or = _ufunc(lambda a, b: T.logical_or(T.lift_bool(a), T.lift_bool(b)), 2)
+_xor = _ufunc(lambda a, b: T.logical_xor(T.lift_bool(a), T.lift_bool(b)), 2)
+_not = _ufunc(lambda a: T.logical_not(T.lift_bool(a)), 1)
+_to_poly = _ufunc(T.lift, 1)
+_nonzero = _ufunc(lambda a: T.logical_not(T.compare("EQ", T.lift(a), T.ZERO)), 1)
+
+
+def _pow(a, b):
+    a, b = T.lift(a), T.lift(b)
+    if b.is_const():
+        e = b.const_value()
+        if e == int(e):
+            return T.power_int(a, int(e))
+        if e == T.Fraction(1, 2):
+            return T.fn("sqrt", a)
+        if e == T.Fraction(-1, 2):
+            return T.fn("rsqrt", a)
+    return T.atom_poly(T.Atom("pow", (a, b)))
+
+
+_power = _ufunc(_pow, 2)
+_atan2 = _ufunc(lambda a, b: T.atom_poly(T.Atom("atan2", (T.lift(a), T.lift(b)))), 2)
+
+# unary math functions: some have exact algebraic meaning, the rest are opaque atoms
+_UNARY_SPECIAL = {
+    "logistic": lambda p: T.fn("logistic", p),
+    "sign": lambda p: T.fn("sign", p),
+}
+
+
+def _unary_term(name):
+    def f(a):
+        return T.fn(name, T.lift(a))
+
+    return _ufunc(f, 1)
+
+
+_UNARY = {}
+
+
+class SymbolicAlgebra(NumpyAlgebra):
+    """Element arithmetic on terms; falls back to numpy when all operands are concrete."""
+
+    symbolic = True
+
+    def is_symbolic(self, x) -> bool:
+        return _sym(x)
+
+    def convert(self, x, src: TensorType, dst: TensorType):
+        if not _sym(x):
+            return super().convert(x, src, dst)
+        if dst.is_bool:
+            return x if src.is_bool else _nonzero(x)
+        if src.is_bool:
+            return _to_poly(x)
+        if src.is_float and not dst.is_float:
+            raise Unsupported("float-to-integer conversion of a value that depends on the inputs")
+        return _to_poly(x)  # float<->float and int->float: the same real number
+
+    def add(self, x, y):
+        return _add(x, y) if _sym(x, y) else super().add(x, y)
+
+    def subtract(self, x, y):
+        return _sub(x, y) if _sym(x, y) else super().subtract(x, y)
+
+    def multiply(self, x, y):
+        return _mul(x, y) if _sym(x, y) else super().multiply(x, y)
+
+    def divide(self, x, y):
+        return _div(x, y) if _sym(x, y) else super().divide(x, y)
+
+    def int_divide(self, x, y):
+        if _sym(x, y):
+            raise Unsupported("integer division of values that depend on the inputs")
+        return super().int_divide(x, y)
+
+    def remainder(self, x, y):
+        if _sym(x, y):
+            raise Unsupported("remainder of values that depend on the inputs")
+        return super().remainder(x, y)
+
+    def negate(self, x):
+        return _neg(x) if _sym(x) else super().negate(x)
+
+    def abs(self, x):
+        return _abs(x) if _sym(x) else super().abs(x)
+
+    def sign(self, x):
+        return self.unary("sign", x) if _sym(x) else super().sign(x)
+
+    def maximum(self, x, y):
+        return _max(x, y) if _sym(x, y) else super().maximum(x, y)
+
+    def minimum(self, x, y):
+        return _min(x, y) if _sym(x, y) else super().minimum(x, y)
+
+    def power(self, x, y):
+        return _power(x, y) if _sym(x, y) else super().power(x, y)
+
+    def unary(self, fn: str, x):
+        if not _sym(x):
+            return super().unary(fn, x)
+        if fn == "is_finite":
+            return np.ones(np.shape(x), dtype=bool)  # symbolic reals are finite
+        f = _UNARY.get(fn)
+        if f is None:
+            f = _UNARY[fn] = _unary_term(fn)
+        return f(x)
+
+    def atan2(self, x, y):
+        return _atan2(x, y) if _sym(x, y) else super().atan2(x, y)
+
+    def compare(self, direction: str, x, y):
+        if not _sym(x, y):
+            return super().compare(direction, x, y)
+        return _ufunc(lambda a, b: T.compare(direction, a, b), 2)(x, y)
+
+    def select(self, pred, on_true, on_false):
+        if not _sym(pred, on_true, on_false):
+            return super().select(pred, on_true, on_false)
+        if not _sym(pred):
+            return np.where(pred, on_true, on_false)  # the choice is known per element
+        return _select(pred, on_true, on_false)
+
+    def logical_and(self, x, y):
+        return _and(x, y) if _sym(x, y) else super().logical_and(x, y)
+
+    def logical_or(self, x, y):
+        return _or(x, y) if _sym(x, y) else super().logical_or(x, y)
+
+    def logical_xor(self, x, y):
+        return _xor(x, y) if _sym(x, y) else super().logical_xor(x, y)
+
+    def logical_not(self, x):
+        return _not(x) if _sym(x) else super().logical_not(x)
+
+    def shift(self, kind, x, y):
+        if _sym(x, y):
+            raise Unsupported("bit shifts of values that depend on the inputs")
+        return super().shift(kind, x, y)
+
+    def popcnt(self, x):
+        if _sym(x):
+            raise Unsupported("popcnt of a value that depends on the inputs")
+        return super().popcnt(x)
+
+    def count_leading_zeros(self, x):
+        if _sym(x):
+            raise Unsupported("count_leading_zeros of a value that depends on the inputs")
+        return super().count_leading_zeros(x)
+
+    # -- values that must be concrete -------------------------------------------------
+    def _concrete(self, x, what: str):
+        if not _sym(x):
+            return np.asarray(x)
+        flat = []
+        for e in np.asarray(x).reshape(-1):
+            if isinstance(e, T.Poly) and e.is_const():
+                flat.append(e.const_value())
+            elif isinstance(e, T.Bool) and e.kind == "const":
+                flat.append(e.args[0])
+            elif isinstance(e, (T.Poly, T.Bool)):
+                raise Unsupported(f"{what} depends on the inputs (data-dependent control/indexing)")
+            else:
+                flat.append(e)
+        return np.array(flat).reshape(np.shape(x))
+
+    def index(self, x) -> int:
+        return int(self._concrete(x, "an index").reshape(()))
+
+    def truth(self, x) -> bool:
+        return bool(self._concrete(x, "a control-flow predicate").reshape(()))
+
+    def indices(self, x) -> np.ndarray:
+        return self._concrete(x, "a gather/scatter index").astype(np.int64)
+
+    # -- reductions ----------------------------------------------------------------------
+    def _rows(self, x, axes):
+        x = np.asarray(x)
+        rest = [d for d in range(x.ndim) if d not in axes]
+        moved = np.transpose(x, rest + list(axes))
+        keep = moved.shape[: len(rest)]
+        return moved.reshape(keep + (-1,)), keep
+
+    def _reduce(self, x, axes, f):
+        rows, keep = self._rows(x, axes)
+        out = np.empty(keep, dtype=object)
+        for i in np.ndindex(*keep):
+            out[i] = f(list(rows[i]))
+        return out
+
+    def reduce_sum(self, x, axes):
+        if not _sym(x):
+            return super().reduce_sum(x, axes)
+        return self._reduce(x, axes, T.sum_of)
+
+    def reduce_prod(self, x, axes):
+        if not _sym(x):
+            return super().reduce_prod(x, axes)
+
+        def prod(items):
+            out = T.ONE
+            for e in items:
+                out = T.mul(out, T.lift(e))
+            return out
+
+        return self._reduce(x, axes, prod)
+
+    def reduce_max(self, x, axes):
+        if not _sym(x):
+            return super().reduce_max(x, axes)
+        return self._reduce(x, axes, lambda items: T.maximum(items, True))
+
+    def reduce_min(self, x, axes):
+        if not _sym(x):
+            return super().reduce_min(x, axes)
+        return self._reduce(x, axes, lambda items: T.maximum(items, False))
+
+    def reduce_and(self, x, axes):
+        if not _sym(x):
+            return super().reduce_and(x, axes)
+
+        def conj(items):
+            out = T.TRUE
+            for e in items:
+                out = T.logical_and(out, T.lift_bool(e))
+            return out
+
+        return self._reduce(x, axes, conj)
+
+    def reduce_or(self, x, axes):
+        if not _sym(x):
+            return super().reduce_or(x, axes)
+
+        def disj(items):
+            out = T.FALSE
+            for e in items:
+                out = T.logical_or(out, T.lift_bool(e))
+            return out
+
+        return self._reduce(x, axes, disj)
+
+    def matmul(self, a, b):
+        if not _sym(a, b):
+            return super().matmul(a, b)
+        a, b = np.asarray(a), np.asarray(b)
+        B, M, K = a.shape
+        N = b.shape[2]
+        out = np.empty((B, M, N), dtype=object)
+        for i in range(B):
+            bt = [list(b[i, :, n]) for n in range(N)]
+            for m in range(M):
+                row = list(a[i, m, :])
+                for n in range(N):
+                    out[i, m, n] = T.dot(row, bt[n])
+        return out

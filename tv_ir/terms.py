@@ -1,0 +1,817 @@
+"""Symbolic terms with canonical normal forms.
+
+A numeric term is a `Poly`: a Laurent polynomial with exact rational coefficients over
+*atoms*. An atom is a symbol (an input element or a cut-point element) or an opaque
+application (exp, log, tanh, 1/p for a multi-term p, max/min, select, ...) whose arguments
+are themselves in normal form. Atoms are hash-consed, so two terms are equal as normal forms
+exactly when their monomial dictionaries are equal: that decides every polynomial identity
+(reassociation, distributivity, cancellation) without a solver. What normal forms leave open
+goes to Z3 (tv_ir.prover.smt).
+
+Boolean terms (`Bool`) are hash-consed comparisons `p > 0`, `p >= 0`, `p == 0` with `p`
+normalised (leading coefficient +-1), and their logical combinations.
+
+Over the reals: monomials may carry negative powers (x / y with y a single monomial);
+that is sound under the side condition that denominators are non-zero, which the prover
+states when it asks Z3. Infinities appear only as constants (masks, max-reduction
+identities) and are handled by a few absorbing rules; anything else involving them is
+unsupported rather than guessed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from .errors import Unsupported
+
+Num = int | Fraction
+Mono = tuple  # ((atom_id, power), ...) sorted by atom id
+
+_atom_ids = itertools.count()
+_ATOMS: dict[tuple, Atom] = {}
+ATOM_BY_ID: dict[int, Atom] = {}
+
+
+class Atom:
+    """An interned leaf or opaque application. `kind` names it; `args` are canonical."""
+
+    __slots__ = ("kind", "args", "id", "syms", "_hash")
+
+    def __new__(cls, kind: str, args: tuple):
+        key = (kind, args)
+        a = _ATOMS.get(key)
+        if a is not None:
+            return a
+        a = object.__new__(cls)
+        a.kind = kind
+        a.args = args
+        a.id = next(_atom_ids)
+        a._hash = hash(key)
+        if kind == "sym":
+            a.syms = frozenset((a.id,))
+        else:
+            s = frozenset()
+            for x in _flat_args(args):
+                s |= x.syms
+            a.syms = s
+        _ATOMS[key] = a
+        ATOM_BY_ID[a.id] = a
+        return a
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __repr__(self) -> str:
+        if self.kind == "sym":
+            name, index = self.args[0], self.args[1]
+            return f"{name}{list(index) if index else ''}"
+        return f"{self.kind}({', '.join(map(repr, self.args))})"
+
+
+def _flat_args(args):
+    for x in args:
+        if isinstance(x, (Poly, Bool)):
+            yield x
+        elif isinstance(x, (frozenset, tuple)):
+            yield from _flat_args(x)
+
+
+def _num(c) -> Num:
+    """Exact rational for a Python/numpy number (floats convert exactly)."""
+    if isinstance(c, (int, Fraction)) and not isinstance(c, bool):
+        return c
+    if isinstance(c, (bool, np.bool_)):
+        return int(c)
+    if isinstance(c, (np.integer,)):
+        return int(c)
+    f = float(c)
+    if math.isinf(f) or math.isnan(f):
+        raise ValueError("non-finite")
+    r = _FLOAT_CACHE.get(f)
+    if r is None:
+        r = Fraction(f)
+        if r.denominator == 1:
+            r = r.numerator
+        if len(_FLOAT_CACHE) < 100_000:
+            _FLOAT_CACHE[f] = r
+    return r
+
+
+_FLOAT_CACHE: dict[float, Num] = {}
+
+
+def _norm(c: Num) -> Num:
+    if isinstance(c, Fraction) and c.denominator == 1:
+        return c.numerator
+    return c
+
+
+class Poly:
+    """sum of coeff * monomial; immutable. `inf` is +1/-1 for the constants +inf/-inf."""
+
+    __slots__ = ("terms", "inf", "_hash", "_syms")
+
+    def __init__(self, terms: dict, inf: int = 0):
+        self.terms = terms
+        self.inf = inf
+        self._hash = None
+        self._syms = None
+
+    # -- identity ---------------------------------------------------------------------
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((frozenset(self.terms.items()), self.inf))
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Poly) and self.inf == other.inf and self.terms == other.terms
+
+    @property
+    def syms(self) -> frozenset:
+        if self._syms is None:
+            s = frozenset()
+            for m in self.terms:
+                for aid, _ in m:
+                    s |= ATOM_BY_ID[aid].syms
+            self._syms = s
+        return self._syms
+
+    def is_const(self) -> bool:
+        return not self.inf and all(not m for m in self.terms)
+
+    def const_value(self) -> Num:
+        return self.terms.get((), 0)
+
+    def __repr__(self) -> str:
+        if self.inf:
+            return "inf" if self.inf > 0 else "-inf"
+        if not self.terms:
+            return "0"
+        parts = []
+        for m, c in sorted(self.terms.items(), key=lambda kv: kv[0]):
+            mono = "*".join(
+                repr(ATOM_BY_ID[a]) + (f"^{p}" if p != 1 else "") for a, p in m
+            )
+            parts.append(f"{c}*{mono}" if mono and c != 1 else (mono or str(c)))
+        return " + ".join(parts)
+
+
+ZERO = Poly({})
+ONE = Poly({(): 1})
+POS_INF = Poly({}, 1)
+NEG_INF = Poly({}, -1)
+
+
+def const(c) -> Poly:
+    if isinstance(c, Poly):
+        return c
+    f = float(c) if not isinstance(c, (int, Fraction)) else None
+    if f is not None and math.isinf(f):
+        return POS_INF if f > 0 else NEG_INF
+    if f is not None and math.isnan(f):
+        raise Unsupported("NaN constant in a symbolic computation")
+    c = _num(c)
+    return Poly({(): c}) if c != 0 else ZERO
+
+
+def atom_poly(a: Atom) -> Poly:
+    return Poly({((a.id, 1),): 1})
+
+
+def symbol(name: str, index: tuple = ()) -> Poly:
+    return atom_poly(Atom("sym", (name, tuple(int(i) for i in index))))
+
+
+def as_atom(p: Poly) -> Atom | None:
+    """The atom if p is exactly one atom with coefficient 1 and power 1."""
+    if len(p.terms) == 1:
+        (m, c), = p.terms.items()
+        if c == 1 and len(m) == 1 and m[0][1] == 1:
+            return ATOM_BY_ID[m[0][0]]
+    return None
+
+
+# -- ring operations -------------------------------------------------------------------
+
+
+def _mono_mul(a: Mono, b: Mono) -> Mono:
+    if not a:
+        return b
+    if not b:
+        return a
+    if len(b) == 1 and len(a) <= 3:
+        x, f = b[0]
+        out = []
+        placed = False
+        for y, e in a:
+            if not placed and x <= y:
+                placed = True
+                if x == y:
+                    if e + f:
+                        out.append((x, e + f))
+                    continue
+                out.append((x, f))
+            out.append((y, e))
+        if not placed:
+            out.append((x, f))
+        return tuple(out)
+    d = dict(a)
+    for k, e in b:
+        e2 = d.get(k, 0) + e
+        if e2:
+            d[k] = e2
+        else:
+            del d[k]
+    return tuple(sorted(d.items()))
+
+
+def add(p: Poly, q: Poly) -> Poly:
+    if p.inf or q.inf:
+        if p.inf and q.inf and p.inf != q.inf:
+            raise Unsupported("inf - inf in a symbolic computation")
+        return p if p.inf else q
+    if not p.terms:
+        return q
+    if not q.terms:
+        return p
+    if len(p.terms) < len(q.terms):
+        p, q = q, p
+    d = dict(p.terms)
+    for m, c in q.terms.items():
+        c2 = d.get(m, 0) + c
+        if c2:
+            d[m] = _norm(c2)
+        else:
+            del d[m]
+    return Poly(d)
+
+
+def scale(p: Poly, c: Num) -> Poly:
+    if p.inf:
+        if c == 0:
+            raise Unsupported("0 * inf in a symbolic computation")
+        return POS_INF if (p.inf > 0) == (c > 0) else NEG_INF
+    if c == 0:
+        return ZERO
+    if c == 1:
+        return p
+    return Poly({m: _norm(v * c) for m, v in p.terms.items()})
+
+
+def neg(p: Poly) -> Poly:
+    return scale(p, -1)
+
+
+def sub(p: Poly, q: Poly) -> Poly:
+    return add(p, neg(q))
+
+
+def mul(p: Poly, q: Poly) -> Poly:
+    if p.inf or q.inf:
+        other = q if p.inf else p
+        if not other.is_const():
+            raise Unsupported("inf times a non-constant in a symbolic computation")
+        inf = p if p.inf else q
+        return scale(inf, other.const_value()) if not other.inf else (
+            POS_INF if p.inf == q.inf else NEG_INF)
+    if not p.terms or not q.terms:
+        return ZERO
+    if len(p.terms) == 1 and () in p.terms:
+        return scale(q, p.terms[()])
+    if len(q.terms) == 1 and () in q.terms:
+        return scale(p, q.terms[()])
+    d: dict = {}
+    for m1, c1 in p.terms.items():
+        for m2, c2 in q.terms.items():
+            m = _mono_mul(m1, m2)
+            c = d.get(m, 0) + c1 * c2
+            if c:
+                d[m] = c
+            else:
+                del d[m]
+    return Poly({m: _norm(c) for m, c in d.items()})
+
+
+def sum_of(items) -> Poly:
+    """n-ary sum (one dictionary accumulation instead of n-1 binary adds)."""
+    d: dict = {}
+    inf = 0
+    for p in items:
+        p = lift(p)
+        if p.inf:
+            if inf and inf != p.inf:
+                raise Unsupported("inf - inf in a symbolic computation")
+            inf = p.inf
+            continue
+        for m, c in p.terms.items():
+            d[m] = d.get(m, 0) + c
+    if inf:
+        return POS_INF if inf > 0 else NEG_INF
+    return Poly({m: _norm(c) for m, c in d.items() if c})
+
+
+def dot(xs, ys) -> Poly:
+    """sum_i xs[i] * ys[i], accumulated in one dictionary."""
+    d: dict = {}
+    for x, y in zip(xs, ys, strict=True):
+        x, y = lift(x), lift(y)
+        if x.inf or y.inf:
+            return sum_of(mul(a, b) for a, b in zip(map(lift, xs), map(lift, ys), strict=True))
+        for m1, c1 in x.terms.items():
+            for m2, c2 in y.terms.items():
+                m = _mono_mul(m1, m2)
+                d[m] = d.get(m, 0) + c1 * c2
+    return Poly({m: _norm(c) for m, c in d.items() if c})
+
+
+def power_int(p: Poly, n: int) -> Poly:
+    if n < 0:
+        return power_int(inverse(p), -n)
+    r = ONE
+    base = p
+    while n:
+        if n & 1:
+            r = mul(r, base)
+        n >>= 1
+        if n:
+            base = mul(base, base)
+    return r
+
+
+def leading(p: Poly) -> tuple[Mono, Num]:
+    m = min(p.terms)
+    return m, p.terms[m]
+
+
+def inverse(p: Poly) -> Poly:
+    """1/p: constants and single monomials invert exactly, others become an `inv` atom."""
+    if p.inf:
+        return ZERO
+    if not p.terms:
+        raise Unsupported("division by zero in a symbolic computation")
+    if len(p.terms) == 1:
+        (m, c), = p.terms.items()
+        return Poly({tuple((a, -e) for a, e in m): _norm(Fraction(1) / c)})
+    m, c = leading(p)
+    unit = scale(p, _norm(Fraction(1) / c))
+    return scale(atom_poly(Atom("inv", (unit,))), _norm(Fraction(1) / c))
+
+
+def div(p: Poly, q: Poly) -> Poly:
+    return mul(p, inverse(q))
+
+
+# -- opaque functions ------------------------------------------------------------------
+
+_FOLD = {
+    "exp": math.exp,
+    "expm1": math.expm1,
+    "log": math.log,
+    "log1p": math.log1p,
+    "tanh": math.tanh,
+    "sqrt": math.sqrt,
+    "rsqrt": lambda v: 1.0 / math.sqrt(v),
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "erf": math.erf,
+    "logistic": lambda v: 1.0 / (1.0 + math.exp(-v)),
+    "cbrt": lambda v: math.copysign(abs(v) ** (1 / 3), v),
+    "floor": math.floor,
+    "ceil": math.ceil,
+    "sign": lambda v: float((v > 0) - (v < 0)),
+}
+
+
+def fn(name: str, p: Poly) -> Poly:
+    """An opaque math function of a canonical argument (constant arguments fold in float64)."""
+    if p.inf:
+        if name == "exp":
+            return ZERO if p.inf < 0 else POS_INF
+        if name in ("tanh", "sign", "erf"):
+            return const(float(p.inf))
+        if name == "logistic":
+            return ZERO if p.inf < 0 else ONE
+        raise Unsupported(f"{name}(inf) in a symbolic computation")
+    if p.is_const() and name in _FOLD:
+        return const(_FOLD[name](float(p.const_value())))
+    return atom_poly(Atom("fn", (name, p)))
+
+
+def maximum(items, is_max: bool = True) -> Poly:
+    """AC-normalised max (or min): flattened, deduplicated, constants folded."""
+    kind = "max" if is_max else "min"
+    args: set = set()
+    consts: list = []
+    for p in items:
+        p = lift(p)
+        a = as_atom(p)
+        if a is not None and a.kind == kind:
+            args |= a.args[0]
+        elif p.inf or p.is_const():
+            consts.append(p)
+        else:
+            args.add(p)
+    if consts:
+        best = _const_extreme(consts, is_max)
+        if best.inf == (1 if is_max else -1):
+            return best
+        if not (best.inf == (-1 if is_max else 1)):
+            args.add(best)
+    if not args:
+        return _const_extreme(consts, is_max)
+    if len(args) == 1:
+        return next(iter(args))
+    if len(args) == 2:
+        a, b = args
+        d = sub(a, b)
+        if d.is_const():
+            bigger = d.const_value() > 0
+            return a if bigger == is_max else b
+    return atom_poly(Atom(kind, (frozenset(args),)))
+
+
+def _const_extreme(consts, is_max):
+    def key(p):
+        return float(p.inf) * math.inf if p.inf else p.const_value()
+
+    return (max if is_max else min)(consts, key=key)
+
+
+# -- booleans ----------------------------------------------------------------------------
+
+_BOOLS: dict[tuple, Bool] = {}
+
+
+class Bool:
+    """An interned boolean term: const, cmp (poly REL 0), not, and, or, xor, sym."""
+
+    __slots__ = ("kind", "args", "syms", "_hash")
+
+    def __new__(cls, kind: str, args: tuple):
+        key = (kind, args)
+        b = _BOOLS.get(key)
+        if b is not None:
+            return b
+        b = object.__new__(cls)
+        b.kind = kind
+        b.args = args
+        b._hash = hash(key)
+        s = frozenset()
+        for x in _flat_args(args):
+            s |= x.syms
+        b.syms = s
+        _BOOLS[key] = b
+        return b
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+    def __repr__(self) -> str:
+        if self.kind == "const":
+            return str(self.args[0])
+        if self.kind == "cmp":
+            return f"({self.args[1]!r} {self.args[0]} 0)"
+        return f"{self.kind}({', '.join(map(repr, self.args))})"
+
+
+TRUE = Bool("const", (True,))
+FALSE = Bool("const", (False,))
+
+
+def bconst(v) -> Bool:
+    return TRUE if bool(v) else FALSE
+
+
+def _unit(p: Poly) -> tuple[Poly, Num]:
+    """p scaled so its leading coefficient is +-1; returns (unit, |scale|)."""
+    _, c = leading(p)
+    a = abs(c)
+    return scale(p, _norm(Fraction(1) / a)), a
+
+
+def compare(direction: str, x, y) -> Bool:
+    x, y = lift(x), lift(y)
+    if x.inf or y.inf:
+        if x.is_const() or x.inf:
+            if y.is_const() or y.inf:
+                xv = math.inf * x.inf if x.inf else float(x.const_value())
+                yv = math.inf * y.inf if y.inf else float(y.const_value())
+                return bconst(_CMP[direction](xv, yv))
+        # a finite non-constant term against an infinity
+        if direction in ("EQ",):
+            return FALSE
+        if direction == "NE":
+            return TRUE
+        big = y.inf if y.inf else -x.inf  # sign of (y - x) at infinity
+        return bconst(big > 0) if direction in ("LT", "LE") else bconst(big < 0)
+    if direction == "LT":
+        return _cmp(">", sub(y, x))
+    if direction == "LE":
+        return _cmp(">=", sub(y, x))
+    if direction == "GT":
+        return _cmp(">", sub(x, y))
+    if direction == "GE":
+        return _cmp(">=", sub(x, y))
+    if direction == "EQ":
+        return _cmp("==", sub(x, y))
+    if direction == "NE":
+        return logical_not(_cmp("==", sub(x, y)))
+    raise Unsupported(f"comparison {direction}")
+
+
+_CMP = {
+    "EQ": lambda a, b: a == b,
+    "NE": lambda a, b: a != b,
+    "LT": lambda a, b: a < b,
+    "LE": lambda a, b: a <= b,
+    "GT": lambda a, b: a > b,
+    "GE": lambda a, b: a >= b,
+}
+
+
+def _cmp(rel: str, d: Poly) -> Bool:
+    if d.is_const():
+        v = d.const_value()
+        return bconst(v > 0 if rel == ">" else v >= 0 if rel == ">=" else v == 0)
+    u, _ = _unit(d)
+    if rel == "==" and leading(u)[1] < 0:
+        u = neg(u)
+    return Bool("cmp", (rel, u))
+
+
+def logical_not(b: Bool) -> Bool:
+    if b.kind == "const":
+        return bconst(not b.args[0])
+    if b.kind == "not":
+        return b.args[0]
+    if b.kind == "cmp" and b.args[0] in (">", ">="):
+        # not (p > 0)  <=>  -p >= 0 ;  not (p >= 0)  <=>  -p > 0
+        return _cmp(">=" if b.args[0] == ">" else ">", neg(b.args[1]))
+    return Bool("not", (b,))
+
+
+def logical_and(a: Bool, b: Bool) -> Bool:
+    return _junction("and", a, b)
+
+
+def logical_or(a: Bool, b: Bool) -> Bool:
+    return _junction("or", a, b)
+
+
+def _junction(kind: str, a: Bool, b: Bool) -> Bool:
+    unit, absorb = (TRUE, FALSE) if kind == "and" else (FALSE, TRUE)
+    items: set = set()
+    for x in (a, b):
+        if x is absorb:
+            return absorb
+        if x is unit:
+            continue
+        if x.kind == kind:
+            items |= x.args[0]
+        else:
+            items.add(x)
+    if not items:
+        return unit
+    if len(items) == 1:
+        return next(iter(items))
+    return Bool(kind, (frozenset(items),))
+
+
+def logical_xor(a: Bool, b: Bool) -> Bool:
+    if a.kind == "const":
+        return logical_not(b) if a.args[0] else b
+    if b.kind == "const":
+        return logical_not(a) if b.args[0] else a
+    if a is b:
+        return FALSE
+    return Bool("xor", (frozenset((a, b)),))
+
+
+def select(c: Bool, x: Poly, y: Poly) -> Poly:
+    if c.kind == "const":
+        return x if c.args[0] else y
+    if x == y:
+        return x
+    if c.kind == "not":
+        c, x, y = c.args[0], y, x
+    if c.kind == "cmp" and c.args[0] == ">=":
+        # q >= 0 is not(-q > 0): keep one form so equal selects share one atom
+        c, x, y = _cmp(">", neg(c.args[1])), y, x
+    return atom_poly(Atom("select", (c, x, y)))
+
+
+# -- lifting -----------------------------------------------------------------------------
+
+
+def lift(x) -> Poly:
+    if isinstance(x, Poly):
+        return x
+    if isinstance(x, Bool):
+        return select(x, ONE, ZERO)
+    if isinstance(x, np.ndarray):
+        return lift(x.reshape(()).item() if x.dtype != object else x.reshape(())[()])
+    return const(x)
+
+
+def lift_bool(x) -> Bool:
+    if isinstance(x, Bool):
+        return x
+    if isinstance(x, Poly):
+        return logical_not(_cmp("==", x))
+    if isinstance(x, np.ndarray):
+        return lift_bool(x.reshape(())[()])
+    return bconst(x)
+
+
+def is_term(x) -> bool:
+    return isinstance(x, (Poly, Bool))
+
+
+# -- substitution and evaluation ------------------------------------------------------
+
+
+def substitute(p, mapping: dict[int, Poly], memo: dict | None = None):
+    """Replace symbol atoms (by id) with terms, rebuilding normal forms."""
+    memo = {} if memo is None else memo
+    keys = mapping.keys()
+    if isinstance(p, Bool):
+        return _subst_bool(p, mapping, memo)
+    if p.inf or p.syms.isdisjoint(keys):
+        return p
+    hit = memo.get(("p", id(p)))
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    acc: dict = {}
+    inf_parts = []
+    for m, c in p.terms.items():
+        keep = []
+        touched = []
+        for aid, e in m:
+            if ATOM_BY_ID[aid].syms.isdisjoint(keys):
+                keep.append((aid, e))
+            else:
+                touched.append((aid, e))
+        if not touched:
+            acc[m] = acc.get(m, 0) + c
+            continue
+        factor = _factor(tuple(touched), mapping, memo)
+        if factor.inf:
+            inf_parts.append(mul(Poly({tuple(keep): c}), factor))
+            continue
+        keep_t = tuple(keep)
+        for m2, c2 in factor.terms.items():
+            mm = _mono_mul(keep_t, m2)
+            acc[mm] = acc.get(mm, 0) + c * c2
+    out = Poly({mm: _norm(v) for mm, v in acc.items() if v})
+    if inf_parts:
+        out = sum_of([out] + inf_parts)
+    memo[("p", id(p))] = (p, out)
+    return out
+
+
+def _factor(touched: tuple, mapping, memo) -> Poly:
+    """Product of substituted atoms raised to their powers (memoised per combination)."""
+    key = ("f", touched)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    out = ONE
+    for aid, e in touched:
+        pk = ("pow", aid, e)
+        f = memo.get(pk)
+        if f is None:
+            f = power_int(_subst_atom(ATOM_BY_ID[aid], mapping, memo), e)
+            memo[pk] = f
+        out = mul(out, f)
+    memo[key] = out
+    return out
+
+
+def _subst_atom(a: Atom, mapping, memo) -> Poly:
+    if a.id in mapping:
+        return mapping[a.id]
+    hit = memo.get(("a", a.id))
+    if hit is not None:
+        return hit
+    k, args = a.kind, a.args
+    if k == "fn":
+        out = fn(args[0], substitute(args[1], mapping, memo))
+    elif k == "inv":
+        out = inverse(substitute(args[0], mapping, memo))
+    elif k in ("max", "min"):
+        out = maximum([substitute(x, mapping, memo) for x in args[0]], k == "max")
+    elif k == "select":
+        out = select(
+            _subst_bool(args[0], mapping, memo),
+            substitute(args[1], mapping, memo),
+            substitute(args[2], mapping, memo),
+        )
+    elif k == "pow":
+        out = atom_poly(Atom("pow", (substitute(args[0], mapping, memo),
+                                     substitute(args[1], mapping, memo))))
+    elif k == "atan2":
+        out = atom_poly(Atom("atan2", (substitute(args[0], mapping, memo),
+                                       substitute(args[1], mapping, memo))))
+    else:
+        raise Unsupported(f"cannot substitute into atom kind {k}")
+    memo[("a", a.id)] = out
+    return out
+
+
+def _subst_bool(b: Bool, mapping, memo) -> Bool:
+    if b.syms.isdisjoint(mapping.keys()):
+        return b
+    k, args = b.kind, b.args
+    if k == "cmp":
+        return _cmp(args[0], substitute(args[1], mapping, memo))
+    if k == "not":
+        return logical_not(_subst_bool(args[0], mapping, memo))
+    if k in ("and", "or", "xor"):
+        items = [_subst_bool(x, mapping, memo) for x in args[0]]
+        f = {"and": logical_and, "or": logical_or, "xor": logical_xor}[k]
+        out = items[0]
+        for x in items[1:]:
+            out = f(out, x)
+        return out
+    return b
+
+
+def evaluate(p, env: dict[int, float], memo: dict | None = None) -> float:
+    """Numeric value of a term given values for its symbol atoms (by atom id)."""
+    memo = {} if memo is None else memo
+    if isinstance(p, Bool):
+        return _eval_bool(p, env, memo)
+    if p.inf:
+        return math.inf * p.inf
+    total = 0.0
+    for m, c in p.terms.items():
+        v = float(c)
+        for aid, e in m:
+            v *= _eval_atom(ATOM_BY_ID[aid], env, memo) ** e
+        total += v
+    return total
+
+
+def _eval_atom(a: Atom, env, memo) -> float:
+    if a.kind == "sym":
+        return env[a.id]
+    hit = memo.get(a.id)
+    if hit is not None:
+        return hit
+    k, args = a.kind, a.args
+    if k == "fn":
+        from .algebra import UNARY
+
+        v = float(UNARY[args[0]](np.float64(evaluate(args[1], env, memo))))
+    elif k == "inv":
+        v = 1.0 / evaluate(args[0], env, memo)
+    elif k in ("max", "min"):
+        vals = [evaluate(x, env, memo) for x in args[0]]
+        v = max(vals) if k == "max" else min(vals)
+    elif k == "select":
+        v = evaluate(args[1] if _eval_bool(args[0], env, memo) else args[2], env, memo)
+    elif k == "pow":
+        v = evaluate(args[0], env, memo) ** evaluate(args[1], env, memo)
+    elif k == "atan2":
+        v = math.atan2(evaluate(args[0], env, memo), evaluate(args[1], env, memo))
+    else:
+        raise Unsupported(f"cannot evaluate atom kind {k}")
+    memo[a.id] = v
+    return v
+
+
+def _eval_bool(b: Bool, env, memo) -> bool:
+    k, args = b.kind, b.args
+    if k == "const":
+        return bool(args[0])
+    if k == "cmp":
+        v = evaluate(args[1], env, memo)
+        return v > 0 if args[0] == ">" else v >= 0 if args[0] == ">=" else v == 0
+    if k == "not":
+        return not _eval_bool(args[0], env, memo)
+    vals = [_eval_bool(x, env, memo) for x in args[0]]
+    if k == "and":
+        return all(vals)
+    if k == "or":
+        return any(vals)
+    if k == "xor":
+        return sum(vals) % 2 == 1
+    raise Unsupported(f"cannot evaluate boolean kind {k}")
+
+
+def size(p) -> int:
+    """A rough node count, for budgets."""
+    if isinstance(p, Bool):
+        return 1
+    return sum(len(m) + 1 for m in p.terms)
