@@ -90,7 +90,8 @@ def parse_mlir(source: str | bytes | os.PathLike):
         try:
             m = ir.Module.parse(data)
         except Exception as e:  # MLIRError: keep the first diagnostic line
-            raise BadInput(f"{name}: malformed IR: {_first_diagnostic(str(e))}") from None
+            msg = _first_diagnostic(str(e)).replace('"-":', "line ")
+            raise BadInput(f"{name}: malformed IR: {msg}") from None
         if not m.operation.verify():
             raise BadInput(f"{name}: IR does not verify")
     return m, name
@@ -220,7 +221,7 @@ class _Converter:
         operands = [self.values[x] for x in o.operands]
         attrs = {n: decode_attr(o.attributes[n]) for n in o.attributes}
         regions = [Region(self.block(r.blocks[0])) for r in o.regions if len(r.blocks)]
-        new = Op(o.name, operands, [], attrs, regions, convert_location(o.location))
+        new = Op(o.name, operands, [], attrs, regions, convert_location(o.location, self.name))
         for i, r in enumerate(o.results):
             v = Value(convert_type(r.type), None, new, i)
             self.values[r] = v
@@ -272,7 +273,7 @@ def convert_type(t):
     return TensorType(tuple(rt.shape), et)
 
 
-def convert_location(loc) -> Location:
+def convert_location(loc, source: str = "-") -> Location:
     """JAX locations: NameLoc(name stack, CallSiteLoc(NameLoc(fn, FileLineColLoc), caller))."""
     name = None
     found: list = []
@@ -291,7 +292,8 @@ def convert_location(loc) -> Location:
                 visit(l.caller, fn_name)
         elif cls == "FileLineColLoc":
             if not found:
-                found.append((l.filename, l.start_line, fn_name))
+                fname = source if l.filename in ("-", "") else l.filename
+                found.append((fname, l.start_line, fn_name))
         elif cls == "FusedLoc":
             for x in l.locations:
                 visit(x, fn_name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import Unsupported
 from .registry import op
 
 MAX_TRIP_COUNT = 1_000_000
@@ -51,4 +52,5 @@ def custom_call(ctx, *args):
     target = ctx.attr("call_target_name")
     if target in ("Sharding", "mhlo.sharding") and len(args) == 1:
         return np.asarray(args[0])  # a sharding annotation: the identity on values
-    raise ctx.unsupported(f"custom_call @{target} has no known semantics")
+    raise Unsupported(f"custom_call @{target} has no known semantics",
+                      op=f"stablehlo.custom_call @{target}", loc=ctx.loc)

@@ -1,0 +1,100 @@
+"""The `tv` command: exit codes, one-line errors for bad input, JSON output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ADD = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+  %0 = stablehlo.add %a, %a : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+"""
+TWICE = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+  %c = stablehlo.constant dense<2.0> : tensor<2xf32>
+  %0 = stablehlo.multiply %c, %a : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+"""
+THRICE = TWICE.replace("dense<2.0>", "dense<3.0>")
+OTHER_SHAPE = """func.func @main(%a: tensor<3xf32>) -> tensor<3xf32> {
+  return %a : tensor<3xf32>
+}
+"""
+CUSTOM = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+  %0 = stablehlo.custom_call @my_kernel(%a) : (tensor<2xf32>) -> tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+"""
+
+
+def tv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tv_ir.cli", *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Path:
+    for name, text in [("add.mlir", ADD), ("twice.mlir", TWICE), ("thrice.mlir", THRICE),
+                       ("other.mlir", OTHER_SHAPE), ("custom.mlir", CUSTOM)]:
+        (tmp_path / name).write_text(text)
+    (tmp_path / "empty.mlir").write_text("")
+    (tmp_path / "malformed.mlir").write_text("func.func @main( garbage")
+    (tmp_path / "binary.mlir").write_bytes(bytes(range(256)) * 4)
+    return tmp_path
+
+
+def test_equivalent_exits_0(files: Path) -> None:
+    r = tv("check", "add.mlir", "twice.mlir", cwd=files)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("EQUIVALENT")
+
+
+def test_not_equivalent_exits_1_with_json_counterexample(files: Path) -> None:
+    r = tv("check", "add.mlir", "thrice.mlir", "--json", cwd=files)
+    assert r.returncode == 1, r.stderr
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "not_equivalent"
+    ce = d["counterexample"]
+    a = ce["inputs"]["a"] if "a" in ce["inputs"] else next(iter(ce["inputs"].values()))
+    i = ce["index"][0]
+    assert ce["expected"] == pytest.approx(2 * a[i]) and ce["actual"] == pytest.approx(3 * a[i])
+    assert d["location"]["impl"]["op"] == "stablehlo.multiply"
+
+
+@pytest.mark.parametrize(
+    "spec, impl, message",
+    [
+        ("missing.mlir", "add.mlir", "no such file"),
+        ("empty.mlir", "add.mlir", "empty"),
+        ("malformed.mlir", "add.mlir", "malformed IR"),
+        ("binary.mlir", "add.mlir", "binary"),
+        ("add.mlir", "other.mlir", "signatures differ"),
+        (".", "add.mlir", "directory"),
+    ],
+)
+def test_bad_input_is_one_line_exit_3(files: Path, spec: str, impl: str, message: str) -> None:
+    r = tv("check", spec, impl, cwd=files)
+    assert r.returncode == 3
+    assert r.stdout == ""
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_usage_mistake_exits_3(files: Path) -> None:
+    r = tv("check", "add.mlir", cwd=files)
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+
+
+def test_unsupported_op_is_unknown_exit_2_naming_the_op(files: Path) -> None:
+    r = tv("check", "add.mlir", "custom.mlir", "--json", cwd=files)
+    assert r.returncode == 2
+    d = json.loads(r.stdout)
+    assert d["verdict"] == "unknown"
+    assert d["unsupported"] == ["stablehlo.custom_call @my_kernel"]

@@ -1,0 +1,110 @@
+"""The `tv` command: `tv check SPEC IMPL`, `tv demo`.
+
+Exit codes: 0 equivalent, 1 not equivalent, 2 unknown or unsupported (never 0 without a
+proof), 3 bad input (one line on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from importlib import resources
+
+from .errors import BadInput, TvError
+from .report import EXIT_CODES
+
+EXIT_BAD_INPUT = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage mistakes are bad input: exit 3, one line
+        self.print_usage(sys.stderr)
+        print(f"tv: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tv", description="Prove a StableHLO program equal to its specification.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    c = sub.add_parser("check", help="prove IMPL equal to SPEC, or show where they differ")
+    c.add_argument("spec", help="specification: .mlir (StableHLO text), .mlirbc or .hlo (HLO text)")
+    c.add_argument("impl", help="implementation, in any of the same forms")
+    _common(c)
+    d = sub.add_parser("demo", help="check the bundled transformer-block examples")
+    _common(d)
+    return p
+
+
+def _common(p):
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                   help="seconds per solver query (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="seed for simulation inputs")
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return None
+
+    def show(msg: str) -> None:
+        print(f"\r\033[Ktv: {msg}", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _run_check(spec, impl, args) -> int:
+    from .pipeline import check
+
+    progress = _progress(sys.stderr.isatty() and not args.json)
+    report = check(spec, impl, timeout=args.timeout, seed=args.seed, progress=progress)
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr)
+    print(report.to_json() if args.json else str(report))
+    return EXIT_CODES[report.verdict]
+
+
+def _demo(args) -> int:
+    examples = resources.files("tv_ir") / "examples"
+    spec = examples / "block_spec.mlir"
+    worst = 0
+    for impl, what in (("block_fused_qkv.mlir", "an algebraic rewrite (fused q/k/v projection)"),
+                       ("block_bad_mask.mlir", "a planted bug (causal mask off by one)")):
+        if not args.json:
+            print(f"== tv check block_spec.mlir {impl}   # {what}")
+        code = _run_check(str(spec), str(examples / impl), args)
+        worst = max(worst, code if code != 1 else 0)
+        if not args.json:
+            print()
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command is None:
+        _parser().print_help(sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        return _run_check(args.spec, args.impl, args)
+    except BadInput as e:
+        print(f"tv: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except TvError as e:
+        print(f"tv: unknown: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("tv: interrupted", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug in tv: never a verdict, never exit 0
+        if os.environ.get("TV_DEBUG"):
+            traceback.print_exc()
+        print(f"tv: internal error: {type(e).__name__}: {e} (set TV_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
