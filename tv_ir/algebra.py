@@ -335,4 +335,5 @@ UNARY = {
     "round_nearest_afz": _round_half_away,
     "round_nearest_even": np.rint,
     "is_finite": np.isfinite,
+    "sign": np.sign,
 }

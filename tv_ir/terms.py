@@ -752,15 +752,23 @@ def evaluate(p, env: dict[int, float], memo: dict | None = None) -> float:
     memo = {} if memo is None else memo
     if isinstance(p, Bool):
         return _eval_bool(p, env, memo)
+    return evaluate_with_scale(p, env, memo)[0]
+
+
+def evaluate_with_scale(p: Poly, env, memo: dict | None = None) -> tuple[float, float]:
+    """Value of p and the sum of its monomials' magnitudes (a scale for relative tolerances)."""
+    memo = {} if memo is None else memo
     if p.inf:
-        return math.inf * p.inf
-    total = 0.0
-    for m, c in p.terms.items():
-        v = float(c)
-        for aid, e in m:
-            v *= _eval_atom(ATOM_BY_ID[aid], env, memo) ** e
-        total += v
-    return total
+        return math.inf * p.inf, math.inf
+    total = scale = np.float64(0.0)
+    with np.errstate(all="ignore"):  # float semantics: x / 0 is inf, 0 * inf is nan
+        for m, c in p.terms.items():
+            v = np.float64(float(c))
+            for aid, e in m:
+                v *= np.float64(_eval_atom(ATOM_BY_ID[aid], env, memo)) ** e
+            total += v
+            scale += abs(v)
+    return float(total), float(scale)
 
 
 def _eval_atom(a: Atom, env, memo) -> float:
@@ -775,14 +783,17 @@ def _eval_atom(a: Atom, env, memo) -> float:
 
         v = float(UNARY[args[0]](np.float64(evaluate(args[1], env, memo))))
     elif k == "inv":
-        v = 1.0 / evaluate(args[0], env, memo)
+        with np.errstate(all="ignore"):
+            v = float(np.float64(1.0) / np.float64(evaluate(args[0], env, memo)))
     elif k in ("max", "min"):
         vals = [evaluate(x, env, memo) for x in args[0]]
         v = max(vals) if k == "max" else min(vals)
     elif k == "select":
         v = evaluate(args[1] if _eval_bool(args[0], env, memo) else args[2], env, memo)
     elif k == "pow":
-        v = evaluate(args[0], env, memo) ** evaluate(args[1], env, memo)
+        with np.errstate(all="ignore"):
+            v = float(np.power(np.float64(evaluate(args[0], env, memo)),
+                               np.float64(evaluate(args[1], env, memo))))
     elif k == "atan2":
         v = math.atan2(evaluate(args[0], env, memo), evaluate(args[1], env, memo))
     else:

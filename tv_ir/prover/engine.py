@@ -394,7 +394,7 @@ class StageProver:
                 for aid in groups[g]:
                     env[aid] = base[aid] * 1.7 + float(rng.standard_normal())
                 try:
-                    val, scale = _eval_scaled(w, env)
+                    val, scale = T.evaluate_with_scale(w, env)
                 except (ValueError, ZeroDivisionError, OverflowError, TvError):
                     flagged.add(g)
                     continue
@@ -476,19 +476,6 @@ def _as_pair(w):
 
 def _syms(e) -> frozenset:
     return e.syms if isinstance(e, (T.Poly, T.Bool)) else frozenset()
-
-
-def _eval_scaled(p: T.Poly, env) -> tuple[float, float]:
-    """Value of p and the sum of its monomials' magnitudes (for a relative tolerance)."""
-    memo: dict = {}
-    total, scale = 0.0, 0.0
-    for m, c in p.terms.items():
-        v = float(c)
-        for aid, e in m:
-            v *= T._eval_atom(T.ATOM_BY_ID[aid], env, memo) ** e
-        total += v
-        scale += abs(v)
-    return total, scale
 
 
 def _size(e) -> int:
