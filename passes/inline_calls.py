@@ -33,9 +33,14 @@ def _inline_block(module: Module, block: Block, depth: int) -> Block:
 
     for op in block.ops:
         op.operands = [get(v) for v in op.operands]
-        if op.name in ("func.call", "stablehlo.call") and op.attrs.get("callee") in module.functions:
+        if (
+            op.name in ("func.call", "stablehlo.call")
+            and op.attrs.get("callee") in module.functions
+        ):
             callee = module.functions[op.attrs["callee"]]
-            body = clone_block(callee.body, {a.id: v for a, v in zip(callee.body.args, op.operands, strict=True)})
+            body = clone_block(
+                callee.body, {a.id: v for a, v in zip(callee.body.args, op.operands, strict=True)}
+            )
             body = _inline_block(module, body, depth + 1)
             ops.extend(body.ops)
             for r, v in zip(op.results, body.results, strict=True):

@@ -40,8 +40,13 @@ def tv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def files(tmp_path: Path) -> Path:
-    for name, text in [("add.mlir", ADD), ("twice.mlir", TWICE), ("thrice.mlir", THRICE),
-                       ("other.mlir", OTHER_SHAPE), ("custom.mlir", CUSTOM)]:
+    for name, text in [
+        ("add.mlir", ADD),
+        ("twice.mlir", TWICE),
+        ("thrice.mlir", THRICE),
+        ("other.mlir", OTHER_SHAPE),
+        ("custom.mlir", CUSTOM),
+    ]:
         (tmp_path / name).write_text(text)
     (tmp_path / "empty.mlir").write_text("")
     (tmp_path / "malformed.mlir").write_text("func.func @main( garbage")

@@ -10,13 +10,22 @@ ROOT = Path(__file__).resolve().parents[1]
 # layer of each module (lower number = lower layer); a module may import only its own
 # layer or lower ones
 LAYERS = {
-    "tv_ir.errors": 0, "tv_ir.ir": 0, "tv_ir.attrs": 0,
+    "tv_ir.errors": 0,
+    "tv_ir.ir": 0,
+    "tv_ir.attrs": 0,
     "tv_ir.importer": 1,
     "tv_ir.passes": 2,
-    "tv_ir.ops": 3, "tv_ir.algebra": 3, "tv_ir.terms": 3, "tv_ir.symbolic": 3, "tv_ir.interp": 3,
-    "tv_ir.report": 4, "tv_ir.report_text": 4,  # result types the prover returns, and their rendering
+    "tv_ir.ops": 3,
+    "tv_ir.algebra": 3,
+    "tv_ir.terms": 3,
+    "tv_ir.symbolic": 3,
+    "tv_ir.interp": 3,
+    "tv_ir.report": 4,
+    "tv_ir.report_text": 4,  # result types the prover returns, and their rendering
     "tv_ir.prover": 4,
-    "tv_ir.pipeline": 6, "tv_ir.cli": 7, "tv_ir": 7,
+    "tv_ir.pipeline": 6,
+    "tv_ir.cli": 7,
+    "tv_ir": 7,
     "tv_ir.frontends": 8,
 }
 
@@ -32,8 +41,11 @@ def _layer(module: str) -> int | None:
 
 
 def _modules():
-    for base, package in [(ROOT / "tv_ir", "tv_ir"), (ROOT / "passes", "tv_ir.passes"),
-                          (ROOT / "frontends", "tv_ir.frontends")]:
+    for base, package in [
+        (ROOT / "tv_ir", "tv_ir"),
+        (ROOT / "passes", "tv_ir.passes"),
+        (ROOT / "frontends", "tv_ir.frontends"),
+    ]:
         for path in base.rglob("*.py"):
             rel = path.relative_to(base).with_suffix("")
             parts = [p for p in rel.parts if p != "__init__"]

@@ -76,8 +76,11 @@ def test_symbolic_matches_concrete(rec: Record) -> None:
     @settings(
         max_examples=max(4, rec.examples // 2),
         deadline=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                               HealthCheck.filter_too_much],
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
     )
     @given(st.data())
     def run(data: st.DataObject) -> None:

@@ -39,8 +39,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _common(p):
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--timeout", type=float, default=10.0, metavar="S",
-                   help="seconds per solver query (default 10)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds per solver query (default 10)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for simulation inputs")
 
 
@@ -69,8 +74,10 @@ def _demo(args) -> int:
     examples = resources.files("tv_ir") / "examples"
     spec = examples / "block_spec.mlir"
     worst = 0
-    for impl, what in (("block_fused_qkv.mlir", "an algebraic rewrite (fused q/k/v projection)"),
-                       ("block_bad_mask.mlir", "a planted bug (causal mask off by one)")):
+    for impl, what in (
+        ("block_fused_qkv.mlir", "an algebraic rewrite (fused q/k/v projection)"),
+        ("block_bad_mask.mlir", "a planted bug (causal mask off by one)"),
+    ):
         if not args.json:
             print(f"== tv check block_spec.mlir {impl}   # {what}")
         code = _run_check(str(spec), str(examples / impl), args)
@@ -101,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # a bug in tv: never a verdict, never exit 0
         if os.environ.get("TV_DEBUG"):
             traceback.print_exc()
-        print(f"tv: internal error: {type(e).__name__}: {e} (set TV_DEBUG=1 for a traceback)",
-              file=sys.stderr)
+        print(
+            f"tv: internal error: {type(e).__name__}: {e} (set TV_DEBUG=1 for a traceback)",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -56,8 +56,10 @@ def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
     if isinstance(source, (bytes, bytearray)):
         return bytes(source), "<bytes>"
     if isinstance(source, os.PathLike) or (
-        isinstance(source, str) and "\n" not in source and len(source) < 4096 and not
-        source.lstrip().startswith(("module", "func.func", "HloModule"))
+        isinstance(source, str)
+        and "\n" not in source
+        and len(source) < 4096
+        and not source.lstrip().startswith(("module", "func.func", "HloModule"))
     ):
         path = Path(source)
         if not path.exists():
@@ -123,8 +125,14 @@ def _legalize(m) -> None:
     names = set()
     _collect_op_names(m.operation, names)
     passes = []
-    if names & {"stablehlo.dot", "stablehlo.einsum", "stablehlo.unary_einsum",
-                "stablehlo.broadcast", "stablehlo.create_token", "stablehlo.cross-replica-sum"}:
+    if names & {
+        "stablehlo.dot",
+        "stablehlo.einsum",
+        "stablehlo.unary_einsum",
+        "stablehlo.broadcast",
+        "stablehlo.create_token",
+        "stablehlo.cross-replica-sum",
+    }:
         passes.append("func.func(stablehlo-legalize-deprecated-ops)")
     if any(n.startswith("chlo.") and n not in CHLO_NATIVE for n in names):
         passes.append("func.func(chlo-legalize-to-stablehlo)")
@@ -190,13 +198,17 @@ class _Converter:
         from jaxlib.mlir import ir
 
         name = _sym_name(op)
-        vis = op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else "public"
+        vis = (
+            op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else "public"
+        )
         ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
         result_types = [convert_type(t) for t in ftype.results]
         arg_attrs = _dict_list(op, "arg_attrs", len(ftype.inputs))
         res_attrs = _dict_list(op, "res_attrs", len(ftype.results))
         if not op.regions or not op.regions[0].blocks:
-            raise BadInput(f"{self.name}: function @{name} has no body (declarations not supported)")
+            raise BadInput(
+                f"{self.name}: function @{name} has no body (declarations not supported)"
+            )
         block = self.block(op.regions[0].blocks[0])
         arg_names = [_arg_name(a) for a in op.regions[0].blocks[0].arguments]
         return Function(name, block, result_types, arg_attrs, res_attrs, arg_names, vis)
@@ -264,7 +276,9 @@ def convert_type(t):
     try:
         rt = ir.RankedTensorType(t)
     except Exception:
-        raise BadInput(f"unsupported type {s} (only static ranked tensors, tokens, tuples)") from None
+        raise BadInput(
+            f"unsupported type {s} (only static ranked tensors, tokens, tuples)"
+        ) from None
     if not rt.has_static_shape:
         raise BadInput(f"dynamic shape {s} not supported (tv needs static shapes)")
     et = str(rt.element_type)
@@ -386,8 +400,15 @@ def decode_attr(a) -> Any:
     if S.ReplicaGroupMeshAxesAttr.isinstance(a):
         r = S.ReplicaGroupMeshAxesAttr(a)
         return A.MeshAxesGroups(str(r.mesh), tuple(str(x) for x in r.axes))
-    for kind in ("ComparisonDirectionAttr", "ComparisonTypeAttr", "PrecisionAttr",
-                 "TransposeAttr", "FftTypeAttr", "RngAlgorithmAttr", "RngDistributionAttr"):
+    for kind in (
+        "ComparisonDirectionAttr",
+        "ComparisonTypeAttr",
+        "PrecisionAttr",
+        "TransposeAttr",
+        "FftTypeAttr",
+        "RngAlgorithmAttr",
+        "RngDistributionAttr",
+    ):
         cls = getattr(S, kind, None)
         if cls is not None and cls.isinstance(a):
             return A.EnumAttr(kind, cls(a).value)

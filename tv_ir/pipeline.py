@@ -1,4 +1,4 @@
-"""The pipeline behind `tv check` and `tv_ir.check`: import, normalise, compare signatures, prove."""
+"""The pipeline behind `tv check` and `tv_ir.check`: import, normalise, compare, prove."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ def render(r) -> str:
     if r.verdict == EQUIVALENT:
         lines.append(f"EQUIVALENT: {r.impl_name} computes the same function as {r.spec_name}")
         lines.append(f"  ({SEMANTICS_NOTE})")
+        plural = "s" if s.stages != 1 else ""
         lines.append(
-            f"  {s.stages} stage{'s' if s.stages != 1 else ''} proved ({s.proved_by_normal_form} by normal form, "
+            f"  {s.stages} stage{plural} proved ({s.proved_by_normal_form} by normal form, "
             f"{s.proved_by_z3} by Z3, {s.expansions} cut-point expansions) in {timing}"
         )
     elif r.verdict == NOT_EQUIVALENT:
@@ -62,5 +63,7 @@ def _tensor(a) -> str:
         return f"{head} {' '.join(body.split())}"
     if a.dtype.kind == "b":
         return f"{head} ({int(a.sum())} true of {a.size})"
-    return (f"{head} min {a.min():.6g}, max {a.max():.6g}, mean {a.mean():.6g} "
-            "(use --json for every value)")
+    return (
+        f"{head} min {a.min():.6g}, max {a.max():.6g}, mean {a.mean():.6g} "
+        "(use --json for every value)"
+    )

@@ -156,9 +156,7 @@ class Poly:
             return "0"
         parts = []
         for m, c in sorted(self.terms.items(), key=lambda kv: kv[0]):
-            mono = "*".join(
-                repr(ATOM_BY_ID[a]) + (f"^{p}" if p != 1 else "") for a, p in m
-            )
+            mono = "*".join(repr(ATOM_BY_ID[a]) + (f"^{p}" if p != 1 else "") for a, p in m)
             parts.append(f"{c}*{mono}" if mono and c != 1 else (mono or str(c)))
         return " + ".join(parts)
 
@@ -192,7 +190,7 @@ def symbol(name: str, index: tuple = ()) -> Poly:
 def as_atom(p: Poly) -> Atom | None:
     """The atom if p is exactly one atom with coefficient 1 and power 1."""
     if len(p.terms) == 1:
-        (m, c), = p.terms.items()
+        ((m, c),) = p.terms.items()
         if c == 1 and len(m) == 1 and m[0][1] == 1:
             return ATOM_BY_ID[m[0][0]]
     return None
@@ -279,8 +277,11 @@ def mul(p: Poly, q: Poly) -> Poly:
         if not other.is_const():
             raise Unsupported("inf times a non-constant in a symbolic computation")
         inf = p if p.inf else q
-        return scale(inf, other.const_value()) if not other.inf else (
-            POS_INF if p.inf == q.inf else NEG_INF)
+        return (
+            scale(inf, other.const_value())
+            if not other.inf
+            else (POS_INF if p.inf == q.inf else NEG_INF)
+        )
     if not p.terms or not q.terms:
         return ZERO
     if len(p.terms) == 1 and () in p.terms:
@@ -357,7 +358,7 @@ def inverse(p: Poly) -> Poly:
     if not p.terms:
         raise Unsupported("division by zero in a symbolic computation")
     if len(p.terms) == 1:
-        (m, c), = p.terms.items()
+        ((m, c),) = p.terms.items()
         return Poly({tuple((a, -e) for a, e in m): _norm(Fraction(1) / c)})
     m, c = leading(p)
     unit = scale(p, _norm(Fraction(1) / c))
@@ -641,9 +642,18 @@ def is_term(x) -> bool:
 # -- substitution and evaluation ------------------------------------------------------
 
 
-def substitute(p, mapping: dict[int, Poly], memo: dict | None = None):
-    """Replace symbol atoms (by id) with terms, rebuilding normal forms."""
+class TermTooLarge(Unsupported):
+    """A substitution produced more monomials than the caller allowed."""
+
+
+def substitute(p, mapping: dict[int, Poly], memo: dict | None = None, limit: int | None = None):
+    """Replace symbol atoms (by id) with terms, rebuilding normal forms.
+
+    `limit` bounds the number of monomials of any rebuilt polynomial (TermTooLarge).
+    """
     memo = {} if memo is None else memo
+    if limit is not None:
+        memo["limit"] = limit
     keys = mapping.keys()
     if isinstance(p, Bool):
         return _subst_bool(p, mapping, memo)
@@ -673,6 +683,9 @@ def substitute(p, mapping: dict[int, Poly], memo: dict | None = None):
         for m2, c2 in factor.terms.items():
             mm = _mono_mul(keep_t, m2)
             acc[mm] = acc.get(mm, 0) + c * c2
+        cap = memo.get("limit")
+        if cap is not None and len(acc) > cap:
+            raise TermTooLarge(f"expanded term has more than {cap} monomials")
     out = Poly({mm: _norm(v) for mm, v in acc.items() if v})
     if inf_parts:
         out = sum_of([out] + inf_parts)
@@ -718,11 +731,13 @@ def _subst_atom(a: Atom, mapping, memo) -> Poly:
             substitute(args[2], mapping, memo),
         )
     elif k == "pow":
-        out = atom_poly(Atom("pow", (substitute(args[0], mapping, memo),
-                                     substitute(args[1], mapping, memo))))
+        out = atom_poly(
+            Atom("pow", (substitute(args[0], mapping, memo), substitute(args[1], mapping, memo)))
+        )
     elif k == "atan2":
-        out = atom_poly(Atom("atan2", (substitute(args[0], mapping, memo),
-                                       substitute(args[1], mapping, memo))))
+        out = atom_poly(
+            Atom("atan2", (substitute(args[0], mapping, memo), substitute(args[1], mapping, memo)))
+        )
     else:
         raise Unsupported(f"cannot substitute into atom kind {k}")
     memo[("a", a.id)] = out
@@ -792,8 +807,12 @@ def _eval_atom(a: Atom, env, memo) -> float:
         v = evaluate(args[1] if _eval_bool(args[0], env, memo) else args[2], env, memo)
     elif k == "pow":
         with np.errstate(all="ignore"):
-            v = float(np.power(np.float64(evaluate(args[0], env, memo)),
-                               np.float64(evaluate(args[1], env, memo))))
+            v = float(
+                np.power(
+                    np.float64(evaluate(args[0], env, memo)),
+                    np.float64(evaluate(args[1], env, memo)),
+                )
+            )
     elif k == "atan2":
         v = math.atan2(evaluate(args[0], env, memo), evaluate(args[1], env, memo))
     else:

@@ -52,5 +52,8 @@ def custom_call(ctx, *args):
     target = ctx.attr("call_target_name")
     if target in ("Sharding", "mhlo.sharding") and len(args) == 1:
         return np.asarray(args[0])  # a sharding annotation: the identity on values
-    raise Unsupported(f"custom_call @{target} has no known semantics",
-                      op=f"stablehlo.custom_call @{target}", loc=ctx.loc)
+    raise Unsupported(
+        f"custom_call @{target} has no known semantics",
+        op=f"stablehlo.custom_call @{target}",
+        loc=ctx.loc,
+    )

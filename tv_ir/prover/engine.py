@@ -32,20 +32,33 @@ from .localise import refutation
 from .simulate import ValueIndex, close, random_inputs, run_traced
 
 SIM_RUNS = 2
-STAGE_LEVELS = 6  # expansion levels tried for an intermediate cut-point
+STAGE_LEVELS = 12  # expansion levels tried for an intermediate cut-point
 STAGE_SMT_SECONDS = 0.5
 # ops that only move or relabel elements: never worth a cut-point of their own
 MOVEMENT_OPS = {
-    "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.slice",
-    "stablehlo.concatenate", "stablehlo.convert", "stablehlo.reverse", "stablehlo.pad",
-    "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "stablehlo.optimization_barrier",
-    "stablehlo.get_tuple_element", "stablehlo.tuple", "stablehlo.copy", "stablehlo.gather",
+    "stablehlo.broadcast_in_dim",
+    "stablehlo.reshape",
+    "stablehlo.transpose",
+    "stablehlo.slice",
+    "stablehlo.concatenate",
+    "stablehlo.convert",
+    "stablehlo.reverse",
+    "stablehlo.pad",
+    "stablehlo.dynamic_slice",
+    "stablehlo.dynamic_update_slice",
+    "stablehlo.optimization_barrier",
+    "stablehlo.get_tuple_element",
+    "stablehlo.tuple",
+    "stablehlo.copy",
+    "stablehlo.gather",
     "stablehlo.select",
 }
-OUTPUT_LEVELS = 64
+OUTPUT_LEVELS = 256
 STAGE_SMT_SIZE = 4000  # largest stage residue worth a solver call
 EXPANSION_BUDGET = 2_000_000  # term nodes, per output obligation
 STAGE_BUDGET = 20_000  # term nodes, per intermediate cut-point obligation
+MONOMIAL_LIMIT = 400_000  # monomials in one expanded term (memory guard), outputs
+STAGE_MONOMIAL_LIMIT = 20_000  # the same, intermediate cut-points
 
 
 @dataclass
@@ -108,9 +121,7 @@ class StageProver:
 
     def _unsupported(self, e: Unsupported) -> Report:
         where = f" at {e.loc}" if e.loc is not None and str(e.loc) != "<unknown location>" else ""
-        return self._report(
-            UNKNOWN, unsupported=[e.op] if e.op else [], reason=f"{e}{where}"
-        )
+        return self._report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=f"{e}{where}")
 
     def _refuted(self, inputs: list, how: str) -> Report:
         r = refutation(self.spec, self.impl, inputs)
@@ -218,7 +229,7 @@ class StageProver:
             out[idx] = self._expand_term(arr[idx], lookup, memo)
         return out
 
-    def _expand_term(self, e, lookup, memo):
+    def _expand_term(self, e, lookup, memo, limit: int | None = None):
         if not isinstance(e, (T.Poly, T.Bool)):
             return e
         mapping = {}
@@ -226,7 +237,7 @@ class StageProver:
             t = lookup(a)
             if t is not None:
                 mapping[a] = t
-        return T.substitute(e, mapping, memo) if mapping else e
+        return T.substitute(e, mapping, memo, limit) if mapping else e
 
     def spec_view(self, vid: int):
         """What users of spec value `vid` see: its symbols once proved, else its expansion."""
@@ -277,14 +288,15 @@ class StageProver:
                 failures.append((i, outcome))
         if not failures:
             return self._report(EQUIVALENT, outputs=outputs)
-        for i, outcome in failures:
+        for _, outcome in failures:
             if outcome.status == "sat" and outcome.model is not None:
                 replay = self._model_inputs(outcome.model, spec_tr)
                 r = refutation(self.spec, self.impl, replay)
                 if r is not None:
                     ce, loc, outs = r
-                    return self._report(NOT_EQUIVALENT, counterexample=ce, location=loc,
-                                        outputs=outs)
+                    return self._report(
+                        NOT_EQUIVALENT, counterexample=ce, location=loc, outputs=outs
+                    )
         i, outcome = failures[0]
         reason = outcome.reason or "normal forms differ and the solver could not decide"
         return self._report(UNKNOWN, outputs=outputs, reason=f"output {i}: {reason}")
@@ -324,6 +336,10 @@ class StageProver:
             groups = self._culprits(work)
             if not groups:
                 break
+            # perturbation flags every value in a violated relation ("m = mean(x1)" flags m
+            # and x1); the latest of them is the derived one: expand it, then look again
+            groups = {max(groups, key=lambda g: self.spec_order.get(g, 0))}
+
             def lookup(aid, groups=groups):
                 o = self.owner.get(aid)
                 if o is None or o[0] not in groups:
@@ -331,8 +347,12 @@ class StageProver:
                 return self.expr(o[0])[o[1]]
 
             new, size = [], 0
+            limit = MONOMIAL_LIMIT if final else STAGE_MONOMIAL_LIMIT
             for w in work:
-                w = _map_work(w, lambda e: self._expand_term(e, lookup, memo))
+                try:
+                    w = _map_work(w, lambda e: self._expand_term(e, lookup, memo, limit))
+                except T.TermTooLarge as e:
+                    return _Outcome("unknown", reason=f"expansion too large ({e})")
                 if not _work_done(w):
                     new.append(w)
                     size += _work_size(w)
@@ -411,8 +431,10 @@ class StageProver:
         return not any(self._has_cut(x) or self._has_cut(y) for x, y in pairs)
 
     def _model_inputs(self, model: dict[int, float], spec_tr) -> list:
-        base = [None if a is None else np.array(a, copy=True)
-                for a in (spec_tr[0].values[v.id] for v in self.spec.main.args)]
+        base = [
+            None if a is None else np.array(a, copy=True)
+            for a in (spec_tr[0].values[v.id] for v in self.spec.main.args)
+        ]
         for aid, val in model.items():
             where = self.input_atoms.get(aid)
             if where is not None:

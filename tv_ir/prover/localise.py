@@ -11,8 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Module, Op, TensorType
-from ..report import Counterexample, Location, OpSite, OutputResult
-from ..report import EQUIVALENT, NOT_EQUIVALENT
+from ..report import EQUIVALENT, NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
 from .simulate import ValueIndex, close, first_difference, run_traced
 
 

@@ -89,9 +89,13 @@ def first_difference(a, b, rtol: float = RTOL) -> tuple[int, ...] | None:
     else:
         fa = np.isfinite(a)
         fin = fa & np.isfinite(b)
-        scale = max(1.0, float(np.max(np.abs(a[fin]), initial=0)), float(np.max(np.abs(b[fin]), initial=0)))
+        scale = max(
+            1.0, float(np.max(np.abs(a[fin]), initial=0)), float(np.max(np.abs(b[fin]), initial=0))
+        )
         with np.errstate(all="ignore"):
-            diff = np.where(fin, np.abs(a - b) > rtol * scale, ~((a == b) | (np.isnan(a) & np.isnan(b))))
+            diff = np.where(
+                fin, np.abs(a - b) > rtol * scale, ~((a == b) | (np.isnan(a) & np.isnan(b)))
+            )
     idx = np.argwhere(diff)
     return tuple(int(i) for i in idx[0]) if len(idx) else None
 
@@ -99,7 +103,9 @@ def first_difference(a, b, rtol: float = RTOL) -> tuple[int, ...] | None:
 class ValueIndex:
     """Find spec values numerically equal to an implementation value (same shape)."""
 
-    def __init__(self, traces: list[Trace], value_types: dict[int, TensorType], order: dict[int, int]):
+    def __init__(
+        self, traces: list[Trace], value_types: dict[int, TensorType], order: dict[int, int]
+    ):
         self.traces = traces
         self.order = order
         self.by_shape: dict[tuple, list[tuple[float, int]]] = {}
@@ -138,7 +144,12 @@ class ValueIndex:
         key = self._key(tuple(shape), arrays)
         if key is None:
             return []
-        mag = sum(float(np.sum(np.abs(np.nan_to_num(np.asarray(a, dtype=np.float64), posinf=0, neginf=0)))) for a in arrays)
+        mag = sum(
+            float(
+                np.sum(np.abs(np.nan_to_num(np.asarray(a, dtype=np.float64), posinf=0, neginf=0)))
+            )
+            for a in arrays
+        )
         tol = 1e-6 * (1.0 + mag)
         import bisect
 
