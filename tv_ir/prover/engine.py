@@ -332,25 +332,22 @@ class StageProver:
             self.stats.proved_by_normal_form += 1
             return _Outcome("proved", "normal_form")
         memo: dict = {}
+        limit = MONOMIAL_LIMIT if final else STAGE_MONOMIAL_LIMIT
         for _level in range(levels):
             groups = self._culprits(work)
             if not groups:
                 break
             # perturbation flags every value in a violated relation ("m = mean(x1)" flags m
             # and x1); the latest of them is the derived one: expand it, then look again
-            groups = {max(groups, key=lambda g: self.spec_order.get(g, 0))}
+            target = max(groups, key=lambda g: self.spec_order.get(g, 0))
 
-            def lookup(aid, groups=groups):
-                o = self.owner.get(aid)
-                if o is None or o[0] not in groups:
-                    return None
-                return self.expr(o[0])[o[1]]
+            def expand(e, target=target):
+                return self._expand_term(e, lambda aid: self._definition(aid, target), memo, limit)
 
             new, size = [], 0
-            limit = MONOMIAL_LIMIT if final else STAGE_MONOMIAL_LIMIT
             for w in work:
                 try:
-                    w = _map_work(w, lambda e: self._expand_term(e, lookup, memo, limit))
+                    w = _map_work(w, expand)
                 except T.TermTooLarge as e:
                     return _Outcome("unknown", reason=f"expansion too large ({e})")
                 if not _work_done(w):
@@ -378,6 +375,13 @@ class StageProver:
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
 
     # -- simulation-guided expansion ------------------------------------------------------
+    def _definition(self, aid: int, target: int):
+        """The definition of a symbol of spec value `target` (None for other symbols)."""
+        o = self.owner.get(aid)
+        if o is None or o[0] != target:
+            return None
+        return self.expr(o[0])[o[1]]
+
     def _sim_value(self, aid: int) -> float:
         v = self.sim_env.get(aid)
         if v is None:
