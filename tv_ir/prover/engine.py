@@ -212,12 +212,6 @@ class StageProver:
             return None
         return self.expr(o[0])[o[1]]
 
-    def _proved_mapping(self, atom_id: int):
-        o = self.owner.get(atom_id)
-        if o is None or o[0] not in self.proved:
-            return None
-        return self.expr(o[0])[o[1]]
-
     def _expand(self, arr, lookup) -> np.ndarray:
         """Substitute symbols for which `lookup` gives a term, element by element."""
         arr = np.asarray(arr)
@@ -370,9 +364,47 @@ class StageProver:
         if res.status == "unsat":
             self.stats.proved_by_z3 += 1
             return _Outcome("proved", "z3")
-        if res.status == "sat" and final and self._only_inputs(pairs):
-            return _Outcome("sat", model=res.model, reason="the solver found a difference")
+        if res.status == "sat" and final:
+            if not self._only_inputs(pairs):
+                # a model over cut symbols may not be reachable from any input: express
+                # everything in the inputs and ask again, so the model can be replayed
+                pairs = self._expand_all(pairs, limit)
+                if pairs is None:
+                    return _Outcome(
+                        "unknown",
+                        reason="a solver model over cut-points could "
+                        "not be expressed in the inputs (too large)",
+                    )
+                res = smt.check_equal(pairs, timeout_s=timeout)
+                if res.status == "unsat":
+                    self.stats.proved_by_z3 += 1
+                    return _Outcome("proved", "z3")
+            if res.status == "sat":
+                return _Outcome("sat", model=res.model, reason="the solver found a difference")
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
+
+    def _expand_all(self, pairs, limit: int):
+        """Every cut symbol replaced by its definition, down to the inputs (None if too big)."""
+        memo: dict = {}
+
+        def definition(aid):
+            o = self.owner.get(aid)
+            return None if o is None else self.expr(o[0])[o[1]]
+
+        for _ in range(OUTPUT_LEVELS):
+            if self._only_inputs(pairs):
+                return pairs
+            try:
+                pairs = [
+                    (
+                        self._expand_term(x, definition, memo, limit),
+                        self._expand_term(y, definition, memo, limit),
+                    )
+                    for x, y in pairs
+                ]
+            except T.TermTooLarge:
+                return None
+        return pairs if self._only_inputs(pairs) else None
 
     # -- simulation-guided expansion ------------------------------------------------------
     def _definition(self, aid: int, target: int):
