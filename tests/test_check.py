@@ -130,3 +130,10 @@ def test_tuple_results_and_multiple_outputs() -> None:
     r = tv_ir.check(lower(spec), lower(impl))
     assert r.verdict == "equivalent", r.reason
     assert [o.verdict for o in r.outputs] == ["equivalent"] * 3
+
+
+def test_tiny_real_difference_is_refuted_not_mistaken_for_noise() -> None:
+    two_ulp = float(np.nextafter(np.float32(2.0), np.float32(3.0)))  # 2 + 2.4e-7
+    r = tv_ir.check(lower(lambda x: x * 2.0, X), lower(lambda x: x * two_ulp, X))
+    assert r.verdict == "not_equivalent"
+    assert r.counterexample.expected != r.counterexample.actual
