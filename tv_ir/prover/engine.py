@@ -9,8 +9,10 @@
    candidate s by comparing v's terms with s's definition, where spec symbols not yet proved
    are expanded. A proved v is replaced by S_s: later stages start from fresh symbols, so
    cost grows with the size of a stage, not with the depth of the program.
-4. Outputs must be proved. When normal forms differ, proved cut symbols are expanded level
-   by level (cutting loses facts such as "m is the mean of x"), and what remains goes to Z3.
+4. Outputs must be proved. Cutting loses facts such as "m is the mean of x", so when normal
+   forms differ, simulation picks which cut-point to expand: perturbing the symbols of the
+   values in a violated relation makes the residue non-zero; the latest such value is
+   replaced by its definition, and so on. What remains goes to Z3.
 """
 
 from __future__ import annotations
@@ -257,17 +259,14 @@ class StageProver:
         self.sim_inputs = sim_inputs
         inputs = self._input_symbols()
         spec_outs = self._spec_pass(inputs)
-        arg_ids = [v.id for v in self.spec.main.args]
-        for vid, arr in zip(arg_ids, inputs, strict=True):
-            if arr is not None and self.spec.main.args[arg_ids.index(vid)].type.is_float:
-                self.defs[vid] = arr
-                self.syms[vid] = arr
-                self.proved.add(vid)
-                self.exprs[vid] = arr
-        for i, v in enumerate(self.spec.main.args):
-            self.spec_order.setdefault(v.id, -len(arg_ids) + i)
-        types = {vid: self._spec_type(vid) for vid in self.defs}
-        index = ValueIndex(spec_tr, types, self.spec_order)
+        args = self.spec.main.args
+        for i, (v, arr) in enumerate(zip(args, inputs, strict=True)):
+            self.spec_order.setdefault(v.id, i - len(args))
+            if arr is not None and v.type.is_float:  # inputs are cut-points from the start
+                self.defs[v.id] = self.syms[v.id] = self.exprs[v.id] = arr
+                self.proved.add(v.id)
+        shapes = {vid: np.shape(d) for vid, d in self.defs.items()}
+        index = ValueIndex(spec_tr, shapes, self.spec_order)
         total = sum(1 for op in self.impl.main.body.ops for _ in op.results)
         done = [0]
 
@@ -307,17 +306,9 @@ class StageProver:
         reason = outcome.reason or "normal forms differ and the solver could not decide"
         return self._report(UNKNOWN, outputs=outputs, reason=f"output {i}: {reason}")
 
-    def _spec_type(self, vid):
-        for v in self.spec.main.args:
-            if v.id == vid:
-                return v.type
-        return TensorType(np.shape(self.defs[vid]), "f32")
-
     def _try_cut(self, v, r, index: ValueIndex, impl_tr):
         arrays = [tr.values[v.id] for tr in impl_tr]
         for s in index.candidates(v.type.shape, arrays):
-            if s == v.id:
-                continue
             outcome = self._prove_arrays(r, self.spec_view(s), STAGE_LEVELS, final=False)
             if outcome.status == "proved":
                 self.proved.add(s)

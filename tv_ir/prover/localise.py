@@ -63,17 +63,13 @@ def _scalar(x):
 
 def _diverging_site(mod: Module, tr, other: Module, other_tr, output: int) -> OpSite | None:
     """Earliest op in `mod` whose operands all match values of `other` but whose result doesn't."""
-    types = {}
-    order = {}
-    for k, v in enumerate(other.main.args):
-        types[v.id] = v.type
-        order[v.id] = k
-    for op in other.main.body.ops:
-        for v in op.results:
-            if isinstance(v.type, TensorType):
-                types[v.id] = v.type
-                order[v.id] = len(order)
-    index = ValueIndex([other_tr], types, order)
+    shapes, order = {}, {}
+    values = list(other.main.args) + [v for op in other.main.body.ops for v in op.results]
+    for v in values:
+        if isinstance(v.type, TensorType):
+            shapes[v.id] = v.type.shape
+            order[v.id] = len(order)
+    index = ValueIndex([other_tr], shapes, order)
 
     main = mod.main
     out_value = main.body.results[output]

@@ -7,6 +7,7 @@ difference a bug makes, far above float64 noise in these programs.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,19 +104,18 @@ def first_difference(a, b, rtol: float = RTOL) -> tuple[int, ...] | None:
 class ValueIndex:
     """Find spec values numerically equal to an implementation value (same shape)."""
 
-    def __init__(
-        self, traces: list[Trace], value_types: dict[int, TensorType], order: dict[int, int]
-    ):
+    def __init__(self, traces: list[Trace], shapes: dict[int, tuple], order: dict[int, int]):
+        """Index the values `shapes` names (value id -> shape) as recorded in `traces`."""
         self.traces = traces
         self.order = order
         self.by_shape: dict[tuple, list[tuple[float, int]]] = {}
         self.rngs: dict[tuple, np.ndarray] = {}
-        for vid, t in value_types.items():
+        for vid, shape in shapes.items():
             if vid not in traces[0].values:
                 continue
-            key = self._key(t.shape, [tr.values[vid] for tr in traces])
+            key = self._key(tuple(shape), [tr.values[vid] for tr in traces])
             if key is not None:
-                self.by_shape.setdefault(t.shape, []).append((key, vid))
+                self.by_shape.setdefault(tuple(shape), []).append((key, vid))
         for lst in self.by_shape.values():
             lst.sort()
 
@@ -151,8 +151,6 @@ class ValueIndex:
             for a in arrays
         )
         tol = 1e-6 * (1.0 + mag)
-        import bisect
-
         lo = bisect.bisect_left(lst, (key - tol, -1))
         out = []
         for k, vid in lst[lo:]:
