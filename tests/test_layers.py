@@ -13,7 +13,7 @@ LAYERS = {
     "tv_ir.errors": 0,
     "tv_ir.ir": 0,
     "tv_ir.attrs": 0,
-    "tv_ir.importer": 1,
+    "tv_ir.importer": 1, "tv_ir.partitioner": 1, "tv_ir.layout": 1,
     "tv_ir.passes": 2,
     "tv_ir.ops": 3,
     "tv_ir.algebra": 3,

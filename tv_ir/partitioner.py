@@ -1,0 +1,83 @@
+"""Run XLA's SPMD partitioner (through jaxlib) on an annotated module.
+
+The input is a pre-partition module (StableHLO with `sdy.sharding` or `mhlo.sharding`
+annotations, e.g. `jax.jit(f, in_shardings=...).lower(...)`). XLA compiles it for N CPU
+devices; the HLO module right after the `spmd-partitioning` pass is the per-device program
+tv verifies, and the executable's parameter/output shardings give the layouts of its
+arguments and results. XLA needs N host devices: `ensure_host_devices(N)` must run before
+jax is first imported.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+
+from .errors import BadInput
+
+DEFAULT_HOST_DEVICES = 8
+
+
+def ensure_host_devices(n: int = DEFAULT_HOST_DEVICES) -> None:
+    """Ask XLA for `n` CPU devices (effective only before jax is imported)."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+
+
+@dataclass
+class Partitioned:
+    per_device_hlo: str  # HLO text of the per-device program
+    num_partitions: int
+    num_replicas: int
+    arg_shardings: list[str]  # HloSharding strings, one per @main argument
+    out_shardings: list[str]  # one per result
+
+
+def num_partitions_of(text: str) -> int:
+    m = re.search(r"mhlo\.num_partitions\s*=\s*(\d+)", text)
+    return int(m.group(1)) if m else 1
+
+
+def partition(text: str, num_partitions: int | None = None) -> Partitioned:
+    """Partition an annotated StableHLO module with XLA; return the per-device program."""
+    import jax
+    import numpy as np
+    from jax._src import compiler
+    from jax._src.lib import xla_client as xc
+
+    n = num_partitions or num_partitions_of(text)
+    devs = jax.devices("cpu")
+    if len(devs) < n:
+        raise BadInput(
+            f"module asks for {n} partitions but XLA has {len(devs)} CPU devices "
+            f"(set XLA_FLAGS=--xla_force_host_platform_device_count={n})"
+        )
+    devs = devs[:n]
+    with tempfile.TemporaryDirectory() as dump:
+        opts = compiler.get_compile_options(
+            num_replicas=1,
+            num_partitions=n,
+            device_assignment=np.array(devs).reshape(1, n),
+            env_options_overrides={
+                "xla_dump_to": dump,
+                "xla_dump_hlo_pass_re": "spmd-partitioning",
+            },
+        )
+        if "sdy." not in text:
+            opts.executable_build_options.use_shardy_partitioner = False
+        try:
+            exe = devs[0].client.compile_and_load(text, xc.DeviceList(tuple(devs)), opts)
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BadInput(f"XLA could not partition the module: {first}") from None
+        files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*")))
+        if not files:
+            raise BadInput("XLA ran no SPMD partitioning on this module (no shardings?)")
+        hlo = open(files[0]).read()
+    args = [str(xc.HloSharding.from_proto(s)) for s in exe.get_parameter_shardings()]
+    outs = [str(xc.HloSharding.from_proto(s)) for s in exe.get_output_shardings()]
+    return Partitioned(hlo, n, 1, args, outs)
