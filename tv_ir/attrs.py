@@ -76,3 +76,67 @@ class OpaqueAttr:
     """An attribute tv does not decode; kept as its printed form."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class SdyAxis:
+    """A Shardy axis reference: a whole mesh axis, or its sub-axis `"x":(pre_size)size`.
+
+    A sub-axis splits axis `x` (size n) row-major into [pre_size, size, n // (pre_size * size)]
+    and takes the middle factor.
+    """
+
+    name: str
+    pre_size: int = 1
+    size: int | None = None  # None: the whole axis
+
+    def __str__(self) -> str:
+        sub = "" if self.size is None else f":({self.pre_size}){self.size}"
+        return f'"{self.name}"{sub}'
+
+
+@dataclass(frozen=True)
+class SdyMesh:
+    """`#sdy.mesh<["data"=2, "model"=4], device_ids=[...]>`; devices row-major over axes."""
+
+    axes: tuple[tuple[str, int], ...]
+    device_ids: tuple[int, ...] | None = None  # None: iota order
+
+    def __str__(self) -> str:
+        axes = ", ".join(f'"{n}"={s}' for n, s in self.axes)
+        ids = (
+            ""
+            if self.device_ids is None
+            else f", device_ids=[{', '.join(map(str, self.device_ids))}]"
+        )
+        return f"<[{axes}]{ids}>"
+
+
+@dataclass(frozen=True)
+class SdySharding:
+    """`#sdy.sharding<@mesh, [{"data"}, {}], replicated={..}, unreduced={..}>`.
+
+    `dims[i]` lists the axes dimension i is split over, major to minor. `open_dims` holds the
+    dimensions marked `?` (open to further sharding by propagation); `priorities` the `p<n>`
+    of each dimension (None when absent, empty when no dimension has one).
+    """
+
+    mesh: str | SdyMesh  # a mesh symbol name (without "@") or an inline mesh
+    dims: tuple[tuple[SdyAxis, ...], ...]
+    replicated: tuple[SdyAxis, ...] = ()
+    unreduced: tuple[SdyAxis, ...] = ()
+    open_dims: tuple[int, ...] = ()
+    priorities: tuple[int | None, ...] = ()
+
+    def __str__(self) -> str:
+        mesh = f"@{self.mesh}" if isinstance(self.mesh, str) else f"mesh{self.mesh}"
+        dims = []
+        for i, axes in enumerate(self.dims):
+            items = [str(a) for a in axes] + (["?"] if i in self.open_dims else [])
+            prio = self.priorities[i] if i < len(self.priorities) else None
+            dims.append("{" + ", ".join(items) + "}" + ("" if prio is None else f"p{prio}"))
+        text = f"<{mesh}, [{', '.join(dims)}]"
+        for key, axes in (("replicated", self.replicated), ("unreduced", self.unreduced)):
+            if axes:
+                text += f", {key}={{{', '.join(str(a) for a in axes)}}}"
+        return text + ">"

@@ -397,6 +397,9 @@ def decode_attr(a) -> Any:
     if S.ChannelHandle.isinstance(a):
         c = S.ChannelHandle(a)
         return A.ChannelHandle(int(c.handle), int(c.channel_type))
+    sdy_value = _decode_sdy(a)
+    if sdy_value is not None:
+        return sdy_value
     if S.ReplicaGroupMeshAxesAttr.isinstance(a):
         r = S.ReplicaGroupMeshAxesAttr(a)
         return A.MeshAxesGroups(str(r.mesh), tuple(str(x) for x in r.axes))
@@ -413,6 +416,71 @@ def decode_attr(a) -> Any:
         if cls is not None and cls.isinstance(a):
             return A.EnumAttr(kind, cls(a).value)
     return A.OpaqueAttr(str(a))
+
+
+def _decode_sdy(a) -> Any:
+    """Shardy attributes (shardings, meshes, manual axes) as `attrs` records; None otherwise."""
+    from jaxlib.mlir.dialects import sdy
+
+    if sdy.TensorShardingAttr.isinstance(a):
+        return _sdy_sharding(sdy.TensorShardingAttr(a))
+    if sdy.TensorShardingPerValueAttr.isinstance(a):
+        shardings = sdy.TensorShardingPerValueAttr(a).shardings
+        return [_sdy_sharding(sdy.TensorShardingAttr(t)) for t in shardings]
+    if sdy.MeshAttr.isinstance(a):
+        return _sdy_mesh(sdy.MeshAttr(a))
+    if sdy.ManualAxesAttr.isinstance(a):
+        return tuple(str(x) for x in sdy.ManualAxesAttr(a))
+    if sdy.AxisRefAttr.isinstance(a):
+        return _sdy_axis(a)
+    return None
+
+
+def _sdy_mesh(m) -> A.SdyMesh:
+    from jaxlib.mlir.dialects import sdy
+
+    axes = tuple((sdy.MeshAxisAttr(x).name, int(sdy.MeshAxisAttr(x).size)) for x in m.axes)
+    ids = tuple(int(d) for d in m.device_ids)
+    return A.SdyMesh(axes, ids if ids else None)
+
+
+def _sdy_axis(x) -> A.SdyAxis:
+    from jaxlib.mlir.dialects import sdy
+
+    ref = sdy.AxisRefAttr(x)
+    info = ref.sub_axis_info
+    if info is None:
+        return A.SdyAxis(ref.name)
+    info = sdy.SubAxisInfoAttr(info)
+    return A.SdyAxis(ref.name, int(info.pre_size), int(info.size))
+
+
+def _sdy_sharding(ts) -> A.SdySharding:
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import sdy
+
+    ref = ts.mesh_or_ref
+    if isinstance(ref, ir.FlatSymbolRefAttr):
+        mesh: str | A.SdyMesh = ref.value
+    elif sdy.MeshAttr.isinstance(ref):
+        mesh = _sdy_mesh(sdy.MeshAttr(ref))
+    else:
+        mesh = str(ref).lstrip("@")
+    dims, open_dims, prios = [], [], []
+    for i, d in enumerate(ts.dimension_shardings):
+        d = sdy.DimensionShardingAttr(d)
+        dims.append(tuple(_sdy_axis(x) for x in d.axes))
+        if not d.is_closed:
+            open_dims.append(i)
+        prios.append(None if d.priority is None else int(d.priority))
+    return A.SdySharding(
+        mesh,
+        tuple(dims),
+        tuple(_sdy_axis(x) for x in ts.replicated_axes),
+        tuple(_sdy_axis(x) for x in ts.unreduced_axes),
+        tuple(open_dims),
+        tuple(prios) if any(p is not None for p in prios) else (),
+    )
 
 
 def _dense_to_numpy(a) -> np.ndarray:
