@@ -1,4 +1,4 @@
-"""The `tv` command: `tv check SPEC IMPL`, `tv demo`.
+"""The `tv` command: `tv check SPEC IMPL`, `tv partition MODULE`, `tv demo`.
 
 Exit codes: 0 equivalent, 1 not equivalent, 2 unknown or unsupported (never 0 without a
 proof), 3 bad input (one line on stderr, no traceback).
@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("spec", help="specification: .mlir (StableHLO text), .mlirbc or .hlo (HLO text)")
     c.add_argument("impl", help="implementation, in any of the same forms")
     _common(c)
+    pt = sub.add_parser(
+        "partition",
+        help="run XLA's SPMD partitioner on an annotated module and verify its output",
+    )
+    pt.add_argument("module", help="pre-partition StableHLO text with sdy/mhlo shardings")
+    _common(pt)
     d = sub.add_parser("demo", help="check the bundled transformer-block examples")
     _common(d)
     return p
@@ -70,6 +76,17 @@ def _run_check(spec, impl, args) -> int:
     return EXIT_CODES[report.verdict]
 
 
+def _run_partition(args) -> int:
+    from .pipeline import partition_and_check
+
+    progress = _progress(sys.stderr.isatty() and not args.json)
+    report = partition_and_check(args.module, args.timeout, args.seed, progress)
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr)
+    print(report.to_json() if args.json else str(report))
+    return EXIT_CODES[report.verdict]
+
+
 def _demo(args) -> int:
     examples = resources.files("tv_ir") / "examples"
     spec = examples / "block_spec.mlir"
@@ -88,6 +105,9 @@ def _demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .partitioner import ensure_host_devices
+
+    ensure_host_devices()  # before jax is imported: XLA gets 8 CPU devices
     args = _parser().parse_args(argv)
     if args.command is None:
         _parser().print_help(sys.stderr)
@@ -95,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "partition":
+            return _run_partition(args)
         return _run_check(args.spec, args.impl, args)
     except BadInput as e:
         print(f"tv: error: {e}", file=sys.stderr)

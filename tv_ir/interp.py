@@ -49,17 +49,23 @@ class Interpreter:
         for v, a in zip(block.args, args, strict=True):
             env[v.id] = a
         for op in block.ops:
-            results = self._op(op)
+            results = self.evaluate_op(op)
             if top and self.hook is not None:
                 results = self.hook(op, results)
             for v, r in zip(op.results, results, strict=True):
                 env[v.id] = r
         return [env[v.id] for v in block.results]
 
-    def _op(self, op: Op) -> list:
+    def evaluate_op(self, op: Op) -> list:
+        """The results of `op` on the current environment."""
         fn = lookup(op.name, op.loc)
         operands = [self.env[v.id] for v in op.operands]
-        ctx = OpContext(
+        ctx = self.context(op)
+        return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
+
+    def context(self, op: Op) -> OpContext:
+        """What an evaluator of `op` sees; its regions run in this interpreter."""
+        return OpContext(
             name=op.name,
             attrs=op.attrs,
             operand_types=[v.type for v in op.operands],
@@ -71,23 +77,31 @@ class Interpreter:
             device=self.device,
             loc=op.loc,
         )
-        try:
-            out = fn(ctx, *operands)
-        except Unsupported as e:
-            if e.loc is None:
-                e.loc = op.loc
-            if e.op is None:
-                e.op = op.name
-            raise
-        except TvError:
-            raise
-        except Exception as e:  # an evaluator bug or a violated precondition: name the op
-            raise InterpreterError(
-                f"evaluating {op.name} at {op.loc} failed: {type(e).__name__}: {e}"
-            ) from e
-        if not isinstance(out, list):
-            out = [out]
-        return [_shaped(r, v.type) for r, v in zip(out, op.results, strict=True)]
+
+
+def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
+    """Run an evaluator of `op`, attributing failures to the op (name, location)."""
+    try:
+        return evaluate()
+    except Unsupported as e:
+        if e.loc is None:
+            e.loc = op.loc
+        if e.op is None:
+            e.op = op.name
+        raise
+    except TvError:
+        raise
+    except Exception as e:  # an evaluator bug or a violated precondition: name the op
+        raise InterpreterError(
+            f"evaluating {op.name} at {op.loc} failed: {type(e).__name__}: {e}"
+        ) from e
+
+
+def checked_results(op: Op, out) -> list:
+    """An evaluator's output as a list of results checked against the op's result types."""
+    if not isinstance(out, list):
+        out = [out]
+    return [_shaped(r, v.type) for r, v in zip(out, op.results, strict=True)]
 
 
 def _shaped(r, t):

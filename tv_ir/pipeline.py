@@ -8,12 +8,15 @@ from .errors import BadInput, Unsupported
 from .importer import load
 from .ir import Module
 from .prover.engine import Options, StageProver
+from .prover.placement import Placement
 from .report import UNKNOWN, Report
 
 
 def prepare(source, role: str) -> Module:
     from tv_ir.passes import run_pipeline
 
+    if isinstance(source, Module):
+        return source
     try:
         module = load(source)
     except BadInput as e:
@@ -21,8 +24,12 @@ def prepare(source, role: str) -> Module:
     return run_pipeline(module)
 
 
-def check_signatures(spec: Module, impl: Module) -> None:
+def check_signatures(spec: Module, impl: Module, placement: Placement | None = None) -> None:
+    """Same arity and element types; shapes equal, or (distributed) equal to the layouts'."""
     s, i = spec.main, impl.main
+    if placement is not None and placement.distributed:
+        _check_local_shapes(s, i, placement)
+        return
     if len(s.arg_types) != len(i.arg_types):
         raise BadInput(
             f"signatures differ: spec takes {len(s.arg_types)} arguments, impl {len(i.arg_types)}"
@@ -40,19 +47,66 @@ def check_signatures(spec: Module, impl: Module) -> None:
             raise BadInput(f"signatures differ: result {k} is {a} in spec but {b} in impl")
 
 
-def check(spec, impl, timeout: float = 10.0, seed: int = 0, progress=None) -> Report:
-    """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module)."""
+def _check_local_shapes(s, i, placement: Placement) -> None:
+    for what, stypes, itypes, layouts in (
+        ("argument", s.arg_types, i.arg_types, placement.args),
+        ("result", s.result_types, i.result_types, placement.results),
+    ):
+        if len(stypes) != len(itypes):
+            raise BadInput(f"signatures differ: spec has {len(stypes)} {what}s, impl {len(itypes)}")
+        for k, (a, b, lay) in enumerate(zip(stypes, itypes, layouts, strict=True)):
+            if getattr(a, "dtype", None) != getattr(b, "dtype", None):
+                raise BadInput(f"signatures differ: {what} {k} is {a} in spec but {b} in impl")
+            local = tuple(getattr(b, "shape", ()))
+            if local != tuple(lay.tile_shape):
+                raise BadInput(
+                    f"impl {what} {k} is {b} per device, but its layout {lay} holds "
+                    f"{list(lay.tile_shape)} (missing or wrong mhlo.sharding?)"
+                )
+
+
+def check(
+    spec, impl, timeout: float = 10.0, seed: int = 0, progress=None, placement=None
+) -> Report:
+    """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module).
+
+    `impl` may be a per-device program: its argument/result layouts come from `placement`,
+    else from its `mhlo.sharding` attributes (single device when it has none).
+    """
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec")
     impl_m = prepare(impl, "impl")
-    check_signatures(spec_m, impl_m)
+    placement = placement or Placement.from_module(spec_m.main, impl_m)
+    check_signatures(spec_m, impl_m, placement)
     t_import = time.perf_counter() - t0
     try:
-        report = StageProver(spec_m, impl_m, Options(timeout, seed, progress)).run()
+        options = Options(timeout, seed, progress)
+        report = StageProver(spec_m, impl_m, options, placement).run()
     except Unsupported as e:
         report = Report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=str(e))
     report.stats.seconds["import"] = t_import
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
+    return report
+
+
+def partition_and_check(module, timeout: float = 10.0, seed: int = 0, progress=None) -> Report:
+    """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
+    per-device output equal to the module's own (single-device) semantics."""
+    from .importer import read_source
+    from .partitioner import partition
+
+    data, name = read_source(module)
+    if isinstance(data, bytes):
+        raise BadInput(f"{name}: tv partition takes StableHLO text")
+    spec_m = prepare(data, "module")
+    parted = partition(data)
+    impl_m = prepare(parted.per_device_hlo, "partitioned module")
+    placement = Placement.from_shardings(
+        spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
+    )
+    report = check(spec_m, impl_m, timeout, seed, progress, placement)
+    report.spec_name = name
+    report.impl_name = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
     return report

@@ -15,26 +15,50 @@ from typing import Any
 from ..errors import Unsupported
 
 OPS: dict[str, Callable] = {}
+# ops that read the process's place in the grid (partition_id, replica_id): per-device
+# evaluators like OPS, kept apart because single-device conformance cannot exercise them
+PROCESS_OPS: dict[str, Callable] = {}
+# collectives: `fn(ctx, grid, per_device_operands) -> per_device_results`, run by
+# tv_ir.spmd.SpmdInterpreter on all devices at once (tv_ir/ops/collectives.py)
+COLLECTIVES: dict[str, Callable] = {}
 
 
-def op(*names: str):
-    """Register an evaluator under one or more op names; refuses duplicates."""
-
+def _registrar(table: dict[str, Callable], kind: str, names: tuple[str, ...]):
     def register(fn: Callable) -> Callable:
         for n in names:
-            if n in OPS:
-                raise ValueError(f"op {n} registered twice")
-            OPS[n] = fn
+            if n in OPS or n in PROCESS_OPS or n in COLLECTIVES:
+                raise ValueError(f"{kind} {n} registered twice")
+            table[n] = fn
         return fn
 
     return register
 
 
+def op(*names: str):
+    """Register an evaluator under one or more op names; refuses duplicates."""
+    return _registrar(OPS, "op", names)
+
+
+def process_op(*names: str):
+    """Register a per-device evaluator that needs `ctx.device`; refuses duplicates."""
+    return _registrar(PROCESS_OPS, "op", names)
+
+
+def collective(*names: str):
+    """Register a collective evaluator (all devices at once); refuses duplicates."""
+    return _registrar(COLLECTIVES, "collective", names)
+
+
 def lookup(name: str, loc=None) -> Callable:
-    fn = OPS.get(name)
-    if fn is None:
-        raise Unsupported(f"unsupported op {name}", op=name, loc=loc)
-    return fn
+    """The per-device evaluator of `name`; collectives have none (they need SPMD execution)."""
+    fn = OPS.get(name) or PROCESS_OPS.get(name)
+    if fn is not None:
+        return fn
+    if name in COLLECTIVES:
+        raise Unsupported(
+            f"{name} needs SPMD execution (tv_ir.spmd.SpmdInterpreter)", op=name, loc=loc
+        )
+    raise Unsupported(f"unsupported op {name}", op=name, loc=loc)
 
 
 @dataclass
@@ -49,7 +73,7 @@ class OpContext:
     run_region: Callable[[int, list], list]  # evaluate region i on argument arrays
     regions: list = field(default_factory=list)  # tv_ir.ir.Region objects (for pattern checks)
     call: Callable[[str, list], list] | None = None  # call a module function by name
-    device: Any = None  # SPMD device context (partition_id, replica_id), if any
+    device: Any = None  # tv_ir.process_grid.Device under SPMD execution, else None
     loc: Any = None
 
     def attr(self, key: str, default: Any = None) -> Any:

@@ -99,7 +99,8 @@ class TileIndex:
         return out
 
     def candidates(self, per_device: list[list], limit: int = 4) -> list[Correspondence]:
-        """Correspondences for a value given, per device, its arrays in every simulation run."""
+        """Correspondences for a value given, per device, its arrays in every simulation run
+        (`limit` 0: all of them), earliest spec value first."""
         local = tuple(np.shape(per_device[0][0]))
         found: dict[int, list[Box]] | None = None
         for d, arrays in enumerate(per_device):
@@ -113,4 +114,38 @@ class TileIndex:
             if not found:
                 return []
         ordered = sorted(found, key=lambda v: self.order.get(v, 0))
-        return [Correspondence(v, tuple(found[v])) for v in ordered[:limit]]
+        return [Correspondence(v, tuple(found[v])) for v in (ordered[:limit] if limit else ordered)]
+
+
+def mesh_groups(n: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Every way to group n devices along the axes of a row-major mesh with n devices
+    (each factorisation of n into axis sizes, each non-empty subset of its axes): the
+    candidate groups of a partial sum."""
+    shapes: list[tuple[int, ...]] = []
+
+    def factor(rest: int, prefix: tuple[int, ...]) -> None:
+        if rest == 1:
+            if prefix:
+                shapes.append(prefix)
+            return
+        for f in range(2, rest + 1):
+            if rest % f == 0:
+                factor(rest // f, prefix + (f,))
+
+    factor(n, ())
+    seen: set = set()
+    out = []
+    ids = np.arange(n)
+    for shape in shapes:
+        grid = ids.reshape(shape)
+        for k in range(1, len(shape) + 1):
+            for axes in itertools.combinations(range(len(shape)), k):
+                rest = [a for a in range(len(shape)) if a not in axes]
+                moved = np.transpose(grid, rest + list(axes)).reshape(
+                    -1, int(np.prod([shape[a] for a in axes]))
+                )
+                groups = tuple(sorted(tuple(int(x) for x in row) for row in moved))
+                if groups not in seen:
+                    seen.add(groups)
+                    out.append(groups)
+    return out

@@ -28,10 +28,13 @@ from ..errors import TvError, Unsupported
 from ..interp import Interpreter
 from ..ir import Module, TensorType
 from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
+from ..spmd import SpmdInterpreter
 from ..symbolic import SymbolicAlgebra
 from . import smt
+from .correspond import TileIndex
 from .localise import refutation
-from .simulate import ValueIndex, close, random_inputs, run_traced
+from .placement import Placement
+from .simulate import close, random_inputs, run_traced, run_traced_devices
 
 SIM_RUNS = 2
 # relative difference above which a simulated output difference refutes at once; smaller
@@ -82,10 +85,17 @@ class _Outcome:
 
 
 class StageProver:
-    def __init__(self, spec: Module, impl: Module, options: Options | None = None):
+    def __init__(
+        self,
+        spec: Module,
+        impl: Module,
+        options: Options | None = None,
+        placement: Placement | None = None,
+    ):
         self.spec = spec
         self.impl = impl
         self.opt = options or Options()
+        self.place = placement or Placement.single_device(spec.main)
         self.stats = Stats()
         self.defs: dict[int, np.ndarray] = {}  # spec value id -> definition (terms)
         self.syms: dict[int, np.ndarray] = {}  # spec value id -> its symbols
@@ -106,13 +116,14 @@ class StageProver:
         inputs = [random_inputs(self.spec.main, rng) for _ in range(SIM_RUNS)]
         try:
             spec_tr = [run_traced(self.spec, x) for x in inputs]
-            impl_tr = [run_traced(self.impl, x) for x in inputs]
+            impl_tr = [self._run_impl(x) for x in inputs]
         except Unsupported as e:
             return self._unsupported(e)
         self.stats.seconds["simulate"] = time.perf_counter() - t0
         suspicious = None  # an input whose outputs differ slightly: maybe float64 noise
         for x, s, i in zip(inputs, spec_tr, impl_tr, strict=True):
-            pairs = list(zip(s.outputs, i.outputs, strict=True))
+            outs = self.place.assemble_outputs(_by_device(i.outputs, self.place.num_devices))
+            pairs = list(zip(s.outputs, outs, strict=True))
             if not all(close(a, b, CLEAR_DIFFERENCE) for a, b in pairs):
                 return self._refuted(x, "simulation")
             if suspicious is None and not all(close(a, b) for a, b in pairs):
@@ -130,6 +141,12 @@ class StageProver:
                 return refuted
         return report
 
+    def _run_impl(self, inputs: list):
+        p = self.place
+        return run_traced_devices(
+            self.impl, p.shard_inputs(inputs), p.num_replicas, p.num_partitions
+        )
+
     def _report(self, verdict: str, **kw) -> Report:
         return Report(verdict, stats=self.stats, **kw)
 
@@ -138,7 +155,7 @@ class StageProver:
         return self._report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=f"{e}{where}")
 
     def _refuted(self, inputs: list, how: str) -> Report:
-        r = refutation(self.spec, self.impl, inputs)
+        r = refutation(self.spec, self.impl, self.place, inputs)
         if r is None:
             return self._report(UNKNOWN, reason=f"a {how} difference did not replay")
         ce, loc, outputs = r
@@ -169,7 +186,7 @@ class StageProver:
             out = []
             for v, r in zip(op.results, results, strict=True):
                 self.spec_order[v.id] = len(self.spec_order)
-                if _cuttable(op, v, r):
+                if _cuttable(op, v, [r]):
                     counter[0] += 1
                     sym = np.empty(v.type.shape, dtype=object)
                     name = f"%{op.short_name}{counter[0]}"
@@ -266,27 +283,33 @@ class StageProver:
                 self.defs[v.id] = self.syms[v.id] = self.exprs[v.id] = arr
                 self.proved.add(v.id)
         shapes = {vid: np.shape(d) for vid, d in self.defs.items()}
-        index = ValueIndex(spec_tr, shapes, self.spec_order)
+        index = TileIndex(spec_tr, shapes, self.spec_order)
         total = sum(1 for op in self.impl.main.body.ops for _ in op.results)
+        n = self.place.num_devices
         done = [0]
 
         def hook(op, results):
-            out = []
-            for v, r in zip(op.results, results, strict=True):
+            for k, v in enumerate(op.results):
                 done[0] += 1
-                if _cuttable(op, v, r):
-                    r = self._try_cut(v, r, index, impl_tr)
-                out.append(r)
+                per_device = [results[d][k] for d in range(n)]
+                if _cuttable(op, v, per_device):
+                    per_device = self._try_cut(v, per_device, index, impl_tr)
+                    for d in range(n):
+                        results[d][k] = per_device[d]
             if self.opt.progress and done[0] % 50 == 0:
                 self.opt.progress(f"stages: {self.stats.stages} proved, {done[0]}/{total} values")
-            return out
+            return results
 
-        interp = Interpreter(self.impl, SymbolicAlgebra(), hook=hook)
-        impl_outs = interp.run(self.impl.main, inputs)
+        interp = SpmdInterpreter(
+            self.impl, SymbolicAlgebra(), self.place.num_replicas, self.place.num_partitions, hook
+        )
+        impl_outs = interp.run(self.place.shard_inputs(inputs))
 
         outputs, failures = [], []
-        for i, (a, svid) in enumerate(zip(impl_outs, spec_outs, strict=True)):
-            outcome = self._prove_arrays(a, self.spec_view(svid), OUTPUT_LEVELS, final=True)
+        for i, svid in enumerate(spec_outs):
+            per_device = [impl_outs[d][i] for d in range(n)]
+            pairs = self._output_pairs(self.place.results[i], per_device, self.spec_view(svid))
+            outcome = self._prove_pairs(pairs, OUTPUT_LEVELS, final=True)
             verdict = EQUIVALENT if outcome.status == "proved" else UNKNOWN
             outputs.append(OutputResult(i, verdict))
             if outcome.status != "proved":
@@ -296,7 +319,7 @@ class StageProver:
         for _, outcome in failures:
             if outcome.status == "sat" and outcome.model is not None:
                 replay = self._model_inputs(outcome.model, spec_tr)
-                r = refutation(self.spec, self.impl, replay)
+                r = refutation(self.spec, self.impl, self.place, replay)
                 if r is not None:
                     ce, loc, outs = r
                     return self._report(
@@ -306,25 +329,41 @@ class StageProver:
         reason = outcome.reason or "normal forms differ and the solver could not decide"
         return self._report(UNKNOWN, outputs=outputs, reason=f"output {i}: {reason}")
 
-    def _try_cut(self, v, r, index: ValueIndex, impl_tr):
-        arrays = [tr.values[v.id] for tr in impl_tr]
-        for s in index.candidates(v.type.shape, arrays):
-            outcome = self._prove_arrays(r, self.spec_view(s), STAGE_LEVELS, final=False)
+    def _try_cut(self, v, per_device: list, index: TileIndex, impl_tr) -> list:
+        """Prove v equal (on every device) to a block of a spec value; then use its symbols."""
+        runs = [[tr.values[v.id][d] for tr in impl_tr] for d in range(len(per_device))]
+        for c in index.candidates(runs):
+            view = self.spec_view(c.spec_value)
+            pairs = []
+            for d, a in enumerate(per_device):
+                pairs += _element_pairs(a, c.block(view, d))
+            outcome = self._prove_pairs(pairs, STAGE_LEVELS, final=False)
             if outcome.status == "proved":
-                self.proved.add(s)
+                self.proved.add(c.spec_value)
                 self.stats.stages += 1
-                return self.syms[s]
-        return r
+                syms = self.syms[c.spec_value]
+                return [c.block(syms, d) for d in range(len(per_device))]
+        return per_device
 
-    def _prove_arrays(self, a, b, levels: int, final: bool) -> _Outcome:
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape:
-            return _Outcome("unknown", reason=f"shapes differ: {a.shape} vs {b.shape}")
-        work = []
-        for idx in np.ndindex(*a.shape):
-            x, y = a[idx], b[idx]
-            if not _same(x, y):
-                work.append(_residue(x, y))
+    def _output_pairs(self, layout, per_device: list, spec_value) -> list:
+        """Element pairs stating that the devices' pieces of an output are the spec output."""
+        spec_value = np.asarray(spec_value)
+        pairs = []
+        if layout.unreduced:
+            for group in layout.unreduced:
+                box = layout.box(group[0])
+                total = per_device[group[0]]
+                for d in group[1:]:
+                    total = SymbolicAlgebra().add(total, per_device[d])
+                pairs += _element_pairs(_trim(total, box), _block(spec_value, box))
+            return pairs
+        for d, piece in enumerate(per_device):
+            box = layout.box(d)
+            pairs += _element_pairs(_trim(piece, box), _block(spec_value, box))
+        return pairs
+
+    def _prove_pairs(self, pairs: list, levels: int, final: bool) -> _Outcome:
+        work = [_residue(x, y) for x, y in pairs if not _same(x, y)]
         if not work:
             self.stats.proved_by_normal_form += 1
             return _Outcome("proved", "normal_form")
@@ -482,13 +521,34 @@ class StageProver:
         return base
 
 
-def _cuttable(op, v, r) -> bool:
+def _cuttable(op, v, per_device: list) -> bool:
     return (
         op.name not in MOVEMENT_OPS
         and isinstance(v.type, TensorType)
         and v.type.is_float
-        and _is_sym(r)
+        and any(_is_sym(r) for r in per_device)
     )
+
+
+def _element_pairs(a, b) -> list:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        raise Unsupported(f"cannot compare a {a.shape} piece with a {b.shape} block")
+    return [(a[idx], b[idx]) for idx in np.ndindex(*a.shape)]
+
+
+def _block(array, box):
+    return np.asarray(array)[tuple(slice(lo, hi) for lo, hi in box)]
+
+
+def _trim(piece, box):
+    """A device buffer without XLA's padding of uneven shards."""
+    return np.asarray(piece)[tuple(slice(0, hi - lo) for lo, hi in box)]
+
+
+def _by_device(outputs: list, n: int) -> list:
+    """[output][device] -> [device][output]."""
+    return [[out[d] for out in outputs] for d in range(n)]
 
 
 def _is_sym(r) -> bool:

@@ -11,25 +11,35 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir import Module, Op, TensorType
-from ..report import EQUIVALENT, NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
-from .simulate import ValueIndex, close, first_difference, run_traced
+from ..report import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
+from .correspond import TileIndex, mesh_groups
+from .simulate import close, first_difference, run_traced, run_traced_devices
 
 
-def refutation(spec: Module, impl: Module, inputs: list):
+def refutation(spec: Module, impl: Module, placement, inputs: list):
     """(counterexample, location, per-output results) if `inputs` shows a difference."""
     spec_tr = run_traced(spec, inputs)
-    impl_tr = run_traced(impl, inputs)
+    impl_tr = run_traced_devices(
+        impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
+    )
+    impl_outs = placement.assemble_outputs(
+        [
+            [impl_tr.outputs[k][d] for k in range(len(impl_tr.outputs))]
+            for d in range(placement.num_devices)
+        ]
+    )
     outputs = []
     differing = None
-    for i, (a, b) in enumerate(zip(spec_tr.outputs, impl_tr.outputs, strict=True)):
+    for i, (a, b) in enumerate(zip(spec_tr.outputs, impl_outs, strict=True)):
         same = close(a, b)
-        outputs.append(OutputResult(i, EQUIVALENT if same else NOT_EQUIVALENT))
+        # one replay proves a difference, not an equality
+        outputs.append(OutputResult(i, "unknown" if same else NOT_EQUIVALENT))
         if not same and differing is None:
             differing = i
     if differing is None:
         return None
     a = np.asarray(spec_tr.outputs[differing])
-    b = np.asarray(impl_tr.outputs[differing])
+    b = np.asarray(impl_outs[differing])
     idx = first_difference(a, b) or (0,) * a.ndim
     with np.errstate(all="ignore"):
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
@@ -43,17 +53,21 @@ def refutation(spec: Module, impl: Module, inputs: list):
         index=tuple(idx),
         expected=_scalar(a[idx]),
         actual=_scalar(b[idx]),
+        device=_holder(placement.results[differing], idx) if placement.distributed else None,
         max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0,
     )
-    # only outputs that are not marked EQUIVALENT by this single replay are known to differ
-    for o in outputs:
-        if o.verdict == EQUIVALENT:
-            o.verdict = "unknown"
-    loc = Location(
-        impl=_diverging_site(impl, impl_tr, spec, spec_tr, differing),
-        spec=_diverging_site(spec, spec_tr, impl, impl_tr, differing),
-    )
+    index = _spec_tiles(spec, spec_tr)
+    impl_site, matched_spec = _impl_site(impl, impl_tr, index, differing)
+    loc = Location(impl=impl_site, spec=_spec_site(spec, matched_spec, differing))
     return ce, loc, outputs
+
+
+def _holder(layout, idx) -> int | None:
+    """The first device whose box holds element `idx` of a result."""
+    for d in range(layout.num_devices):
+        if all(a <= i < b for i, (a, b) in zip(idx, layout.box(d), strict=True)):
+            return d
+    return None
 
 
 def _scalar(x):
@@ -61,45 +75,85 @@ def _scalar(x):
     return x.item()
 
 
-def _diverging_site(mod: Module, tr, other: Module, other_tr, output: int) -> OpSite | None:
-    """Earliest op in `mod` whose operands all match values of `other` but whose result doesn't."""
+def _spec_tiles(spec: Module, spec_tr) -> TileIndex:
     shapes, order = {}, {}
-    values = list(other.main.args) + [v for op in other.main.body.ops for v in op.results]
+    values = list(spec.main.args) + [v for op in spec.main.body.ops for v in op.results]
     for v in values:
         if isinstance(v.type, TensorType):
             shapes[v.id] = v.type.shape
             order[v.id] = len(order)
-    index = ValueIndex([other_tr], shapes, order)
+    return TileIndex([spec_tr], shapes, order)
 
-    main = mod.main
-    out_value = main.body.results[output]
-    cone = _cone(main, out_value)
+
+def _impl_site(impl: Module, tr, index: TileIndex, output: int):
+    """Earliest impl op whose operands all have spec counterparts but whose result has none;
+    also the set of spec values that some impl value corresponds to."""
+    main = impl.main
+    cone = _cone(main.body.results[output])
     matched: dict[int, bool] = {v.id: True for v in main.args}
+    spec_seen: set[int] = set()
 
     def is_matched(v) -> bool:
         if v.id not in matched:
             if not isinstance(v.type, TensorType) or v.id not in tr.values:
                 matched[v.id] = True
             else:
-                matched[v.id] = bool(index.candidates(v.type.shape, [tr.values[v.id]], limit=1))
+                found = index.candidates([[x] for x in tr.values[v.id]], limit=0)
+                spec_seen.update(c.spec_value for c in found)
+                matched[v.id] = bool(found) or _partial_sum(tr.values[v.id], index)
         return matched[v.id]
 
-    last = None
+    site = None
     for op in main.body.ops:
-        if not any(r.id in cone for r in op.results):
-            continue
-        last = op
         if not op.operands:  # constants and iotas: where they are used is what matters
-            for r in op.results:
-                matched[r.id] = True
+            matched.update((r.id, True) for r in op.results)
+            continue
+        for r in op.results:
+            is_matched(r)  # every value, so the spec side knows what has a counterpart
+        if site is not None or not any(r.id in cone for r in op.results):
             continue
         if all(is_matched(v) for v in op.operands) and not all(is_matched(r) for r in op.results):
+            site = _site(op)
+    if site is None:
+        producer = main.body.results[output].owner
+        site = _site(producer) if producer is not None else None
+    return site, spec_seen
+
+
+def _partial_sum(per_device: list, index: TileIndex) -> bool:
+    """Do the devices hold partial sums of a spec value, over the groups of some mesh axes?"""
+    n = len(per_device)
+    if n == 1 or np.asarray(per_device[0]).dtype.kind != "f":
+        return False
+    for groups in mesh_groups(n):
+        summed: list = [None] * n
+        for g in groups:
+            total = sum(np.asarray(per_device[d], dtype=np.float64) for d in g)
+            for d in g:
+                summed[d] = total
+        if index.candidates([[x] for x in summed], limit=1):
+            return True
+    return False
+
+
+def _spec_site(spec: Module, matched: set[int], output: int) -> OpSite | None:
+    """Earliest spec op whose operands all have impl counterparts but whose result has none."""
+    main = spec.main
+    cone = _cone(main.body.results[output])
+    ok = {v.id for v in main.args} | matched
+    for op in main.body.ops:
+        if not op.operands:  # constants and iotas: where they are used is what matters
+            ok.update(r.id for r in op.results)
+            continue
+        if not any(r.id in cone for r in op.results):
+            continue
+        if all(v.id in ok for v in op.operands) and not all(r.id in ok for r in op.results):
             return _site(op)
-    producer = out_value.owner
-    return _site(producer) if producer is not None else (_site(last) if last else None)
+    producer = main.body.results[output].owner
+    return _site(producer) if producer is not None else None
 
 
-def _cone(fn, value) -> set[int]:
+def _cone(value) -> set[int]:
     seen: set[int] = set()
     stack = [value]
     while stack:

@@ -59,6 +59,28 @@ def run_traced(module: Module, inputs: list) -> Trace:
     return trace
 
 
+def run_traced_devices(
+    module: Module, per_device_inputs: list[list], num_replicas: int, num_partitions: int
+) -> Trace:
+    """Run a per-device program on every device; values and outputs are per-device lists."""
+    from ..spmd import SpmdInterpreter
+
+    trace = Trace()
+    n = num_replicas * num_partitions
+
+    def hook(op, results):
+        for k, v in enumerate(op.results):
+            trace.values[v.id] = [results[d][k] for d in range(n)]
+        return results
+
+    for k, v in enumerate(module.main.args):
+        trace.values[v.id] = [per_device_inputs[d][k] for d in range(n)]
+    interp = SpmdInterpreter(module, NumpyAlgebra(), num_replicas, num_partitions, hook=hook)
+    outs = interp.run(per_device_inputs)
+    trace.outputs = [[outs[d][k] for d in range(n)] for k in range(len(module.main.body.results))]
+    return trace
+
+
 def close(a, b, rtol: float = RTOL) -> bool:
     """Equal up to float64 noise; infinities and NaNs must coincide exactly."""
     a, b = np.asarray(a), np.asarray(b)

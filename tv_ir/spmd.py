@@ -1,0 +1,154 @@
+"""Run one per-device program on every process of a StableHLO process grid, in lockstep (SPMD).
+
+Each process has its own `Interpreter` (its environment, its `Device` in `OpContext.device`),
+so ordinary ops (and the regions inside them) run per device through the op table, and
+`partition_id` / `replica_id` fold to constants per device. Collectives run once for all
+devices from `COLLECTIVES` with the `ProcessGrid`. Ops whose regions may hold collectives
+(`while`, `case`, `if`, `func.call`, `composite`) run their regions on all devices together;
+their predicates / indices must agree across devices.
+
+Values cross the API as per-device lists: `run` takes and returns `[device_id][index]`
+(device id = replica_id * num_partitions + partition_id), and so does the hook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from .errors import BadInput, Unsupported
+from .interp import Interpreter, InterpreterError, checked_results, run_evaluator
+from .ir import Block, Function, Module, Op
+from .ops.control import MAX_TRIP_COUNT
+from .ops.registry import COLLECTIVES
+from .process_grid import ProcessGrid
+
+PerDevice = list[list]  # [device_id][value index]
+SpmdHook = Callable[[Op, PerDevice], PerDevice]
+
+
+class SpmdInterpreter:
+    """Lockstep execution of `module` on `num_replicas` x `num_partitions` processes.
+
+    Grid sizes default to the module's `mhlo.num_replicas` / `mhlo.num_partitions`, else 1.
+    `hook(op, per_device_results)` sees (and may replace) the results of each top-level op.
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        alg,
+        num_replicas: int | None = None,
+        num_partitions: int | None = None,
+        hook: SpmdHook | None = None,
+    ):
+        self.module = module
+        self.alg = alg
+        self.hook = hook
+        self.grid = ProcessGrid(
+            num_replicas or int(module.attrs.get("mhlo.num_replicas", 1)),
+            num_partitions or int(module.attrs.get("mhlo.num_partitions", 1)),
+            meshes=module.attrs.get("sdy.meshes"),
+        )
+        self.procs = [Interpreter(module, alg, device=d) for d in self.grid.devices]
+        self._lockstep = {
+            "stablehlo.while": self._while,
+            "stablehlo.case": self._case,
+            "stablehlo.if": self._if,
+            "func.call": self._call,
+            "stablehlo.composite": self._call,
+        }
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.procs)
+
+    def run(self, per_device_args: PerDevice, fn: Function | None = None) -> PerDevice:
+        """Run `fn` (default: main) with `per_device_args[device_id]` on each device."""
+        if len(per_device_args) != self.num_devices:
+            raise BadInput(f"{len(per_device_args)} argument lists for {self.num_devices} devices")
+        fn = fn or self.module.main
+        return self._block(fn.body, [list(a) for a in per_device_args], top=True)
+
+    # -- blocks and ops ----------------------------------------------------------------------
+    def _block(self, block: Block, args: PerDevice, top: bool) -> PerDevice:
+        for proc, a in zip(self.procs, args, strict=True):
+            if len(a) != len(block.args):
+                raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(a)}")
+            for v, x in zip(block.args, a, strict=True):
+                proc.env[v.id] = x
+        for op in block.ops:
+            results = self._op(op)
+            if top and self.hook is not None:
+                results = self.hook(op, results)
+            for proc, rs in zip(self.procs, results, strict=True):
+                for v, r in zip(op.results, rs, strict=True):
+                    proc.env[v.id] = r
+        return [[proc.env[v.id] for v in block.results] for proc in self.procs]
+
+    def _op(self, op: Op) -> PerDevice:
+        if op.name in COLLECTIVES:
+            return self._collective(op)
+        lockstep = self._lockstep.get(op.name)
+        if lockstep is not None:
+            operands = self._operands(op)
+            out = run_evaluator(op, lambda: lockstep(op, operands))
+            return [checked_results(op, o) for o in out]
+        return [self._on_device(proc, op) for proc in self.procs]
+
+    def _on_device(self, proc: Interpreter, op: Op) -> list:
+        """An ordinary op on one device; evaluator faults name the device."""
+        try:
+            return proc.evaluate_op(op)
+        except InterpreterError as e:
+            d = proc.device
+            where = f"device {d.device_id} (replica {d.replica_id}, partition {d.partition_id})"
+            if where in str(e):
+                raise
+            raise InterpreterError(f"{e} on {where}") from e
+
+    def _operands(self, op: Op) -> PerDevice:
+        return [[proc.env[v.id] for v in op.operands] for proc in self.procs]
+
+    def _collective(self, op: Op) -> PerDevice:
+        fn = COLLECTIVES[op.name]
+        ctx = dataclasses.replace(self.procs[0].context(op), device=None)
+        operands = self._operands(op)
+        out = run_evaluator(op, lambda: fn(ctx, self.grid, operands))
+        return [checked_results(op, o) for o in out]
+
+    def _region(self, op: Op, i: int, args: PerDevice) -> PerDevice:
+        return self._block(op.regions[i].block, args, top=False)
+
+    def _agreed(self, op: Op, what: str, values: list):
+        """The value every device computed for a control decision."""
+        if any(v != values[0] for v in values):
+            raise Unsupported(f"{op.name}: {what} diverges across devices: {values}", op=op.name)
+        return values[0]
+
+    # -- lockstep control flow ---------------------------------------------------------------
+    def _while(self, op: Op, operands: PerDevice) -> PerDevice:
+        values = operands
+        for _ in range(MAX_TRIP_COUNT):
+            preds = [self.alg.truth(p[0]) for p in self._region(op, 0, values)]
+            if not self._agreed(op, "the loop predicate", preds):
+                return values
+            values = self._region(op, 1, values)
+        raise Unsupported(f"{op.name}: loop did not terminate within {MAX_TRIP_COUNT} iterations")
+
+    def _case(self, op: Op, operands: PerDevice) -> PerDevice:
+        i = self._agreed(op, "the branch index", [self.alg.index(o[0]) for o in operands])
+        n = len(op.regions)
+        return self._region(op, i if 0 <= i < n else n - 1, [[] for _ in self.procs])
+
+    def _if(self, op: Op, operands: PerDevice) -> PerDevice:
+        pred = self._agreed(op, "the predicate", [self.alg.truth(o[0]) for o in operands])
+        return self._region(op, 0 if pred else 1, [[] for _ in self.procs])
+
+    def _call(self, op: Op, operands: PerDevice) -> PerDevice:
+        """func.call (callee) and composite (its decomposition) run the function in lockstep."""
+        name = op.attrs.get("callee") or op.attrs.get("decomposition")
+        fn = self.module.functions.get(name)
+        if fn is None:
+            raise Unsupported(f"call to unknown function @{name}", op=op.name)
+        return self._block(fn.body, operands, top=False)
