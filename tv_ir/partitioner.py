@@ -23,6 +23,7 @@ DEFAULT_HOST_DEVICES = 8
 
 def ensure_host_devices(n: int = DEFAULT_HOST_DEVICES) -> None:
     """Ask XLA for `n` CPU devices (effective only before jax is imported)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # keep XLA's C++ logging off stderr
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()

@@ -7,7 +7,6 @@ difference a bug makes, far above float64 noise in these programs.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -121,64 +120,3 @@ def first_difference(a, b, rtol: float = RTOL) -> tuple[int, ...] | None:
             )
     idx = np.argwhere(diff)
     return tuple(int(i) for i in idx[0]) if len(idx) else None
-
-
-class ValueIndex:
-    """Find spec values numerically equal to an implementation value (same shape)."""
-
-    def __init__(self, traces: list[Trace], shapes: dict[int, tuple], order: dict[int, int]):
-        """Index the values `shapes` names (value id -> shape) as recorded in `traces`."""
-        self.traces = traces
-        self.order = order
-        self.by_shape: dict[tuple, list[tuple[float, int]]] = {}
-        self.rngs: dict[tuple, np.ndarray] = {}
-        for vid, shape in shapes.items():
-            if vid not in traces[0].values:
-                continue
-            key = self._key(tuple(shape), [tr.values[vid] for tr in traces])
-            if key is not None:
-                self.by_shape.setdefault(tuple(shape), []).append((key, vid))
-        for lst in self.by_shape.values():
-            lst.sort()
-
-    def _projection(self, shape) -> np.ndarray:
-        r = self.rngs.get(shape)
-        if r is None:
-            r = np.random.default_rng(hash(shape) & 0xFFFF).standard_normal(int(np.prod(shape)))
-            self.rngs[shape] = r
-        return r
-
-    def _key(self, shape, arrays) -> float | None:
-        r = self._projection(shape)
-        total = 0.0
-        for a in arrays:
-            a = np.asarray(a)
-            if a.dtype.kind not in "fiub":
-                return None
-            a = np.nan_to_num(a.astype(np.float64).reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
-            total += float(r @ a)
-        return total
-
-    def candidates(self, shape, arrays, limit: int = 4) -> list[int]:
-        lst = self.by_shape.get(tuple(shape))
-        if not lst:
-            return []
-        key = self._key(tuple(shape), arrays)
-        if key is None:
-            return []
-        mag = sum(
-            float(
-                np.sum(np.abs(np.nan_to_num(np.asarray(a, dtype=np.float64), posinf=0, neginf=0)))
-            )
-            for a in arrays
-        )
-        tol = 1e-6 * (1.0 + mag)
-        lo = bisect.bisect_left(lst, (key - tol, -1))
-        out = []
-        for k, vid in lst[lo:]:
-            if k > key + tol:
-                break
-            if all(close(a, tr.values[vid]) for a, tr in zip(arrays, self.traces, strict=True)):
-                out.append(vid)
-        out.sort(key=lambda v: self.order.get(v, 0))
-        return out[:limit] if limit else out
