@@ -72,13 +72,8 @@ def _pow(a, b):
 _power = _ufunc(_pow, 2)
 _atan2 = _ufunc(lambda a, b: T.atom_poly(T.Atom("atan2", (T.lift(a), T.lift(b)))), 2)
 
-# unary math functions: some have exact algebraic meaning, the rest are opaque atoms
-_UNARY_SPECIAL = {
-    "logistic": lambda p: T.fn("logistic", p),
-    "sign": lambda p: T.fn("sign", p),
-}
 
-
+# unary math functions are opaque atoms of canonical arguments
 def _unary_term(name):
     def f(a):
         return T.fn(name, T.lift(a))
@@ -87,6 +82,23 @@ def _unary_term(name):
 
 
 _UNARY = {}
+
+
+def _folding(unit, binary, lift):
+    """An n-ary reduction from a binary term operation and its unit."""
+
+    def fold(items):
+        out = unit
+        for e in items:
+            out = binary(out, lift(e))
+        return out
+
+    return fold
+
+
+_product = _folding(T.ONE, T.mul, T.lift)
+_conjunction = _folding(T.TRUE, T.logical_and, T.lift_bool)
+_disjunction = _folding(T.FALSE, T.logical_or, T.lift_bool)
 
 
 class SymbolicAlgebra(NumpyAlgebra):
@@ -248,14 +260,7 @@ class SymbolicAlgebra(NumpyAlgebra):
     def reduce_prod(self, x, axes):
         if not _sym(x):
             return super().reduce_prod(x, axes)
-
-        def prod(items):
-            out = T.ONE
-            for e in items:
-                out = T.mul(out, T.lift(e))
-            return out
-
-        return self._reduce(x, axes, prod)
+        return self._reduce(x, axes, _product)
 
     def reduce_max(self, x, axes):
         if not _sym(x):
@@ -270,26 +275,12 @@ class SymbolicAlgebra(NumpyAlgebra):
     def reduce_and(self, x, axes):
         if not _sym(x):
             return super().reduce_and(x, axes)
-
-        def conj(items):
-            out = T.TRUE
-            for e in items:
-                out = T.logical_and(out, T.lift_bool(e))
-            return out
-
-        return self._reduce(x, axes, conj)
+        return self._reduce(x, axes, _conjunction)
 
     def reduce_or(self, x, axes):
         if not _sym(x):
             return super().reduce_or(x, axes)
-
-        def disj(items):
-            out = T.FALSE
-            for e in items:
-                out = T.logical_or(out, T.lift_bool(e))
-            return out
-
-        return self._reduce(x, axes, disj)
+        return self._reduce(x, axes, _disjunction)
 
     def matmul(self, a, b):
         if not _sym(a, b):

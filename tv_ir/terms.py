@@ -635,10 +635,6 @@ def lift_bool(x) -> Bool:
     return bconst(x)
 
 
-def is_term(x) -> bool:
-    return isinstance(x, (Poly, Bool))
-
-
 # -- substitution and evaluation ------------------------------------------------------
 
 
