@@ -9,6 +9,15 @@ their predicates / indices must agree across devices.
 
 Values cross the API as per-device lists: `run` takes and returns `[device_id][index]`
 (device id = replica_id * num_partitions + partition_id), and so does the hook.
+
+`sdy.manual_computation` (what `jax.shard_map` lowers to) runs in lockstep too: each device's
+(global) operand is cut to its piece by the `in_shardings` (over the manual axes, device =
+partition id), the body runs on all devices with its collectives, and the devices' results
+are assembled by the `out_shardings` into the global value, which every device then holds.
+The hook sees the ops of a top-level manual computation's body as well (with local values).
+The GSPMD form of shard_map works the same way: `custom_call @SPMDFullToShardShape` cuts its
+operand by the `mhlo.sharding` of the `@Sharding` annotation producing it, and
+`@SPMDShardToFullShape` assembles the devices' pieces by its own `mhlo.sharding`.
 """
 
 from __future__ import annotations
@@ -16,13 +25,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from .attrs import SdySharding
 from .errors import BadInput, Unsupported
 from .interp import Interpreter, InterpreterError, checked_results, run_evaluator
-from .ir import Block, Function, Module, Op
+from .ir import Block, Function, Module, Op, TensorType
+from .layout import Layout
 from .ops.control import MAX_TRIP_COUNT
 from .ops.registry import COLLECTIVES
 from .process_grid import ProcessGrid
 
+_GSPMD = ("SPMDFullToShardShape", "SPMDShardToFullShape")
 PerDevice = list[list]  # [device_id][value index]
 SpmdHook = Callable[[Op, PerDevice], PerDevice]
 
@@ -78,7 +90,7 @@ class SpmdInterpreter:
             for v, x in zip(block.args, a, strict=True):
                 proc.env[v.id] = x
         for op in block.ops:
-            results = self._op(op)
+            results = self._op(op, top)
             if top and self.hook is not None:
                 results = self.hook(op, results)
             for proc, rs in zip(self.procs, results, strict=True):
@@ -86,9 +98,17 @@ class SpmdInterpreter:
                     proc.env[v.id] = r
         return [[proc.env[v.id] for v in block.results] for proc in self.procs]
 
-    def _op(self, op: Op) -> PerDevice:
+    def _op(self, op: Op, top: bool = False) -> PerDevice:
         if op.name in COLLECTIVES:
             return self._collective(op)
+        if op.name == "sdy.manual_computation":
+            operands = self._operands(op)
+            out = run_evaluator(op, lambda: self._manual_computation(op, operands, top))
+            return [checked_results(op, o) for o in out]
+        if op.name == "stablehlo.custom_call" and op.attrs.get("call_target_name") in _GSPMD:
+            operands = self._operands(op)
+            out = run_evaluator(op, lambda: self._gspmd_manual(op, operands))
+            return [checked_results(op, o) for o in out]
         lockstep = self._lockstep.get(op.name)
         if lockstep is not None:
             operands = self._operands(op)
@@ -152,3 +172,87 @@ class SpmdInterpreter:
         if fn is None:
             raise Unsupported(f"call to unknown function @{name}", op=op.name)
         return self._block(fn.body, operands, top=False)
+
+    # -- shard_map ---------------------------------------------------------------------------
+    def _manual_computation(self, op: Op, operands: PerDevice, top: bool) -> PerDevice:
+        """Global operands -> local pieces (in_shardings), body in lockstep, results ->
+        global values (out_shardings) on every device."""
+        if self.grid.num_replicas != 1:
+            raise Unsupported("sdy.manual_computation with more than one replica", op=op.name)
+        manual = tuple(op.attrs.get("manual_axes") or ())
+        block = op.regions[0].block
+        ins = self._manual_layouts(op, "in_shardings", [v.type for v in op.operands], manual)
+        outs = self._manual_layouts(op, "out_shardings", [v.type for v in op.results], manual)
+        pids = [proc.device.partition_id for proc in self.procs]
+        local = []
+        for pid, args in zip(pids, operands, strict=True):
+            pieces = []
+            for k, (lay, x, v) in enumerate(zip(ins, args, block.args, strict=True)):
+                piece = x if lay is None else lay.shard(x, pid)
+                want = tuple(v.type.shape) if isinstance(v.type, TensorType) else ()
+                if lay is not None and tuple(piece.shape) != want:
+                    raise Unsupported(
+                        f"sdy.manual_computation: operand {k} piece on device {pid} has shape "
+                        f"{list(piece.shape)}, the body takes {v.type} (uneven sharding?)",
+                        op=op.name,
+                    )
+                pieces.append(piece)
+            local.append(pieces)
+        results = self._block(block, local, top=top)
+        glob = []
+        for k, lay in enumerate(outs):
+            values = [results[d][k] for d in range(len(self.procs))]
+            if lay is None:
+                glob.append(values[0])
+                continue
+            by_pid = [None] * lay.num_devices
+            for pid, val in zip(pids, values, strict=True):
+                by_pid[pid] = val
+            glob.append(lay.assemble(by_pid))
+        return [list(glob) for _ in self.procs]
+
+    def _manual_layouts(self, op: Op, key: str, types: list, manual: tuple) -> list:
+        """One Layout per value over the manual axes only (None for non-tensors)."""
+        shardings = op.attrs.get(key) or []
+        if len(shardings) != len(types):
+            raise BadInput(
+                f"sdy.manual_computation: {len(shardings)} {key} for {len(types)} values"
+            )
+        meshes = self.module.attrs.get("sdy.meshes")
+        out = []
+        for s, t in zip(shardings, types, strict=True):
+            if not isinstance(t, TensorType):
+                out.append(None)
+                continue
+            if any(a.name in manual for a in s.unreduced):
+                raise Unsupported(f"sdy.manual_computation: unreduced manual axes in {s}")
+            only = SdySharding(
+                s.mesh, tuple(tuple(a for a in axes if a.name in manual) for axes in s.dims)
+            )
+            lay = Layout.from_sdy(only, meshes, tuple(t.shape), self.grid.num_partitions)
+            out.append(lay)
+        return out
+
+    def _gspmd_manual(self, op: Op, operands: PerDevice) -> PerDevice:
+        """`@SPMDFullToShardShape`: each device's piece of the global operand, by the sharding
+        of the `@Sharding` annotation that produces it; `@SPMDShardToFullShape`: the global
+        value assembled from the devices' pieces by the op's own sharding."""
+        target = op.attrs.get("call_target_name")
+        if self.grid.num_replicas != 1 or len(op.operands) != 1 or len(op.results) != 1:
+            raise Unsupported(f"custom_call @{target} (several replicas or values)", op=op.name)
+        full = op.operands[0] if target == "SPMDFullToShardShape" else op.results[0]
+        annotated = op.operands[0].owner if target == "SPMDFullToShardShape" else op
+        text = annotated.attrs.get("mhlo.sharding") if annotated is not None else None
+        if not isinstance(text, str) or not isinstance(full.type, TensorType):
+            raise Unsupported(f"custom_call @{target} without a tensor sharding", op=op.name)
+        lay = Layout.from_hlo_sharding(text, tuple(full.type.shape), self.grid.num_partitions)
+        if isinstance(lay, list) or lay.manual or lay.unreduced or lay.maximal is not None:
+            raise Unsupported(f"custom_call @{target} with sharding {text}", op=op.name)
+        pids = [proc.device.partition_id for proc in self.procs]
+        if target == "SPMDFullToShardShape":
+            return [[lay.shard(args[0], pid)] for pid, args in zip(pids, operands, strict=True)]
+        by_pid = [None] * lay.num_devices
+        for pid, args in zip(pids, operands, strict=True):
+            by_pid[pid] = args[0]
+        value = lay.assemble(by_pid)
+        return [[value] for _ in self.procs]

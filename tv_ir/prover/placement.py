@@ -40,6 +40,17 @@ class Placement:
         )
 
     @classmethod
+    def replicated(cls, spec: Function, n: int) -> Placement:
+        """Every argument and result whole on each of n partitions (a global-signature
+        program that distributes itself, e.g. a `jax.shard_map` module)."""
+        return cls(
+            1,
+            n,
+            [Layout.replicated(_shape(t), n) for t in spec.arg_types],
+            [Layout.replicated(_shape(t), n) for t in spec.result_types],
+        )
+
+    @classmethod
     def from_shardings(
         cls, spec: Function, arg_shardings: list[str], out_shardings: list[str], n: int
     ) -> Placement:
@@ -65,10 +76,17 @@ class Placement:
 
     @classmethod
     def from_module(cls, spec: Function, impl: Module) -> Placement:
-        """A per-device module's own `mhlo.sharding` argument/result attributes, if any."""
+        """A per-device module's own `mhlo.sharding` argument/result attributes, if any.
+
+        A module without them whose program holds `sdy.manual_computation`s (shard_map), or
+        GSPMD `@SPMDFullToShardShape` custom calls, runs on every device of its mesh with its
+        global arguments and results replicated.
+        """
         main = impl.main
         args = [a.get("mhlo.sharding") for a in main.arg_attrs]
         if not any(args):
+            if _has_manual_computation(impl):
+                return cls.replicated(spec, _mesh_devices(impl))
             return cls.single_device(spec)
         n = int(impl.attrs.get("mhlo.num_partitions", 0)) or _devices_in(args)
         results = [r.get("mhlo.sharding") or "{replicated}" for r in main.res_attrs]
@@ -108,3 +126,28 @@ def _devices_in(shardings: list) -> int:
             dims = s.split("devices=[", 1)[1].split("]", 1)[0]
             n = max(n, int(np.prod([int(x) for x in dims.split(",")])))
     return n
+
+
+def _has_manual_computation(module: Module) -> bool:
+    def walk(block) -> bool:
+        for op in block.ops:
+            if op.name == "sdy.manual_computation" or (
+                op.name == "stablehlo.custom_call"
+                and op.attrs.get("call_target_name") == "SPMDFullToShardShape"
+            ):
+                return True
+            if any(walk(r.block) for r in op.regions):
+                return True
+        return False
+
+    return any(walk(fn.body) for fn in module.functions.values())
+
+
+def _mesh_devices(module: Module) -> int:
+    """`mhlo.num_partitions`, else the largest mesh's device count."""
+    n = int(module.attrs.get("mhlo.num_partitions", 0))
+    if n:
+        return n
+    meshes = module.attrs.get("sdy.meshes") or {}
+    sizes = [int(np.prod([s for _, s in m.axes])) for m in meshes.values()]
+    return max(sizes, default=1)
