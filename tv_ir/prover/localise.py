@@ -104,7 +104,7 @@ def _impl_site(impl: Module, tr, index: TileIndex, output: int):
         return matched[v.id]
 
     site = None
-    for op in main.body.ops:
+    for op in _execution_order(main):
         if not op.operands:  # constants and iotas: where they are used is what matters
             matched.update((r.id, True) for r in op.results)
             continue
@@ -153,7 +153,17 @@ def _spec_site(spec: Module, matched: set[int], output: int) -> OpSite | None:
     return _site(producer) if producer is not None else None
 
 
+def _execution_order(fn):
+    """Top-level ops in program order, with the body of each shard_map region
+    (`sdy.manual_computation`, whose body values the simulation records) before the op."""
+    for op in fn.body.ops:
+        if op.name == "sdy.manual_computation" and op.regions:
+            yield from op.regions[0].block.ops
+        yield op
+
+
 def _cone(value) -> set[int]:
+    """Values `value` depends on (through shard_map bodies too)."""
     seen: set[int] = set()
     stack = [value]
     while stack:
@@ -163,6 +173,8 @@ def _cone(value) -> set[int]:
         seen.add(v.id)
         if v.owner is not None:
             stack.extend(v.owner.operands)
+            if v.owner.name == "sdy.manual_computation" and v.owner.regions:
+                stack.extend(v.owner.regions[0].block.results)
     return seen
 
 
