@@ -85,6 +85,9 @@ def test_psum_over_wrong_axis_refuted(mesh):
     report = tv_ir.check(lower(plain_mlp, *mlp_args()), lower(impl, *mlp_args()))
     assert report.verdict == "not_equivalent"
     assert report.counterexample is not None
+    # the collective inside the shard_map body is where the programs part ways
+    assert report.location.impl.op == "stablehlo.all_reduce"
+    assert report.location.impl.file.endswith("test_shard_map.py")
 
 
 def loss(w, x, y):
