@@ -24,7 +24,8 @@ def render(r) -> str:
     elif r.verdict == NOT_EQUIVALENT:
         ce = r.counterexample
         idx = list(ce.index)
-        lines.append(f"NOT EQUIVALENT: output {ce.output} differs at index {idx}")
+        on = f" (held by device {ce.device})" if ce.device is not None else ""
+        lines.append(f"NOT EQUIVALENT: output {ce.output} differs at index {idx}{on}")
         lines.append(f"  expected (spec): {_num(ce.expected)}")
         lines.append(f"  actual   (impl): {_num(ce.actual)}")
         lines.append(f"  largest difference in that output: {ce.max_abs_diff:.6g}")
