@@ -58,6 +58,14 @@ def test_xla_partitioning_is_proved(megatron) -> None:
     assert r.stats.stages >= 2
 
 
+def test_annotated_module_as_impl_is_partitioned_and_proved(megatron) -> None:
+    pre, _ = megatron
+    spec = jax.jit(mlp).lower(*[np.ones(sh, np.float32) for sh in [(8, 16), (16, 32), (32, 16)]])
+    r = tv_ir.check(spec.as_text(debug_info=True), pre)
+    assert r.verdict == "equivalent", r.reason
+    assert "SPMD partitioning" in r.impl_name
+
+
 @pytest.mark.parametrize(
     "groups, what",
     [

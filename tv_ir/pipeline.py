@@ -76,6 +76,10 @@ def check(
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec")
     impl_m = prepare(impl, "impl")
+    if placement is None and _pre_partition(spec_m, impl_m):
+        # an annotated module (jit with shardings, torch_xla mark_sharding): what runs is
+        # XLA's partitioning of it, so that is what is verified
+        impl_m, placement = _partitioned(impl, spec_m)
     placement = placement or Placement.from_module(spec_m.main, impl_m)
     check_signatures(spec_m, impl_m, placement)
     t_import = time.perf_counter() - t0
@@ -89,6 +93,35 @@ def check(
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
+
+
+def _pre_partition(spec: Module, impl: Module) -> bool:
+    """Global shapes, several partitions, and sharding annotations on the arguments."""
+    n = int(impl.attrs.get("mhlo.num_partitions", 1) or 1)
+    if n <= 1 or spec.main.arg_types != impl.main.arg_types:
+        return False
+    if any(op.name == "sdy.manual_computation" for op in impl.main.body.ops):
+        return False
+    return any(("sdy.sharding" in a or "mhlo.sharding" in a) for a in impl.main.arg_attrs)
+
+
+def _partitioned(impl, spec_m: Module):
+    from .importer import read_source
+    from .partitioner import partition
+
+    if hasattr(impl, "operation"):
+        text, name = impl.operation.get_asm(enable_debug_info=True), "<ir.Module>"
+    else:
+        text, name = read_source(impl)
+        if isinstance(text, bytes):
+            raise BadInput(f"{name}: pass annotated modules as StableHLO text")
+    parted = partition(text)
+    impl_m = prepare(parted.per_device_hlo, "partitioned impl")
+    impl_m.source = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
+    placement = Placement.from_shardings(
+        spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
+    )
+    return impl_m, placement
 
 
 def partition_and_check(module, timeout: float = 10.0, seed: int = 0, progress=None) -> Report:
