@@ -36,37 +36,45 @@ _ATOMS: dict[tuple, Atom] = {}
 ATOM_BY_ID: dict[int, Atom] = {}
 
 
-class Atom:
-    """An interned leaf or opaque application. `kind` names it; `args` are canonical."""
+class _Interned:
+    """Hash-consed nodes: one object per (kind, args), so equality is identity."""
 
-    __slots__ = ("kind", "args", "id", "syms", "_hash")
-
-    def __new__(cls, kind: str, args: tuple):
-        key = (kind, args)
-        a = _ATOMS.get(key)
-        if a is not None:
-            return a
-        a = object.__new__(cls)
-        a.kind = kind
-        a.args = args
-        a.id = next(_atom_ids)
-        a._hash = hash(key)
-        if kind == "sym":
-            a.syms = frozenset((a.id,))
-        else:
-            s = frozenset()
-            for x in _flat_args(args):
-                s |= x.syms
-            a.syms = s
-        _ATOMS[key] = a
-        ATOM_BY_ID[a.id] = a
-        return a
+    __slots__ = ()
 
     def __hash__(self) -> int:
         return self._hash
 
     def __eq__(self, other) -> bool:
         return self is other
+
+
+def _intern(cls, table: dict, kind: str, args: tuple):
+    node = object.__new__(cls)
+    node.kind = kind
+    node.args = args
+    node._hash = hash((kind, args))
+    syms = frozenset()
+    for x in _flat_args(args):
+        syms |= x.syms
+    node.syms = syms
+    table[(kind, args)] = node
+    return node
+
+
+class Atom(_Interned):
+    """An interned leaf or opaque application. `kind` names it; `args` are canonical."""
+
+    __slots__ = ("kind", "args", "id", "syms", "_hash")
+
+    def __new__(cls, kind: str, args: tuple):
+        a = _ATOMS.get((kind, args))
+        if a is None:
+            a = _intern(cls, _ATOMS, kind, args)
+            a.id = next(_atom_ids)
+            if kind == "sym":
+                a.syms = frozenset((a.id,))
+            ATOM_BY_ID[a.id] = a
+        return a
 
     def __repr__(self) -> str:
         if self.kind == "sym":
@@ -451,32 +459,14 @@ def _const_extreme(consts, is_max):
 _BOOLS: dict[tuple, Bool] = {}
 
 
-class Bool:
+class Bool(_Interned):
     """An interned boolean term: const, cmp (poly REL 0), not, and, or, xor, sym."""
 
     __slots__ = ("kind", "args", "syms", "_hash")
 
     def __new__(cls, kind: str, args: tuple):
-        key = (kind, args)
-        b = _BOOLS.get(key)
-        if b is not None:
-            return b
-        b = object.__new__(cls)
-        b.kind = kind
-        b.args = args
-        b._hash = hash(key)
-        s = frozenset()
-        for x in _flat_args(args):
-            s |= x.syms
-        b.syms = s
-        _BOOLS[key] = b
-        return b
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        return self is other
+        b = _BOOLS.get((kind, args))
+        return b if b is not None else _intern(cls, _BOOLS, kind, args)
 
     def __repr__(self) -> str:
         if self.kind == "const":
