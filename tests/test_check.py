@@ -137,3 +137,9 @@ def test_tiny_real_difference_is_refuted_not_mistaken_for_noise() -> None:
     r = tv_ir.check(lower(lambda x: x * 2.0, X), lower(lambda x: x * two_ulp, X))
     assert r.verdict == "not_equivalent"
     assert r.counterexample.expected != r.counterexample.actual
+
+
+def test_scalar_results_are_proved() -> None:
+    # 0-d values: a block of a scalar must stay an array, not become a bare term
+    r = tv_ir.check(lower(lambda x: jnp.mean(x) * 2.0, X), lower(lambda x: jnp.sum(x + x) / 32, X))
+    assert r.verdict == "equivalent", r.reason

@@ -209,7 +209,7 @@ class Layout:
         shape = self.local_shape(device)
         if arr.ndim != len(shape) or any(a < s for a, s in zip(arr.shape, shape, strict=True)):
             raise ValueError(f"device {device} value has shape {arr.shape}, expected {shape}")
-        return arr[tuple(slice(0, n) for n in shape)]
+        return arr[(*(slice(0, n) for n in shape), Ellipsis)]
 
     @cached_property
     def _groups(self) -> dict[int, tuple[int, ...]]:
@@ -478,5 +478,6 @@ def _axis_coord(a: SdyAxis, coords: Mapping[str, int], sizes: Mapping[str, int])
     return (coords[a.name] // _stride(a, sizes)) % a.size
 
 
-def _slices(box: Box) -> tuple[slice, ...]:
-    return tuple(slice(a, b) for a, b in box)
+def _slices(box: Box) -> tuple:
+    """Index of a box; the trailing Ellipsis keeps 0-d results arrays (not scalars)."""
+    return (*(slice(a, b) for a, b in box), Ellipsis)

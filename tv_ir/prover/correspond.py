@@ -27,7 +27,12 @@ class Correspondence:
 
     def block(self, array, device: int):
         """The part of a spec-shaped array that `device` holds."""
-        return array[tuple(slice(a, b) for a, b in self.boxes[device])]
+        return np.asarray(array)[box_index(self.boxes[device])]
+
+
+def box_index(box: Box) -> tuple:
+    """numpy index of a box; the Ellipsis keeps a 0-d block an array, not a scalar."""
+    return (*(slice(a, b) for a, b in box), Ellipsis)
 
 
 def tiles(shape: tuple, local: tuple) -> list[Box] | None:
@@ -74,7 +79,7 @@ class TileIndex:
                 if boxes is None or vid not in self.traces[0].values:
                     continue
                 for box in boxes:
-                    sl = tuple(slice(a, b) for a, b in box)
+                    sl = box_index(box)
                     key = self._project(local, [tr.values[vid][sl] for tr in self.traces])
                     if key is not None:
                         idx.append((key[0], vid, box))
@@ -93,7 +98,7 @@ class TileIndex:
         for k, vid, box in idx[lo:]:
             if k > key[0] + tol:
                 break
-            sl = tuple(slice(a, b) for a, b in box)
+            sl = box_index(box)
             if all(close(a, tr.values[vid][sl]) for a, tr in zip(arrays, self.traces, strict=True)):
                 out.append((vid, box))
         return out

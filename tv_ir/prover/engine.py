@@ -31,7 +31,7 @@ from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, 
 from ..spmd import SpmdInterpreter
 from ..symbolic import SymbolicAlgebra
 from . import smt
-from .correspond import TileIndex
+from .correspond import TileIndex, box_index
 from .localise import refutation
 from .placement import Placement
 from .simulate import close, random_inputs, run_traced, run_traced_devices
@@ -538,12 +538,12 @@ def _element_pairs(a, b) -> list:
 
 
 def _block(array, box):
-    return np.asarray(array)[tuple(slice(lo, hi) for lo, hi in box)]
+    return np.asarray(array)[box_index(box)]
 
 
 def _trim(piece, box):
     """A device buffer without XLA's padding of uneven shards."""
-    return np.asarray(piece)[tuple(slice(0, hi - lo) for lo, hi in box)]
+    return np.asarray(piece)[(*(slice(0, hi - lo) for lo, hi in box), Ellipsis)]
 
 
 def _by_device(outputs: list, n: int) -> list:
