@@ -524,23 +524,11 @@ def _symbolic(args: list[list[np.ndarray]]):
     for d, dev_args in enumerate(args):
         row = []
         for k, a in enumerate(dev_args):
-            s = np.empty(a.shape, dtype=object)
-            for idx in np.ndindex(*a.shape):
-                p = T.symbol(f"d{d}_in{k}", idx)
-                s[idx] = p
-                env[T.as_atom(p).id] = float(a[idx])
+            s = T.symbol_array(f"d{d}_in{k}", a.shape)
+            env.update((T.as_atom(p).id, float(x)) for p, x in zip(s.flat, a.flat, strict=True))
             row.append(s)
         out.append(row)
     return out, env
-
-
-def _instantiate(x, env) -> np.ndarray:
-    x = np.asarray(x)
-    if x.dtype != object:
-        return x
-    memo: dict = {}
-    flat = [T.evaluate(e, env, memo) if isinstance(e, (T.Poly, T.Bool)) else e for e in x.flat]
-    return np.array(flat, dtype=np.float64).reshape(x.shape)
 
 
 LOOP_BODY = """
@@ -619,7 +607,7 @@ def test_symbolic_run_instantiates_to_the_concrete_run(which: str) -> None:
     assert np.asarray(symbolic[0][0]).dtype == object
     for c, s in zip(concrete, symbolic, strict=True):
         for x, y in zip(c, s, strict=True):
-            np.testing.assert_allclose(_instantiate(y, env), x, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(T.instantiate(y, env), x, rtol=1e-9, atol=1e-12)
 
 
 def test_diverging_control_flow_is_unsupported() -> None:

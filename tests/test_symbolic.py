@@ -21,31 +21,16 @@ from tv_ir.symbolic import SymbolicAlgebra
 
 
 def _symbolic_inputs(args: list[np.ndarray]):
+    """Float inputs as symbols (others stay concrete), and the values they stand for."""
     inputs, env = [], {}
     for k, a in enumerate(args):
         if a.dtype.kind != "f":
             inputs.append(a)
             continue
-        s = np.empty(a.shape, dtype=object)
-        for idx in np.ndindex(*a.shape):
-            p = T.symbol(f"in{k}", idx)
-            s[idx] = p
-            env[T.as_atom(p).id] = float(a[idx])
+        s = T.symbol_array(f"in{k}", a.shape)
+        env.update((T.as_atom(p).id, float(x)) for p, x in zip(s.flat, a.flat, strict=True))
         inputs.append(s)
     return inputs, env
-
-
-def _instantiate(x, env):
-    x = np.asarray(x)
-    if x.dtype != object:
-        return x
-    out = np.empty(x.shape, dtype=object)
-    memo: dict = {}
-    for idx in np.ndindex(*x.shape):
-        e = x[idx]
-        out[idx] = T.evaluate(e, env, memo) if isinstance(e, (T.Poly, T.Bool)) else e
-    kind = {type(v) for v in out.reshape(-1)}
-    return out.astype(bool) if kind <= {bool, np.bool_} else out.astype(np.float64)
 
 
 def check_symbolic(rec: Record, case) -> None:
@@ -63,7 +48,7 @@ def check_symbolic(rec: Record, case) -> None:
     for c, s in zip(concrete, symbolic, strict=True):
         c = np.asarray(c)
         with np.errstate(all="ignore"):
-            got = _instantiate(s, env)
+            got = T.instantiate(s, env)
         assume(np.all(np.isfinite(c)) if c.dtype.kind == "f" else True)
         if c.dtype.kind == "f":
             np.testing.assert_allclose(got.astype(np.float64), c, rtol=1e-7, atol=1e-9)

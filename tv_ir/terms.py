@@ -195,6 +195,26 @@ def symbol(name: str, index: tuple = ()) -> Poly:
     return atom_poly(Atom("sym", (name, tuple(int(i) for i in index))))
 
 
+def symbol_array(name: str, shape: tuple) -> np.ndarray:
+    """An object array of fresh symbols `name[index]`, one per element."""
+    out = np.empty(shape, dtype=object)
+    for idx in np.ndindex(*shape):
+        out[idx] = symbol(name, idx)
+    return out
+
+
+def instantiate(arr, env: dict[int, float]) -> np.ndarray:
+    """The numbers an array of terms denotes at `env` (symbol atom id -> value)."""
+    arr = np.asarray(arr)
+    if arr.dtype != object:
+        return arr
+    memo: dict = {}
+    flat = [evaluate(e, env, memo) if isinstance(e, (Poly, Bool)) else e for e in arr.flat]
+    if all(isinstance(v, (bool, np.bool_)) for v in flat):
+        return np.array(flat, dtype=bool).reshape(arr.shape)
+    return np.array(flat, dtype=np.float64).reshape(arr.shape)
+
+
 def as_atom(p: Poly) -> Atom | None:
     """The atom if p is exactly one atom with coefficient 1 and power 1."""
     if len(p.terms) == 1:

@@ -170,11 +170,12 @@ class StageProver:
             if not isinstance(t, TensorType):
                 out.append(None)
                 continue
-            arr = np.empty(t.shape, dtype=object)
+            arr = T.symbol_array(name if t.is_float else f"{name}:int", t.shape)
             for idx in np.ndindex(*t.shape):
-                p = T.symbol(name if t.is_float else f"{name}:int", idx)
-                arr[idx] = T.lift_bool(T.compare("NE", p, T.ZERO)) if t.is_bool else p
-                if not t.is_bool:
+                p = arr[idx]
+                if t.is_bool:
+                    arr[idx] = T.lift_bool(T.compare("NE", p, T.ZERO))
+                else:
                     self.input_atoms[T.as_atom(p).id] = (i, idx)
             out.append(arr)
         return out
@@ -188,12 +189,9 @@ class StageProver:
                 self.spec_order[v.id] = len(self.spec_order)
                 if _cuttable(op, v, [r]):
                     counter[0] += 1
-                    sym = np.empty(v.type.shape, dtype=object)
-                    name = f"%{op.short_name}{counter[0]}"
+                    sym = T.symbol_array(f"%{op.short_name}{counter[0]}", v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
-                        p = T.symbol(name, idx)
-                        sym[idx] = p
-                        self.owner[T.as_atom(p).id] = (v.id, idx)
+                        self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
                     self.defs[v.id] = r
                     self.syms[v.id] = sym
                     out.append(sym)
