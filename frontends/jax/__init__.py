@@ -1,0 +1,19 @@
+"""JAX front end: hand tv a function and example arguments, get a report.
+
+    from tv_ir.frontends.jax import verify, assert_equivalent
+    report = verify(sharded_step, params, batch, spec=train_step)
+
+Importing this module asks XLA for 8 host CPU devices (only effective before JAX creates
+its CPU backend), so meshes of up to 8 devices work on a laptop.
+"""
+
+from tv_ir.partitioner import ensure_host_devices
+
+ensure_host_devices()
+
+from tv_ir.report import Report  # noqa: E402
+
+from .testing import NotEquivalentError, assert_equivalent  # noqa: E402
+from .verify import verify  # noqa: E402
+
+__all__ = ["NotEquivalentError", "Report", "assert_equivalent", "ensure_host_devices", "verify"]

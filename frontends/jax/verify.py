@@ -1,0 +1,78 @@
+"""`verify(fn, *args, spec=...)`: lower a JAX program (and its spec) and prove them equal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tv_ir.errors import BadInput
+from tv_ir.report import Report
+
+from .lowering import Lowered, lower
+from .mesh import named, resolve_mesh
+
+CHECK_OPTIONS = ("timeout", "seed", "progress")
+
+
+def verify(
+    fn: Any,
+    *args: Any,
+    spec: Any = None,
+    mesh: Any = None,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+    **options: Any,
+) -> Report:
+    """Prove `fn` at the example `args` (arrays or `jax.ShapeDtypeStruct`s, pytrees allowed)
+    equal to `spec`, or refute it with a replayed counterexample and source locations.
+
+    - `spec` given: `fn` may be plain, a `jax.jit` with shardings, or hold `shard_map`s; a
+      sharded `fn` is partitioned by XLA and its per-device program is what is proved.
+    - no `spec`: `fn` must be sharded (a `jax.jit` with shardings, or `in_shardings` /
+      `out_shardings` given); XLA's SPMD partitioning of `fn` is proved equal to `fn` itself.
+
+    `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
+    are placed on it. `options`: `timeout` (seconds per solver query), `seed`, `progress`.
+    """
+    from tv_ir.pipeline import check, partition_and_check
+
+    unknown = sorted(set(options) - set(CHECK_OPTIONS))
+    if unknown:
+        raise BadInput(f"verify: unknown option(s) {', '.join(unknown)}")
+    mesh = resolve_mesh(mesh)
+    impl = lower(
+        fn,
+        args,
+        role="fn",
+        mesh=mesh,
+        in_shardings=named(in_shardings, mesh),
+        out_shardings=named(out_shardings, mesh),
+    )
+    if spec is None:
+        if impl.num_partitions <= 1:
+            raise BadInput(
+                f"fn {impl.name} is not sharded: without spec=, pass a jax.jit with shardings "
+                "(or in_shardings/out_shardings and mesh)"
+            )
+        report = partition_and_check(impl.text, **options)
+        _name(report, impl, impl, partitioned=True)
+        return report
+    ref = lower(spec, args, role="spec", mesh=mesh)
+    if ref.out_tree != impl.out_tree:
+        raise BadInput(
+            f"fn and spec return different structures: {impl.out_tree} vs {ref.out_tree}"
+        )
+    report = check(ref.text, impl.text, **options)
+    _name(report, ref, impl, partitioned=impl.num_partitions > 1 and not impl.manual)
+    return report
+
+
+def _name(report: Report, spec: Lowered, impl: Lowered, partitioned: bool) -> None:
+    """Name the programs by their Python functions and the differing output by its path."""
+    if partitioned:
+        report.impl_name = f"XLA's SPMD partitioning of {impl.name} ({impl.num_partitions} devices)"
+    else:
+        report.impl_name = impl.name
+    report.spec_name = spec.name
+    ce = report.counterexample
+    if ce is not None and 0 <= ce.output < len(impl.outputs):
+        report.notes.append(f"output {ce.output} is result{impl.outputs[ce.output]}")
