@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tv_ir.frontends.jax import NotEquivalentError, assert_equivalent, verify
 
 from tv_ir.errors import BadInput
-from tv_ir.frontends.jax import NotEquivalentError, assert_equivalent, verify
 
 F32 = jnp.float32
 PARAMS = {"w1": jax.ShapeDtypeStruct((8, 16), F32), "w2": jax.ShapeDtypeStruct((16, 8), F32)}
