@@ -418,29 +418,29 @@ def run(fam: Family, bug):
 
 # Where tv's refutation legitimately names another op than the marked line: (op, site).
 ELSEWHERE = {
-    # the body lacks the collective, so no op inside it is wrong: tv names the shard_map
-    # (Shardy refutations name the `sdy.manual_computation`, docs/distributed.md)
+    # the body lacks the collective, so no op inside it is wrong: tv names the shard_map,
+    # which returns the body's partial result (a partial sum; a local mean or gradient, a
+    # partial sum up to the shard count) as whole (Shardy refutations name the
+    # `sdy.manual_computation`, docs/distributed.md)
     "mlp_missing_psum": ("sdy.manual_computation", None),
+    "attn_missing_psum": ("sdy.manual_computation", None),
+    "dp_grad_not_synced": ("sdy.manual_computation", None),
+    "cp_loss_not_reduced": ("sdy.manual_computation", None),
     # without the combine the dispatched tokens never return to their group: tv names the
     # dispatch, whose result (tokens grouped by expert) no spec value holds
     "ep_missing_combine": ("stablehlo.all_to_all", "ep_dispatch"),
 }
 
 # tv localisation gaps: the verdict and counterexample are right, but the op tv names is
-# not the planted bug (it exists in the correct program too). Mostly per-device partial
-# sums (local gradients, partial products), which are not cut-points yet
-# (docs/distributed.md, "Not yet"), and `axis_index` arithmetic in ppermute schedules.
+# not the planted bug. In these schedules the values cannot tell which of two consistent
+# choices is wrong: the ring's wrong offset and its wrong direction are the same program
+# for 4 devices (each writes block me + k with the chunk of device me - k), and swapping
+# the micro-batches that enter the pipeline is the same as swapping the output slots.
+# tv names the first op that writes a block to the wrong place.
 MISLOCATED = {
-    "attn_missing_psum": "names the scores `q @ k.T / sqrt(d)` (a reshape in the dot)",
-    "sp_psum_scatter_wrong_dim": "names the partial product `y = relu(xg @ w1) @ w2`",
-    "dp_grad_summed": "names a divide inside `mse` (the local gradient)",
-    "dp_grad_not_synced": "names a divide inside `mse` (the local gradient)",
-    "fsdp_grad_unscaled": "names the local gradient `jax.grad(mse)(wf, x, y)`",
-    "fsdp_grad_not_reduced": "names the local gradient `jax.grad(mse)(wf, x, y)`",
-    "pipe_wrong_direction": "names `jax.lax.axis_index('stage')`",
-    "pipe_microbatches_swapped": "names `jax.lax.axis_index('stage')`",
-    "ring_wrong_offset": "names `jax.lax.axis_index('model')`",
-    "ring_wrong_direction": "names `jax.lax.axis_index('model')`",
+    "pipe_microbatches_swapped": "names the output slot write `outs.at[t - TP + 1].set(...)`",
+    "ring_wrong_offset": "names the block write `out = jax.lax.dynamic_update_slice(...)`",
+    "ring_wrong_direction": "names the block write `out = jax.lax.dynamic_update_slice(...)`",
 }
 
 

@@ -19,6 +19,26 @@ from .simulate import Trace, close
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
 
+# ops that only move or relabel elements: never worth a cut-point of their own
+MOVEMENT_OPS = {
+    "stablehlo.broadcast_in_dim",
+    "stablehlo.reshape",
+    "stablehlo.transpose",
+    "stablehlo.slice",
+    "stablehlo.concatenate",
+    "stablehlo.convert",
+    "stablehlo.reverse",
+    "stablehlo.pad",
+    "stablehlo.dynamic_slice",
+    "stablehlo.dynamic_update_slice",
+    "stablehlo.optimization_barrier",
+    "stablehlo.get_tuple_element",
+    "stablehlo.tuple",
+    "stablehlo.copy",
+    "stablehlo.gather",
+    "stablehlo.select",
+}
+
 
 @dataclass(frozen=True)
 class Correspondence:
@@ -46,14 +66,45 @@ def tiles(shape: tuple, local: tuple) -> list[Box] | None:
     ]
 
 
-class TileIndex:
-    """Spec values cut into tiles of a given local shape, keyed by a random projection."""
+def loose_tiles(shape: tuple, local: tuple) -> list[Box]:
+    """Tiles of `shape` that hold `local` up to unit dimensions (a (1, 4, 8) tile for a
+    (4, 8) value), and the whole of `shape` when it has as many elements as `local`: what
+    reshapes keep."""
+    dims = [n for n in local if n != 1]
+    out: list[Box] = []
+    if tuple(shape) != tuple(local) and np.prod(shape, dtype=np.int64) == np.prod(
+        local, dtype=np.int64
+    ):
+        out.append(tuple((0, n) for n in shape))
+    if len(dims) > len(shape):
+        return out
+    for where in itertools.combinations(range(len(shape)), len(dims)):
+        tile = [1] * len(shape)
+        for k, n in zip(where, dims, strict=True):
+            tile[k] = n
+        out += tiles(tuple(shape), tuple(tile)) or []
+    return list(dict.fromkeys(out))
 
-    def __init__(self, traces: list[Trace], shapes: dict[int, tuple], order: dict[int, int]):
+
+class TileIndex:
+    """Spec values cut into tiles of a given local shape, keyed by a random projection.
+
+    `loose_rank`: also tiles that equal the value up to unit dimensions (localisation; a
+    proof needs blocks of the value's own shape)."""
+
+    def __init__(
+        self,
+        traces: list[Trace],
+        shapes: dict[int, tuple],
+        order: dict[int, int],
+        loose_rank: bool = False,
+    ):
         self.traces = traces
         self.shapes = shapes
         self.order = order
+        self.loose_rank = loose_rank
         self._by_local: dict[tuple, list[tuple[float, int, Box]]] = {}
+        self._by_norm: dict[tuple, list[tuple[float, int, Box, float]]] = {}
 
     def _project(self, local: tuple, arrays) -> tuple[float, float] | None:
         """A random projection of the arrays, and the magnitude it has to be compared at."""
@@ -70,19 +121,31 @@ class TileIndex:
             mag += float(np.abs(r) @ np.abs(a))
         return total, mag
 
+    def _tiles(self, local: tuple) -> list[tuple[int, Box, list]]:
+        """(spec value, box, the tile in every run, shaped `local`) for every tile."""
+        out = []
+        for vid, shape in self.shapes.items():
+            if vid not in self.traces[0].values:
+                continue
+            if self.loose_rank:
+                boxes = loose_tiles(tuple(shape), local)
+            else:
+                boxes = tiles(tuple(shape), local) or []
+            runs = range(len(self.traces))
+            out += [(vid, box, [self._tile(vid, box, i, local) for i in runs]) for box in boxes]
+        return out
+
+    def _tile(self, vid: int, box: Box, run: int, local: tuple):
+        return np.reshape(self.traces[run].values[vid][box_index(box)], local)
+
     def _index(self, local: tuple) -> list[tuple[float, int, Box]]:
         idx = self._by_local.get(local)
         if idx is None:
             idx = []
-            for vid, shape in self.shapes.items():
-                boxes = tiles(tuple(shape), local)
-                if boxes is None or vid not in self.traces[0].values:
-                    continue
-                for box in boxes:
-                    sl = box_index(box)
-                    key = self._project(local, [tr.values[vid][sl] for tr in self.traces])
-                    if key is not None:
-                        idx.append((key[0], vid, box))
+            for vid, box, arrays in self._tiles(local):
+                key = self._project(local, arrays)
+                if key is not None:
+                    idx.append((key[0], vid, box))
             idx.sort(key=lambda e: e[0])
             self._by_local[local] = idx
         return idx
@@ -98,10 +161,68 @@ class TileIndex:
         for k, vid, box in idx[lo:]:
             if k > key[0] + tol:
                 break
-            sl = box_index(box)
-            if all(close(a, tr.values[vid][sl]) for a, tr in zip(arrays, self.traces, strict=True)):
+            if all(close(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)):
                 out.append((vid, box))
         return out
+
+    def holds_tile(self, arrays: list) -> bool:
+        """Is this one device's value (in every run) a tile of some spec value?"""
+        return bool(self._matches(tuple(np.shape(arrays[0])), arrays))
+
+    def _norm_index(self, local: tuple) -> list[tuple[float, int, Box, float]]:
+        """Spec tiles divided by their largest-magnitude element (scale-free keys)."""
+        idx = self._by_norm.get(local)
+        if idx is None:
+            idx = []
+            for vid, box, arrays in self._tiles(local):
+                pivot = _pivot(arrays[0])
+                if pivot is None:
+                    continue
+                key = self._project(local, [np.asarray(a) / pivot for a in arrays])
+                if key is not None:
+                    idx.append((key[0], vid, box, pivot))
+            idx.sort(key=lambda e: e[0])
+            self._by_norm[local] = idx
+        return idx
+
+    def _scaled_matches(self, local: tuple, arrays) -> list[tuple[int, Box, float]]:
+        """(spec value, box, c) with arrays == c * tile in every run, c a whole number or
+        the reciprocal of one (other than 1)."""
+        pivot = _pivot(arrays[0])
+        if pivot is None:
+            return []
+        key = self._project(local, [np.asarray(a, dtype=np.float64) / pivot for a in arrays])
+        if key is None:
+            return []
+        idx = self._norm_index(local)
+        tol = 1e-7 * (1.0 + key[1])
+        lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
+        out = []
+        for k, vid, box, spec_pivot in idx[lo:]:
+            if k > key[0] + tol:
+                break
+            c = pivot / spec_pivot
+            if not _whole_ratio(c):
+                continue
+            if all(
+                close(a, c * np.asarray(self._tile(vid, box, i, local), dtype=np.float64))
+                for i, a in enumerate(arrays)
+            ):
+                out.append((vid, box, c))
+        return out
+
+    def scale_of(self, per_device: list[list]) -> float | None:
+        """The factor c (not 1) such that on every device the value is c times a tile of
+        one spec value, if there is one: a gradient scaled by a shard count, a sum that
+        still needs dividing."""
+        local = tuple(np.shape(per_device[0][0]))
+        common: set[tuple[int, float]] | None = None
+        for arrays in per_device:
+            here = {(vid, _round_ratio(c)) for vid, _, c in self._scaled_matches(local, arrays)}
+            common = here if common is None else common & here
+            if not common:
+                return None
+        return min(common, key=lambda k: self.order.get(k[0], 0))[1] if common else None
 
     def candidates(self, per_device: list[list], limit: int = 4) -> list[Correspondence]:
         """Correspondences for a value given, per device, its arrays in every simulation run
@@ -120,6 +241,32 @@ class TileIndex:
                 return []
         ordered = sorted(found, key=lambda v: self.order.get(v, 0))
         return [Correspondence(v, tuple(found[v])) for v in (ordered[:limit] if limit else ordered)]
+
+
+def _pivot(a) -> float | None:
+    """The largest-magnitude element of a float array (None if it is all zero, or not a
+    finite float array): dividing by it makes equal-up-to-scale arrays equal."""
+    a = np.asarray(a)
+    if a.dtype.kind != "f" or a.size == 0 or not np.all(np.isfinite(a)):
+        return None
+    flat = a.reshape(-1).astype(np.float64)
+    k = int(np.argmax(np.abs(flat)))
+    return float(flat[k]) if flat[k] != 0 else None
+
+
+def _whole_ratio(c: float, limit: float = 1e7) -> bool:
+    """Is c (not 1) a whole number, or the reciprocal of one, up to float64 noise?"""
+    if not np.isfinite(c) or c == 0 or abs(c - 1.0) <= 1e-9:
+        return False
+    for x in (c, 1.0 / c):
+        if 1.0 <= abs(x) <= limit and abs(x - round(x)) <= 1e-9 * abs(x):
+            return True
+    return False
+
+
+def _round_ratio(c: float) -> float:
+    """c snapped to the exact whole number or reciprocal it is close to."""
+    return float(round(c)) if abs(c) >= 1.0 else 1.0 / round(1.0 / c)
 
 
 def mesh_groups(n: int) -> list[tuple[tuple[int, ...], ...]]:

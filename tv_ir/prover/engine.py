@@ -31,7 +31,7 @@ from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, 
 from ..spmd import SpmdInterpreter
 from ..symbolic import SymbolicAlgebra
 from . import smt
-from .correspond import TileIndex, box_index
+from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
 from .placement import Placement
 from .simulate import close, random_inputs, run_traced, run_traced_devices
@@ -42,25 +42,6 @@ SIM_RUNS = 2
 CLEAR_DIFFERENCE = 1e-6
 STAGE_LEVELS = 12  # expansion levels tried for an intermediate cut-point
 STAGE_SMT_SECONDS = 0.5
-# ops that only move or relabel elements: never worth a cut-point of their own
-MOVEMENT_OPS = {
-    "stablehlo.broadcast_in_dim",
-    "stablehlo.reshape",
-    "stablehlo.transpose",
-    "stablehlo.slice",
-    "stablehlo.concatenate",
-    "stablehlo.convert",
-    "stablehlo.reverse",
-    "stablehlo.pad",
-    "stablehlo.dynamic_slice",
-    "stablehlo.dynamic_update_slice",
-    "stablehlo.optimization_barrier",
-    "stablehlo.get_tuple_element",
-    "stablehlo.tuple",
-    "stablehlo.copy",
-    "stablehlo.gather",
-    "stablehlo.select",
-}
 OUTPUT_LEVELS = 256
 STAGE_SMT_SIZE = 4000  # largest stage residue worth a solver call
 EXPANSION_BUDGET = 2_000_000  # term nodes, per output obligation

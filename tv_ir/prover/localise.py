@@ -1,27 +1,34 @@
 """Replay a candidate counterexample concretely, and find where the programs part ways.
 
 The diverging op is the earliest op (in program order, within the cone of the differing
-output) whose operands all have a numerically equal counterpart in the other program but
-whose result has none. Constants count: a mask built with the wrong offset diverges at the
-op that builds it, not where it is applied.
+output) whose operands all have a counterpart in the other program but whose result has
+none. Constants count: a mask built with the wrong offset diverges at the op that builds
+it, not where it is applied. In a distributed implementation a per-device value also has a
+counterpart when it is a partial sum of a spec value over device groups, or a spec value
+(or partial sum) times a whole number or its reciprocal (a local mean gradient, a sum still
+to be divided); index arithmetic on device ids is never blamed, the data op using it is.
+See `_Walk`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 
+from ..errors import TvError
 from ..ir import Module, Op, TensorType
+from ..ops.registry import COLLECTIVES
 from ..report import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
-from .correspond import TileIndex, mesh_groups
-from .simulate import close, first_difference, run_traced, run_traced_devices
+from .correspond import MOVEMENT_OPS, TileIndex, mesh_groups
+from .simulate import Trace, close, first_difference, run_traced, run_traced_devices
 
 
 def refutation(spec: Module, impl: Module, placement, inputs: list):
     """(counterexample, location, per-output results) if `inputs` shows a difference."""
     spec_tr = run_traced(spec, inputs)
-    impl_tr = run_traced_devices(
-        impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
-    )
+    impl_tr = _run_impl(impl, placement, inputs)
     impl_outs = placement.assemble_outputs(
         [
             [impl_tr.outputs[k][d] for k in range(len(impl_tr.outputs))]
@@ -56,10 +63,35 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
         device=_holder(placement.results[differing], idx) if placement.distributed else None,
         max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0,
     )
-    index = _spec_tiles(spec, spec_tr)
-    impl_site, matched_spec = _impl_site(impl, impl_tr, index, differing)
+    walk = _Walk(
+        impl.main,
+        impl_tr,
+        _spec_tiles(spec, spec_tr),
+        placement.num_devices,
+        other=lambda: _run_impl(impl, placement, _other_inputs(inputs)),
+    )
+    impl_site, matched_spec = _impl_site(impl, walk, differing)
     loc = Location(impl=impl_site, spec=_spec_site(spec, matched_spec, differing))
     return ce, loc, outputs
+
+
+def _run_impl(impl: Module, placement, inputs: list):
+    return run_traced_devices(
+        impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
+    )
+
+
+def _other_inputs(inputs: list) -> list:
+    """Fresh float inputs of the same shapes (integer and boolean inputs kept: they may be
+    indices), to tell data-free values from data."""
+    rng = np.random.default_rng(12345)
+    out = []
+    for x in inputs:
+        a = None if x is None else np.asarray(x)
+        if a is not None and a.dtype.kind == "f":
+            a = rng.standard_normal(a.shape).astype(np.float32).astype(a.dtype)
+        out.append(a)
+    return out
 
 
 def _holder(layout, idx) -> int | None:
@@ -82,58 +114,273 @@ def _spec_tiles(spec: Module, spec_tr) -> TileIndex:
         if isinstance(v.type, TensorType):
             shapes[v.id] = v.type.shape
             order[v.id] = len(order)
-    return TileIndex([spec_tr], shapes, order)
+    return TileIndex([spec_tr], shapes, order, loose_rank=True)
 
 
-def _impl_site(impl: Module, tr, index: TileIndex, output: int):
-    """Earliest impl op whose operands all have spec counterparts but whose result has none;
-    also the set of spec values that some impl value corresponds to."""
+@dataclass(frozen=True)
+class Kind:
+    """How an implementation value relates to the spec, for localisation only.
+
+    On every device the value (summed over its group, when `groups` is given) is `scale`
+    times a tile of one spec value. `mixed`: each device holds a tile of a spec value of its
+    own, or a data-free value (pipeline stages, bubbles). `idle`: data-free on every device.
+    """
+
+    scale: float = 1.0
+    groups: tuple | None = None
+    mixed: bool = False
+    idle: bool = False
+
+    @property
+    def exact(self) -> bool:
+        return self.scale == 1.0 and self.groups is None and not self.idle
+
+    @property
+    def suspicious(self) -> bool:
+        """A whole value off by a constant factor: right only if a later op rescales it."""
+        return self.groups is None and self.scale != 1.0
+
+    def same(self, other: Kind | None) -> bool:
+        """Same relation to the spec (tiles of one or of several spec values alike)."""
+        return (
+            other is not None
+            and self.groups == other.groups
+            and self.idle == other.idle
+            and abs(self.scale - other.scale) <= 1e-9 * abs(self.scale)
+        )
+
+
+EXACT = Kind()
+IDLE = Kind(idle=True)
+MIXED = Kind(mixed=True)
+DEVICE_IDS = {"stablehlo.partition_id", "stablehlo.replica_id"}
+
+
+def _impl_site(impl: Module, walk: _Walk, output: int):
+    """The implementation op where the first divergence appears (see `_Walk`); also the set
+    of spec values that some implementation value equals."""
     main = impl.main
-    cone = _cone(main.body.results[output])
-    matched: dict[int, bool] = {v.id: True for v in main.args}
-    spec_seen: set[int] = set()
-
-    def is_matched(v) -> bool:
-        if v.id not in matched:
-            if not isinstance(v.type, TensorType) or v.id not in tr.values:
-                matched[v.id] = True
-            else:
-                found = index.candidates([[x] for x in tr.values[v.id]], limit=0)
-                spec_seen.update(c.spec_value for c in found)
-                matched[v.id] = bool(found) or _partial_sum(tr.values[v.id], index)
-        return matched[v.id]
-
+    result = main.body.results[output]
+    cone = _cone(result)
     site = None
     for op in _execution_order(main):
-        if not op.operands:  # constants and iotas: where they are used is what matters
-            matched.update((r.id, True) for r in op.results)
-            continue
+        walk.note_spec_values(op)  # every value, so the spec side knows what has a counterpart
+        if site is None and any(r.id in cone for r in op.results) and walk.diverges(op):
+            site = walk.blame(op)
+    if site is None:  # every value has a counterpart, but the output is not the spec's
+        kind = walk.kind(result)
+        if kind is not None and kind.suspicious:  # off by a factor: where it was scaled
+            site = walk.introducer(result)
+        else:  # e.g. a partial sum returned as whole: the op that returns it
+            site = result.owner
+    return (_site(site) if site is not None else None), walk.spec_seen
+
+
+class _Walk:
+    """Counterparts of implementation values, from one concrete run (and a second run on
+    other inputs, which tells data-free values apart).
+
+    A value has a counterpart when it is a tile of a spec value, a partial sum of one over
+    device groups, either of these times a whole number or its reciprocal, or, device by
+    device, a tile or a data-free value. Values computed from `partition_id`/`replica_id`
+    without data (axis_index arithmetic, offsets, stage masks) are index arithmetic: they
+    always count as matching and are never blamed; the data op using them is.
+    """
+
+    def __init__(self, fn, tr, index: TileIndex, n: int, other: Callable[[], Trace] | None = None):
+        self.tr = tr
+        self.index = index
+        self.n = n  # devices
+        self._other = other  # runs the same program on other inputs
+        self._other_trace: Trace | None = None
+        self.order = {v.id: k for k, v in enumerate(_values_in_order(fn))}
+        self.from_data, self.index_values = _dependence(fn)
+        # constants and iotas match; where they are used is what matters
+        ops = _execution_order(fn)
+        self.constants = {r.id for op in ops if not op.operands for r in op.results}
+        self.kinds: dict[int, Kind | None] = {}
+        self.spec_seen: set[int] = set()
+
+    # -- what a value is ----------------------------------------------------------------
+    def tracked(self, v) -> bool:
+        return isinstance(v.type, TensorType) and v.id in self.tr.values
+
+    def is_data(self, v) -> bool:
+        """A value the walk compares with the spec (not an index, not a constant, not
+        untracked)."""
+        return self.tracked(v) and v.id not in self.index_values and v.id not in self.constants
+
+    def note_spec_values(self, op) -> None:
         for r in op.results:
-            is_matched(r)  # every value, so the spec side knows what has a counterpart
-        if site is not None or not any(r.id in cone for r in op.results):
-            continue
-        if all(is_matched(v) for v in op.operands) and not all(is_matched(r) for r in op.results):
-            site = _site(op)
-    if site is None:
-        producer = main.body.results[output].owner
-        site = _site(producer) if producer is not None else None
-    return site, spec_seen
+            if self.is_data(r):
+                found = self.index.candidates([[x] for x in self.tr.values[r.id]], limit=0)
+                self.spec_seen.update(c.spec_value for c in found)
+
+    def kind(self, v) -> Kind | None:
+        if not self.is_data(v):
+            return EXACT
+        if v.id not in self.kinds:
+            self.kinds[v.id] = self._classify(v)
+        return self.kinds[v.id]
+
+    def _classify(self, v) -> Kind | None:
+        vals = self.tr.values[v.id]
+        if self.index.candidates([[x] for x in vals], limit=1):
+            return EXACT
+        if np.asarray(vals[0]).dtype.kind != "f":
+            return None
+        c = self.index.scale_of([[x] for x in vals])
+        if c is not None:  # before partial sums: a replicated value is a trivial one
+            return Kind(scale=c)
+        sums = [(g, _group_sums(vals, g)) for g in mesh_groups(self.n)] if self.n > 1 else []
+        for groups, summed in sums:
+            if self.index.candidates([[x] for x in summed], limit=1):
+                return Kind(groups=groups)
+        for groups, summed in sums:
+            c = self.index.scale_of([[x] for x in summed])
+            if c is not None:
+                return Kind(scale=c, groups=groups)
+        if self.n == 1:  # the rest is about devices holding different things
+            return None
+        idle = self.idle_devices(v)
+        if all(idle):
+            return IDLE
+        if all(i or self.index.holds_tile([x]) for i, x in zip(idle, vals, strict=True)):
+            return MIXED
+        return None
+
+    def idle_devices(self, v) -> list[bool]:
+        """Per device: does the value come out the same on other inputs (data-free)?"""
+        other = self._other_run()
+        if not self.is_data(v) or other is None or v.id not in other.values:
+            return [False] * self.n
+        return [close(a, b) for a, b in zip(self.tr.values[v.id], other.values[v.id], strict=True)]
+
+    def _other_run(self) -> Trace | None:
+        if self._other_trace is None and self._other is not None:
+            try:
+                self._other_trace = self._other()
+            except TvError:  # e.g. control flow the other inputs steer elsewhere
+                self._other_trace = Trace()
+            self._other = None
+        return self._other_trace
+
+    def matched(self, v) -> bool:
+        return self.kind(v) is not None
+
+    # -- where the programs part ways --------------------------------------------------
+    def diverges(self, op) -> bool:
+        """Do the op's operands all have counterparts while a result has none (or its data
+        is lost: a data-free result on every device from operands that carry data)?"""
+        if not op.operands or all(not self.is_data(r) for r in op.results):
+            return False  # constants, iotas, index arithmetic: where they are used matters
+        if not all(self.matched(v) for v in _data_inputs(op)):
+            return False
+        return any(not self.matched(r) or self.lost(op, r) for r in op.results)
+
+    def lost(self, op, r) -> bool:
+        if self.n == 1 or not self.is_data(r) or not all(self.idle_devices(r)):
+            return False
+        return any(self.is_data(v) and not all(self.idle_devices(v)) for v in _data_inputs(op))
+
+    def blame(self, op):
+        """The diverging op, unless it uses as a whole a value that is only right up to a
+        factor or only a partial sum, and does not itself move, reduce or return it (a
+        softmax of mis-scaled scores, an rsqrt of an unreduced variance): then the op where
+        that value arose (a missing collective belongs after it)."""
+        handles_partials = _handles_partials(op)
+        for v in _data_inputs(op):
+            kind = self.kind(v) if v.id in self.from_data else None
+            if kind is None:
+                continue
+            if kind.suspicious or (kind.groups is not None and not handles_partials):
+                return self.introducer(v)
+        return op
+
+    def introducer(self, v):
+        """The op that gave `v` its relation to the spec: walk back through data inputs of
+        the same kind (a shard_map passes its body's result through). Any factor counts as
+        the same (which spec value a value is a multiple of can be ambiguous), and any partial
+        sum as the same partial sum (a local mean is a local sum, scaled)."""
+        kind = self.kind(v)
+        while v.owner is not None:
+            op = v.owner
+            same = [u for u in _data_inputs(op) if self._same_kind(kind, u)]
+            if not same:
+                return op
+            v = max(same, key=lambda u: self.order.get(u.id, -1))
+        return None
+
+    def _same_kind(self, kind: Kind, u) -> bool:
+        other = self.kind(u) if u.id in self.from_data else None
+        if other is None:
+            return False
+        if kind.suspicious:
+            return other.suspicious
+        if kind.groups is not None:
+            return other.groups is not None
+        return kind.same(other)
 
 
-def _partial_sum(per_device: list, index: TileIndex) -> bool:
-    """Do the devices hold partial sums of a spec value, over the groups of some mesh axes?"""
-    n = len(per_device)
-    if n == 1 or np.asarray(per_device[0]).dtype.kind != "f":
-        return False
-    for groups in mesh_groups(n):
-        summed: list = [None] * n
-        for g in groups:
-            total = sum(np.asarray(per_device[d], dtype=np.float64) for d in g)
-            for d in g:
-                summed[d] = total
-        if index.candidates([[x] for x in summed], limit=1):
-            return True
-    return False
+def _handles_partials(op) -> bool:
+    """Ops that move, reduce or return partial sums as such: a wrong one is to blame itself."""
+    return (
+        op.name in MOVEMENT_OPS
+        or op.name in COLLECTIVES
+        or op.name == "sdy.manual_computation"
+        or op.attrs.get("call_target_name") == "SPMDShardToFullShape"
+    )
+
+
+def _data_inputs(op) -> list:
+    """Operands, and for a shard_map the values its body returns."""
+    ins = list(op.operands)
+    if op.name == "sdy.manual_computation" and op.regions:
+        ins += op.regions[0].block.results
+    return ins
+
+
+def _group_sums(vals: list, groups) -> list:
+    """Each device's value replaced by the sum over its group."""
+    out: list = [None] * len(vals)
+    for g in groups:
+        total = sum(np.asarray(vals[d], dtype=np.float64) for d in g)
+        for d in g:
+            out[d] = total
+    return out
+
+
+def _values_in_order(fn) -> list:
+    vals = list(fn.args)
+    for op in _execution_order(fn):
+        vals += op.results
+    return vals
+
+
+def _dependence(fn) -> tuple[set[int], set[int]]:
+    """(values computed from data, index arithmetic). Index arithmetic: values computed
+    without data from device ids (axis_index, offsets, stage masks), and integer scalars
+    computed from constants alone (slice offsets)."""
+    data: set[int] = {v.id for v in fn.args}
+    for op in fn.body.ops:  # shard_map bodies take slices of the (data) arguments
+        if op.name == "sdy.manual_computation" and op.regions:
+            data.update(v.id for v in op.regions[0].block.args)
+    device: set[int] = set()
+    offsets: set[int] = set()
+    for op in _execution_order(fn):
+        ids = [v.id for v in op.operands]
+        if any(i in data for i in ids):
+            data.update(r.id for r in op.results)
+        elif op.name in DEVICE_IDS or any(i in device for i in ids):
+            device.update(r.id for r in op.results)
+        elif ids:
+            offsets.update(r.id for r in op.results if _int_scalar(r))
+    return data, device | offsets
+
+
+def _int_scalar(v) -> bool:
+    t = v.type
+    return isinstance(t, TensorType) and not t.shape and not t.is_float
 
 
 def _spec_site(spec: Module, matched: set[int], output: int) -> OpSite | None:
