@@ -7,6 +7,7 @@ from typing import Any
 from tv_ir.errors import BadInput
 from tv_ir.report import Report
 
+from .inline import inline_manual_bodies
 from .lowering import Lowered, lower
 from .mesh import named, resolve_mesh
 
@@ -33,7 +34,7 @@ def verify(
     `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
     are placed on it. `options`: `timeout` (seconds per solver query), `seed`, `progress`.
     """
-    from tv_ir.pipeline import check, partition_and_check
+    from tv_ir.pipeline import check, partition_and_check, prepare
 
     unknown = sorted(set(options) - set(CHECK_OPTIONS))
     if unknown:
@@ -61,7 +62,10 @@ def verify(
         raise BadInput(
             f"fn and spec return different structures: {impl.out_tree} vs {ref.out_tree}"
         )
-    report = check(ref.text, impl.text, **options)
+    impl_program = impl.text
+    if impl.manual:
+        impl_program = inline_manual_bodies(prepare(impl.text, "impl"))
+    report = check(ref.text, impl_program, **options)
     _name(report, ref, impl, partitioned=impl.num_partitions > 1 and not impl.manual)
     return report
 
