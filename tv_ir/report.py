@@ -59,8 +59,11 @@ class Counterexample:
     index: tuple[int, ...]  # first differing element (logical index)
     expected: float  # spec value at that element
     actual: float  # implementation value at that element
-    device: int | None = None
+    device: int | None = None  # the device holding that element (distributed programs)
     max_abs_diff: float = 0.0
+    # that device's coordinates on the implementation's mesh (axis name -> index), when the
+    # program names a mesh (shard_map, Shardy modules)
+    mesh_coords: dict[str, int] | None = None
 
 
 @dataclass

@@ -24,8 +24,7 @@ def render(r) -> str:
     elif r.verdict == NOT_EQUIVALENT:
         ce = r.counterexample
         idx = list(ce.index)
-        on = f" (held by device {ce.device})" if ce.device is not None else ""
-        lines.append(f"NOT EQUIVALENT: output {ce.output} differs at index {idx}{on}")
+        lines.append(f"NOT EQUIVALENT: output {ce.output} differs at index {idx}{_holder(ce)}")
         lines.append(f"  expected (spec): {_num(ce.expected)}")
         lines.append(f"  actual   (impl): {_num(ce.actual)}")
         lines.append(f"  largest difference in that output: {ce.max_abs_diff:.6g}")
@@ -47,6 +46,15 @@ def render(r) -> str:
     for note in r.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def _holder(ce) -> str:
+    """ ", held by device 5 (data=1, model=1)": the device and its mesh coordinates."""
+    if ce.device is None:
+        return ""
+    coords = ce.mesh_coords or {}
+    at = f" ({', '.join(f'{axis}={i}' for axis, i in coords.items())})" if coords else ""
+    return f", held by device {ce.device}{at}"
 
 
 def _num(v) -> str:

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..attrs import SdySharding
 from ..errors import TvError
 from ..ir import Module, Op, TensorType
+from ..layout import Layout
 from ..ops.registry import COLLECTIVES
 from ..report import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
 from .correspond import MOVEMENT_OPS, TileIndex, mesh_groups
@@ -60,9 +62,11 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
         index=tuple(idx),
         expected=_scalar(a[idx]),
         actual=_scalar(b[idx]),
-        device=_holder(placement.results[differing], idx) if placement.distributed else None,
+        device=_holder_device(impl, placement, differing, idx),
         max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0,
     )
+    if ce.device is not None:
+        ce.mesh_coords = mesh_coords(impl, ce.device, placement.num_partitions)
     walk = _Walk(
         impl.main,
         impl_tr,
@@ -94,11 +98,75 @@ def _other_inputs(inputs: list) -> list:
     return out
 
 
+def _holder_device(impl: Module, placement, output: int, idx) -> int | None:
+    """The device that computed the differing element: for an output returned by a
+    shard_map, the first device whose piece (by the shard_map's out_sharding) holds it;
+    otherwise the first device whose box (by the result's layout) holds it."""
+    if not placement.distributed:
+        return None
+    layout = _shard_map_layout(impl, output, placement.num_partitions)
+    return _holder(layout or placement.results[output], idx)
+
+
+def _shard_map_layout(impl: Module, output: int, n: int) -> Layout | None:
+    """How a top-level shard_map assembles an output from its devices' pieces, if it does."""
+    value = impl.main.body.results[output]
+    op = value.owner
+    if op is None or op.name != "sdy.manual_computation" or not isinstance(value.type, TensorType):
+        return None
+    k = next(i for i, r in enumerate(op.results) if r is value)
+    shardings = op.attrs.get("out_shardings") or []
+    if k >= len(shardings):
+        return None
+    manual = set(op.attrs.get("manual_axes") or ())
+    s = shardings[k]
+    only = SdySharding(s.mesh, tuple(tuple(a for a in ax if a.name in manual) for ax in s.dims))
+    try:
+        return Layout.from_sdy(only, impl.attrs.get("sdy.meshes"), tuple(value.type.shape), n)
+    except TvError:
+        return None
+
+
 def _holder(layout, idx) -> int | None:
     """The first device whose box holds element `idx` of a result."""
     for d in range(layout.num_devices):
         if all(a <= i < b for i, (a, b) in zip(idx, layout.box(d), strict=True)):
             return d
+    return None
+
+
+def mesh_coords(module: Module, device: int, num_partitions: int) -> dict[str, int] | None:
+    """Coordinates (axis name -> index) of a device on the module's Shardy mesh of
+    `num_partitions` devices, None when it names no such mesh. Devices lie row-major over the
+    mesh axes unless the mesh lists its device ids (a device is its partition id: one
+    replica)."""
+    mesh = _device_mesh(module, num_partitions)
+    if mesh is None or device >= num_partitions:
+        return None
+    ids = list(mesh.device_ids) if mesh.device_ids else list(range(num_partitions))
+    if device not in ids:
+        return None
+    names = [name for name, _ in mesh.axes]
+    sizes = [size for _, size in mesh.axes]
+    pos = np.unravel_index(ids.index(device), sizes) if sizes else ()
+    return {name: int(i) for name, i in zip(names, pos, strict=True)}
+
+
+def _device_mesh(module: Module, n: int):
+    """The mesh of n devices that the program's shard_maps (else its module) use."""
+    meshes = dict(module.attrs.get("sdy.meshes") or {})
+    used = []
+    for op in module.main.body.ops:
+        if op.name == "sdy.manual_computation":
+            for s in list(op.attrs.get("in_shardings") or []) + list(
+                op.attrs.get("out_shardings") or []
+            ):
+                mesh = meshes.get(s.mesh) if isinstance(s.mesh, str) else s.mesh
+                if mesh is not None:
+                    used.append(mesh)
+    for mesh in used + list(meshes.values()):
+        if mesh.axes and int(np.prod([size for _, size in mesh.axes])) == n:
+            return mesh
     return None
 
 
