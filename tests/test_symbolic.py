@@ -20,14 +20,32 @@ from tv_ir.interp import Interpreter, evaluate
 from tv_ir.symbolic import SymbolicAlgebra
 
 
-def _symbolic_inputs(args: list[np.ndarray]):
-    """Float inputs as symbols (others stay concrete), and the values they stand for."""
+def _index_arguments(module) -> set[int]:
+    """Arguments used directly as gather / scatter indices: symbolic too, so the case
+    analysis over the values an index may take is checked against concrete evaluation."""
+    args = {v.id: k for k, v in enumerate(module.main.args)}
+    out = set()
+    for op in module.main.body.ops:
+        if op.name == "stablehlo.gather":
+            pos = 1
+        elif op.name == "stablehlo.scatter":
+            pos = (len(op.operands) - 1) // 2
+        else:
+            continue
+        if op.operands[pos].id in args:
+            out.add(args[op.operands[pos].id])
+    return out
+
+
+def _symbolic_inputs(args: list[np.ndarray], indices: set[int] = frozenset()):
+    """Float inputs and index arguments as symbols (others stay concrete), and the values
+    they stand for."""
     inputs, env = [], {}
     for k, a in enumerate(args):
-        if a.dtype.kind != "f":
+        if a.dtype.kind != "f" and k not in indices:
             inputs.append(a)
             continue
-        s = T.symbol_array(f"in{k}", a.shape)
+        s = T.symbol_array(f"in{k}" if a.dtype.kind == "f" else f"in{k}:int", a.shape)
         env.update((T.as_atom(p).id, float(x)) for p, x in zip(s.flat, a.flat, strict=True))
         inputs.append(s)
     return inputs, env
@@ -39,7 +57,7 @@ def check_symbolic(rec: Record, case) -> None:
     assume(all(np.all(np.isfinite(a)) for a in args if a.dtype.kind == "f"))
     module = tv_ir.load(case.text)
     concrete = evaluate(module, args)
-    inputs, env = _symbolic_inputs(args)
+    inputs, env = _symbolic_inputs(args, _index_arguments(module))
     try:
         symbolic = Interpreter(module, SymbolicAlgebra()).run(module.main, inputs)
     except Unsupported:
@@ -52,6 +70,11 @@ def check_symbolic(rec: Record, case) -> None:
         assume(np.all(np.isfinite(c)) if c.dtype.kind == "f" else True)
         if c.dtype.kind == "f":
             np.testing.assert_allclose(got.astype(np.float64), c, rtol=1e-7, atol=1e-9)
+        elif c.dtype.kind in "iu":  # tv's integers do not wrap: equal modulo 2^bits
+            assume(np.all(np.abs(got.astype(np.float64)) < 2.0**52))  # exact in float64
+            m = 2 ** (8 * c.dtype.itemsize)
+            want = c.astype(object) % m
+            np.testing.assert_array_equal(np.round(got).astype(object) % m, want)
         else:
             np.testing.assert_array_equal(got.astype(c.dtype), c)
 

@@ -249,6 +249,10 @@ class NumpyAlgebra:
         """A scalar used as an index; must be concrete."""
         return int(np.asarray(x).reshape(()))
 
+    def known_index(self, x) -> int | None:
+        """The integer a scalar index holds, or None when it depends on the inputs."""
+        return int(np.asarray(x).reshape(()))
+
     def truth(self, x) -> bool:
         """A scalar predicate deciding control flow; must be concrete."""
         return bool(np.asarray(x).reshape(()))

@@ -231,6 +231,12 @@ class SymbolicAlgebra(NumpyAlgebra):
     def index(self, x) -> int:
         return int(self._concrete(x, "an index").reshape(()))
 
+    def known_index(self, x) -> int | None:
+        try:
+            return self.index(np.asarray(x, dtype=object))
+        except Unsupported:
+            return None
+
     def truth(self, x) -> bool:
         return bool(self._concrete(x, "a control-flow predicate").reshape(()))
 

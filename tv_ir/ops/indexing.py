@@ -1,4 +1,10 @@
-"""gather and scatter, following the index formulas of the StableHLO spec."""
+"""gather and scatter, following the index formulas of the StableHLO spec.
+
+Indices that depend on the inputs (symbolic) are split into cases: an element of the result
+is a `select` over every in-range start its index vector may take (a start is clamped into
+range by gather; a scatter window that does not fit is skipped), so the prover gets a finite
+case analysis instead of an unknown.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ def gather(ctx, operand, start_indices):
     slice_sizes = ctx.attr("slice_sizes")
     out_shape = ctx.result_type.shape
     operand = np.asarray(operand)
+    if ctx.alg.is_symbolic(start_indices):
+        return _gather_cases(ctx, operand, start_indices)
     starts = _start_vectors(ctx.alg.indices(start_indices), dn.index_vector_dim)
     batch_dims = [d for d in range(len(out_shape)) if d not in dn.offset_dims]
     grid = np.indices(out_shape, dtype=np.int64) if out_shape else np.zeros((0,), np.int64)
@@ -55,12 +63,93 @@ def gather(ctx, operand, start_indices):
     return operand[tuple(operand_index)]
 
 
+def _gather_cases(ctx, operand: np.ndarray, start_indices) -> np.ndarray:
+    """gather with input-dependent start indices: each element selects among the clamped
+    starts its index vector can take."""
+    dn = ctx.attr("dimension_numbers")
+    sizes = ctx.attr("slice_sizes")
+    out_shape = tuple(ctx.result_type.shape)
+    starts = _start_vectors(np.asarray(start_indices, dtype=object), dn.index_vector_dim)
+    batch_dims = [d for d in range(len(out_shape)) if d not in dn.offset_dims]
+    window_dims = [
+        d
+        for d in range(operand.ndim)
+        if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims
+    ]
+    highs = [operand.shape[d] - sizes[d] for d in dn.start_index_map]
+    out = np.empty(out_shape, dtype=object)
+    for e in np.ndindex(*out_shape):
+        batch_index = tuple(e[d] for d in batch_dims)
+        vec = starts[batch_index] if batch_dims else starts.reshape(starts.shape[-1:])
+
+        def element(start: tuple, e=e, batch_index=batch_index):
+            idx = []
+            for d in range(operand.ndim):
+                i = 0
+                if d in dn.start_index_map:
+                    i += start[dn.start_index_map.index(d)]
+                if d in dn.operand_batching_dims:
+                    k = dn.operand_batching_dims.index(d)
+                    i += batch_index[
+                        _batch_dim(dn.start_indices_batching_dims[k], dn.index_vector_dim)
+                    ]
+                if d in window_dims:
+                    i += e[dn.offset_dims[window_dims.index(d)]]
+                idx.append(i)
+            return operand[tuple(idx)]
+
+        out[e] = _by_cases(ctx.alg, list(vec), highs, element, clamped=True)
+    return out
+
+
+def _by_cases(alg, vec: list, highs: list[int], value, clamped: bool, otherwise=None):
+    """`value(start)` for the start the index vector `vec` denotes: a select over every
+    start in [0, high] per component (`clamped`: out-of-range indices clamp into it;
+    else they match no start and the result is `otherwise`)."""
+    choices = []
+    known = [alg.known_index(v) for v in vec]
+    for i, hi in zip(known, highs, strict=True):
+        if i is None:
+            choices.append(range(hi + 1))
+        else:
+            if clamped:
+                i = min(max(i, 0), hi)
+            elif not 0 <= i <= hi:
+                return otherwise
+            choices.append((i,))
+    combos = list(itertools.product(*choices))
+    acc = value(combos[-1]) if clamped else otherwise
+    rest = combos[:-1] if clamped else combos
+    for start in reversed(rest):
+        cond = None
+        for v, c, hi, i in zip(vec, start, highs, known, strict=True):
+            if i is not None:
+                continue
+            c_is = _index_is(alg, np.asarray(v, dtype=object), c, hi, clamped)
+            cond = c_is if cond is None else alg.logical_and(cond, c_is)
+        acc = value(start) if cond is None else alg.select(cond, value(start), acc)
+    return np.asarray(acc)[()] if isinstance(acc, np.ndarray) else acc
+
+
+def _index_is(alg, v, c: int, hi: int, clamped: bool):
+    """The condition that index v selects start c (of 0..hi)."""
+    if clamped and hi == 0:
+        return alg.compare("EQ", np.asarray(0), np.asarray(0))
+    if clamped and c == 0:
+        return alg.compare("LE", v, np.asarray(0))
+    if clamped and c == hi:
+        return alg.compare("GE", v, np.asarray(hi))
+    return alg.compare("EQ", v, np.asarray(c))
+
+
 @op("stablehlo.scatter")
 def scatter(ctx, *operands):
     """The spec's index formulas, with XLA's bounds rule: an update window whose start does
     not fit it inside the operand (start < 0 or start + extent > dim) is skipped whole.
     (The spec skips out-of-bounds elements one by one; XLA drops the window.)"""
     n = (len(operands) - 1) // 2
+    if ctx.alg.is_symbolic(operands[n]):
+        return _scatter_cases(ctx, n, operands)
     inputs = [np.asarray(x) for x in operands[:n]]
     indices = ctx.alg.indices(operands[n])
     updates = [np.asarray(u) for u in operands[n + 1 :]]
@@ -99,6 +188,69 @@ def scatter(ctx, *operands):
             new = ctx.run_region(0, olds + [np.asarray(u[update_index]) for u in updates])
         for r, v in zip(results, new, strict=True):
             r[ri] = np.asarray(v)[()]
+    return results
+
+
+def _scatter_cases(ctx, n: int, operands) -> list:
+    """scatter with input-dependent indices: every element an update window may land on
+    becomes a select between the combined and the old value, per in-bounds start."""
+    inputs = [np.asarray(x).astype(object) for x in operands[:n]]
+    updates = [np.asarray(u) for u in operands[n + 1 :]]
+    dn = ctx.attr("scatter_dimension_numbers")
+    starts = _start_vectors(np.asarray(operands[n], dtype=object), dn.index_vector_dim)
+    results = [x.copy() for x in inputs]
+    shape, upd_shape = inputs[0].shape, updates[0].shape
+    scatter_dims = [d for d in range(len(upd_shape)) if d not in dn.update_window_dims]
+    window_dims = [
+        d
+        for d in range(len(shape))
+        if d not in dn.inserted_window_dims and d not in dn.input_batching_dims
+    ]
+    extent = [1] * len(shape)
+    for d, u in zip(window_dims, dn.update_window_dims, strict=True):
+        extent[d] = upd_shape[u]
+    kind = reducer_kind(ctx) if n == 1 else None
+    replace = _is_replace(ctx)
+    scattered = list(dn.scattered_dims_to_operand_dims)
+    highs = [shape[d] - extent[d] for d in scattered]
+    for update_index in np.ndindex(*upd_shape):
+        scatter_index = tuple(update_index[d] for d in scatter_dims)
+        vec = list(starts[scatter_index])
+        base = _scatter_start(dn, [0] * len(vec), scatter_index, len(shape))
+
+        def land(start: tuple, update_index=update_index, base=base):
+            ri = list(base)
+            for k, d in enumerate(scattered):
+                ri[d] += start[k]
+            if any(i < 0 or i + e > m for i, e, m in zip(ri, extent, shape, strict=True)):
+                return None
+            for d, u in zip(window_dims, dn.update_window_dims, strict=True):
+                ri[d] += update_index[u]
+            return tuple(ri)
+
+        for start in itertools.product(*(range(h + 1) for h in highs)):
+            ri = land(start)
+            if ri is None:
+                continue
+            cond = None
+            for v, c in zip(vec, start, strict=True):
+                i = ctx.alg.known_index(v)
+                c_is = (
+                    _index_is(ctx.alg, np.asarray(v, dtype=object), c, 0, clamped=False)
+                    if i is None
+                    else np.asarray(i == c)
+                )
+                cond = c_is if cond is None else ctx.alg.logical_and(cond, c_is)
+            olds = [np.asarray(r[ri]) for r in results]
+            if replace:
+                new = [np.asarray(u[update_index]) for u in updates]
+            elif kind is not None:
+                binary = getattr(ctx.alg, kind[1])
+                new = [binary(olds[0], np.asarray(updates[0][update_index]))]
+            else:
+                new = ctx.run_region(0, olds + [np.asarray(u[update_index]) for u in updates])
+            for r, old, v in zip(results, olds, new, strict=True):
+                r[ri] = np.asarray(ctx.alg.select(cond, np.asarray(v), old))[()]
     return results
 
 

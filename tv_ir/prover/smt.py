@@ -69,6 +69,8 @@ class _Encoder:
         if k == "sym":
             e = z3.Real(f"{args[0]}{list(args[1])}")
             self.symbols[a.id] = e
+            if str(args[0]).endswith(":int"):  # an integer input (see engine._input_symbols)
+                self.side.append(z3.IsInt(e))
         elif k == "inv":
             d = self.poly(args[0])
             self.side.append(d != 0)

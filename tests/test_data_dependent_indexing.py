@@ -1,0 +1,92 @@
+"""gather / scatter with indices computed from integer inputs: proved by case analysis,
+and refuted with an integer counterexample that replays in JAX."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tv_ir
+
+X = np.arange(6, dtype=np.float32)
+IDX = np.array([1, 4, 0], np.int32)
+
+
+def lower(f, *args) -> str:
+    return jax.jit(f).lower(*args).as_text(debug_info=True)
+
+
+def take(x, idx):  # gather, out-of-range indices clamped
+    return jnp.take(x, idx, mode="clip")
+
+
+def one_hot_take(x, idx):
+    pos = jnp.clip(idx, 0, x.shape[0] - 1)
+    hit = jnp.arange(x.shape[0])[None, :] == pos[:, None]
+    return jnp.sum(jnp.where(hit, x[None, :], 0.0), axis=1)
+
+
+def one_hot_take_unclamped(x, idx):  # wrong for indices outside [0, 5]
+    hit = jnp.arange(x.shape[0])[None, :] == idx[:, None]
+    return jnp.sum(jnp.where(hit, x[None, :], 0.0), axis=1)
+
+
+def shifted_take(x, idx):  # reads one element to the right
+    return jnp.take(x, idx + 1, mode="clip")
+
+
+def put(x, idx, u):  # scatter-add; out-of-range updates dropped
+    return jnp.asarray(x).at[idx].add(u, mode="drop")
+
+
+def one_hot_put(x, idx, u):
+    idx = jnp.where(idx < 0, idx + x.shape[0], idx)  # JAX counts negative indices from the end
+    hit = jnp.arange(x.shape[0])[None, :] == idx[:, None]
+    return x + jnp.sum(jnp.where(hit, u[:, None], 0.0), axis=0)
+
+
+def one_hot_put_wrong(x, idx, u):  # adds only the first update
+    hit = jnp.arange(x.shape[0]) == idx[0]
+    return x + jnp.where(hit, u[0], 0.0)
+
+
+def test_gather_with_input_indices_equals_its_one_hot_form():
+    r = tv_ir.check(lower(take, X, IDX), lower(one_hot_take, X, IDX))
+    assert r.verdict == "equivalent", str(r)
+
+
+@pytest.mark.parametrize("impl", [one_hot_take_unclamped, shifted_take])
+def test_wrong_index_arithmetic_is_refuted_with_integer_inputs(impl):
+    r = tv_ir.check(lower(take, X, IDX), lower(impl, X, IDX))
+    assert r.verdict == "not_equivalent", str(r)
+    x, idx = (np.asarray(v) for v in r.counterexample.inputs.values())
+    idx = idx.astype(np.int32)
+    want = np.asarray(take(x.astype(np.float32), idx))
+    got = np.asarray(impl(x.astype(np.float32), idx))
+    i = r.counterexample.index
+    assert want[i] == pytest.approx(r.counterexample.expected)
+    assert got[i] == pytest.approx(r.counterexample.actual)
+    assert want[i] != got[i]
+
+
+def test_scatter_with_input_indices_equals_its_one_hot_form():
+    u = np.ones(3, np.float32)
+    r = tv_ir.check(lower(put, X, IDX, u), lower(one_hot_put, X, IDX, u))
+    assert r.verdict == "equivalent", str(r)
+
+
+def test_scatter_dropping_updates_is_refuted():
+    u = np.ones(3, np.float32)
+    r = tv_ir.check(lower(put, X, IDX, u), lower(one_hot_put_wrong, X, IDX, u))
+    assert r.verdict == "not_equivalent", str(r)
+    x, idx, uu = (np.asarray(v) for v in r.counterexample.inputs.values())
+    args = (x.astype(np.float32), idx.astype(np.int32), uu.astype(np.float32))
+    i = r.counterexample.index
+    assert np.asarray(put(*args))[i] != np.asarray(one_hot_put_wrong(*args))[i]
+
+
+def test_jax_is_the_oracle_for_the_programs_above():
+    assert np.array_equal(take(X, IDX), one_hot_take(X, IDX))
+    assert jax.device_count() >= 1
