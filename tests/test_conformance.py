@@ -676,6 +676,16 @@ def get_dimension_size(draw: Draw) -> Case:
     )
 
 
+@record("mhlo.copy")
+def copy(draw: Draw) -> Case:
+    et = draw(st.sampled_from(F + INT))
+    shp = shape(draw)
+    x = values(draw, shp, et)
+    t = ttype(shp, NP[et])
+    body = f'%0 = "mhlo.copy"(%a0) : ({t}) -> {t}\n    return %0 : {t}'
+    return Case(module([x], [t], body), [x])
+
+
 @record("stablehlo.optimization_barrier")
 def optimization_barrier(draw: Draw) -> Case:
     x = values(draw, shape(draw), "f32")

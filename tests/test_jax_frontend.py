@@ -149,7 +149,7 @@ def test_no_spec_checks_the_partitioner():
     [
         (lambda: verify(mlp, PARAMS, X), "not sharded"),
         (lambda: verify(lambda p, x: x if x.sum() > 0 else -x, PARAMS, X, spec=mlp), "lowered"),
-        (lambda: verify(mlp, PARAMS, X, spec=mlp, mesh={"data": 4, "model": 4}), "16 devices"),
+        (lambda: verify(mlp, PARAMS, X, spec=mlp, mesh={"data": 8, "model": 4}), "32 devices"),
         (lambda: verify(mlp, PARAMS, X, spec=mlp_pytree_out), "different structures"),
         (lambda: verify(mlp, PARAMS, X, spec=mlp, tolerance=1), "unknown option"),
         (lambda: verify(mlp, PARAMS, X, spec=3), "not callable"),

@@ -15,6 +15,7 @@ LAYERS = {
     "tv_ir.attrs": 0,
     "tv_ir.importer": 1,
     "tv_ir.partitioner": 1,
+    "tv_ir.shardy_passes": 1,
     "tv_ir.layout": 1,
     "tv_ir.passes": 2,
     "tv_ir.ops": 3,

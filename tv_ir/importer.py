@@ -519,3 +519,31 @@ def _splat_value(a, dt):
         width = np.dtype(dt).itemsize * 8
         return float(np.array([bits], dtype=f"uint{width}").view(dt)[0])
     return float(s)
+
+
+def extract_function(text: str, name: str, num_partitions: int | None = None) -> str:
+    """A module holding only function @name, renamed @main (meshes and other top-level ops
+    kept), e.g. to hand one function of a multi-function module to XLA."""
+    from jaxlib.mlir import ir
+
+    module, source = parse_mlir(text)
+    with module.context:
+        found = False
+        for op in list(module.body.operations):
+            op = op.operation
+            if op.name != "func.func":
+                continue
+            if _sym_name(op) == name:
+                op.attributes["sym_name"] = ir.StringAttr.get("main")
+                found = True
+            else:
+                op.erase()
+        if not found:
+            raise BadInput(f"{source}: no function @{name}")
+        if num_partitions is not None:
+            i32 = ir.IntegerType.get_signless(32)
+            module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(
+                i32, num_partitions
+            )
+            module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
+    return module.operation.get_asm(enable_debug_info=True)

@@ -58,10 +58,23 @@ class Interpreter:
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
+        if op.name == "sdy.manual_computation" and self.device is None:
+            return self._manual_computation(op)
         fn = lookup(op.name, op.loc)
         operands = [self.env[v.id] for v in op.operands]
         ctx = self.context(op)
         return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
+
+    def _manual_computation(self, op: Op) -> list:
+        """A shard_map region in a program read as one computation: its global value is what
+        the mesh's devices compute in lockstep from their pieces of the operands."""
+        from .spmd import SpmdInterpreter, mesh_size
+
+        n = mesh_size(self.module, op)
+        spmd = SpmdInterpreter(self.module, self.alg, 1, n)
+        operands = [self.env[v.id] for v in op.operands]
+        per_device = spmd.run_op(op, [list(operands) for _ in range(n)])
+        return per_device[0]
 
     def context(self, op: Op) -> OpContext:
         """What an evaluator of `op` sees; its regions run in this interpreter."""

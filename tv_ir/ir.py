@@ -8,9 +8,12 @@ once by the importer, so no later layer touches the MLIR bindings.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import BadInput
 
 _ids = itertools.count()
 
@@ -178,13 +181,23 @@ class Module:
     attrs: dict[str, Any] = field(default_factory=dict)
     source: str = "<module>"
     other_ops: list[str] = field(default_factory=list)  # top-level ops we keep by name (sdy.mesh)
+    entry: str | None = None  # the function checked, when it is not @main
 
     @property
     def main(self) -> Function:
+        if self.entry is not None:
+            return self.functions[self.entry]
         if "main" in self.functions:
             return self.functions["main"]
         public = [f for f in self.functions.values() if f.visibility == "public"]
         return public[0] if public else next(iter(self.functions.values()))
+
+    def with_entry(self, name: str) -> Module:
+        """The same module, checked at function @name."""
+        if name not in self.functions:
+            known = ", ".join("@" + f for f in self.functions)
+            raise BadInput(f"{self.source}: no function @{name} (it has {known})")
+        return dataclasses.replace(self, entry=name)
 
 
 def walk(block: Block):

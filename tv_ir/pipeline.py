@@ -143,3 +143,47 @@ def partition_and_check(module, timeout: float = 10.0, seed: int = 0, progress=N
     report.spec_name = name
     report.impl_name = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
     return report
+
+
+def shardy_partition_and_check(
+    module,
+    function: str | None = None,
+    spec=None,
+    spec_function: str | None = None,
+    pipeline: str = "partitioner",
+    halo_exchange: bool = True,
+    timeout: float = 10.0,
+    seed: int = 0,
+    progress=None,
+) -> Report:
+    """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
+    prove the per-device program of `function` equal to `spec` (a module; its
+    `spec_function`), by default to the function's own global (unsharded) meaning."""
+    from .importer import read_source
+    from .shardy_passes import run_shardy
+
+    data, name = read_source(module)
+    if isinstance(data, bytes):
+        raise BadInput(f"{name}: tv partition takes StableHLO text")
+    annotated = prepare(data, "module")
+    if function is not None:
+        annotated = annotated.with_entry(function)
+    entry = annotated.main.name
+    impl_m = prepare(run_shardy(data, pipeline, halo_exchange), "partitioned module")
+    impl_m = impl_m.with_entry(entry)
+    if spec is None:
+        spec_m, spec_name = annotated, f"@{entry} of {name}"
+    else:
+        spec_m = prepare(spec, "spec")
+        spec_m = spec_m.with_entry(spec_function) if spec_function else spec_m
+        spec_name = f"@{spec_m.main.name} of {getattr(spec_m, 'source', 'spec')}"
+    if pipeline == "gather-scatter-batching":
+        placement = Placement.single_device(spec_m.main)
+    else:
+        placement = Placement.from_sdy(spec_m.main, annotated)
+    report = check(spec_m, impl_m, timeout, seed, progress, placement)
+    report.spec_name = spec_name
+    report.impl_name = (
+        f"Shardy's {pipeline} passes on @{entry} of {name} ({placement.num_devices} devices)"
+    )
+    return report

@@ -23,6 +23,7 @@ operand by the `mhlo.sharding` of the `@Sharding` annotation producing it, and
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 from .attrs import SdySharding
@@ -31,7 +32,7 @@ from .interp import Interpreter, InterpreterError, checked_results, run_evaluato
 from .ir import Block, Function, Module, Op, TensorType
 from .layout import Layout
 from .ops.control import MAX_TRIP_COUNT
-from .ops.registry import COLLECTIVES
+from .ops.registry import COLLECTIVES, GLOBAL_VIEW
 from .process_grid import ProcessGrid
 
 _GSPMD = ("SPMDFullToShardShape", "SPMDShardToFullShape")
@@ -82,6 +83,13 @@ class SpmdInterpreter:
         fn = fn or self.module.main
         return self._block(fn.body, [list(a) for a in per_device_args], top=True)
 
+    def run_op(self, op: Op, per_device_operands: PerDevice) -> PerDevice:
+        """Evaluate one op on every device from the given operands."""
+        for proc, xs in zip(self.procs, per_device_operands, strict=True):
+            for v, x in zip(op.operands, xs, strict=True):
+                proc.env[v.id] = x
+        return self._op(op)
+
     # -- blocks and ops ----------------------------------------------------------------------
     def _block(self, block: Block, args: PerDevice, top: bool) -> PerDevice:
         for proc, a in zip(self.procs, args, strict=True):
@@ -101,6 +109,13 @@ class SpmdInterpreter:
     def _op(self, op: Op, top: bool = False) -> PerDevice:
         if op.name in COLLECTIVES:
             return self._collective(op)
+        if op.name in GLOBAL_VIEW and self.num_devices > 1:
+            raise Unsupported(
+                f"{op.name} in a per-device program (a Shardy op of the global view: "
+                "partition the module first)",
+                op=op.name,
+                loc=op.loc,
+            )
         if op.name == "sdy.manual_computation":
             operands = self._operands(op)
             out = run_evaluator(op, lambda: self._manual_computation(op, operands, top))
@@ -256,3 +271,14 @@ class SpmdInterpreter:
             by_pid[pid] = args[0]
         value = lay.assemble(by_pid)
         return [[value] for _ in self.procs]
+
+
+def mesh_size(module: Module, op: Op) -> int:
+    """The number of devices of the mesh a `sdy.manual_computation` is sharded over."""
+    shardings = list(op.attrs.get("in_shardings") or []) + list(op.attrs.get("out_shardings") or [])
+    meshes = module.attrs.get("sdy.meshes") or {}
+    for s in shardings:
+        mesh = s.mesh if not isinstance(s.mesh, str) else meshes.get(s.mesh)
+        if mesh is not None:
+            return max(1, math.prod(size for _, size in mesh.axes))
+    raise BadInput(f"{op.name} at {op.loc}: no mesh for its shardings")

@@ -21,12 +21,16 @@ PROCESS_OPS: dict[str, Callable] = {}
 # collectives: `fn(ctx, grid, per_device_operands) -> per_device_results`, run by
 # tv_ir.spmd.SpmdInterpreter on all devices at once (tv_ir/ops/collectives.py)
 COLLECTIVES: dict[str, Callable] = {}
+# Shardy's global-view ops (`sdy.reshard`, `sdy.all_gather`, ...): evaluators of what a
+# sharded, pre-partition program means as a whole (tv_ir/ops/sharding.py); a per-device
+# program never holds them
+GLOBAL_VIEW: dict[str, Callable] = {}
 
 
 def _registrar(table: dict[str, Callable], kind: str, names: tuple[str, ...]):
     def register(fn: Callable) -> Callable:
         for n in names:
-            if n in OPS or n in PROCESS_OPS or n in COLLECTIVES:
+            if n in OPS or n in PROCESS_OPS or n in COLLECTIVES or n in GLOBAL_VIEW:
                 raise ValueError(f"{kind} {n} registered twice")
             table[n] = fn
         return fn
@@ -49,9 +53,14 @@ def collective(*names: str):
     return _registrar(COLLECTIVES, "collective", names)
 
 
+def global_view_op(*names: str):
+    """Register the global-view meaning of a Shardy op; refuses duplicates."""
+    return _registrar(GLOBAL_VIEW, "op", names)
+
+
 def lookup(name: str, loc=None) -> Callable:
     """The per-device evaluator of `name`; collectives have none (they need SPMD execution)."""
-    fn = OPS.get(name) or PROCESS_OPS.get(name)
+    fn = OPS.get(name) or PROCESS_OPS.get(name) or GLOBAL_VIEW.get(name)
     if fn is not None:
         return fn
     if name in COLLECTIVES:

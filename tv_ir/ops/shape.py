@@ -134,6 +134,11 @@ def get_dimension_size(ctx, x):
     return np.asarray(x.shape[ctx.attr("dimension")], dtype=np.int32)
 
 
+@op("mhlo.copy")  # XLA's `copy` (in partitioned programs); no StableHLO counterpart
+def copy(ctx, x):
+    return x
+
+
 @op("stablehlo.optimization_barrier")
 def optimization_barrier(ctx, *xs):
     return list(xs)

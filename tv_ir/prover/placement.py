@@ -6,10 +6,13 @@ prover has one code path for rewrites and for distributed programs.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..attrs import SdyAxis, SdySharding
 from ..errors import BadInput, Unsupported
 from ..ir import Function, Module, TensorType
 from ..layout import Layout
@@ -75,6 +78,44 @@ class Placement:
         )
 
     @classmethod
+    def from_sdy(cls, spec: Function, annotated: Module) -> Placement:
+        """Layouts from the `sdy.sharding`s of a Shardy-annotated function (`annotated.main`),
+        on the devices of its mesh; for the per-device program Shardy's passes make of it.
+
+        An argument that reaches `sdy.all_reduce` / `sdy.reduce_scatter` (through other
+        global-view ops only) holds partial sums over the reduced axes: it is unreduced
+        over them, whatever its sharding says.
+        """
+        fn = annotated.main
+        meshes = annotated.attrs.get("sdy.meshes") or {}
+        n = _sdy_devices(fn, meshes)
+        partial = _partial_axes(fn)
+
+        def layouts(attrs, types, partial_axes):
+            out = []
+            for k, (a, t) in enumerate(zip(attrs, types, strict=True)):
+                s = a.get("sdy.sharding")
+                axes = partial_axes.get(k, ())
+                if s is None and not axes:
+                    out.append(Layout.replicated(_shape(t), n))
+                    continue
+                if s is None:
+                    s = SdySharding(_only_mesh(meshes), tuple(() for _ in _shape(t)))
+                if axes:
+                    s = dataclasses.replace(
+                        s, unreduced=tuple(s.unreduced) + tuple(SdyAxis(x) for x in axes)
+                    )
+                out.append(Layout.from_sdy(s, meshes, _shape(t), n))
+            return out
+
+        return cls(
+            1,
+            n,
+            layouts(fn.arg_attrs, spec.arg_types, partial),
+            layouts(fn.res_attrs, spec.result_types, {}),
+        )
+
+    @classmethod
     def from_module(cls, spec: Function, impl: Module) -> Placement:
         """A per-device module's own `mhlo.sharding` argument/result attributes, if any.
 
@@ -93,11 +134,20 @@ class Placement:
         return cls.from_shardings(spec, [a or "{replicated}" for a in args], results, n)
 
     def shard_inputs(self, inputs: list) -> list[list]:
-        """Per-device argument lists [device][arg] from global inputs."""
-        return [
+        """Per-device argument lists [device][arg] from global inputs.
+
+        Symbolic inputs of an unreduced layout are split into arbitrary partial sums: fresh
+        symbols on all but the first device of each group, the first holding the rest, so a
+        proof holds for every way the devices may share the value.
+        """
+        out = [
             [lay.shard(x, d, pad=_zero_like(x)) for lay, x in zip(self.args, inputs, strict=True)]
             for d in range(self.num_devices)
         ]
+        for k, (lay, x) in enumerate(zip(self.args, inputs, strict=True)):
+            if lay.unreduced and np.asarray(x).dtype == object:
+                _split_partial_sums(lay, k, out)
+        return out
 
     def assemble_outputs(self, per_device: list[list], add=None) -> list:
         return [
@@ -108,6 +158,67 @@ class Placement:
 
 def _shape(t) -> tuple:
     return tuple(t.shape) if isinstance(t, TensorType) else ()
+
+
+def _split_partial_sums(lay: Layout, k: int, per_device: list[list]) -> None:
+    from .. import terms as T
+    from ..symbolic import SymbolicAlgebra
+
+    alg = SymbolicAlgebra()
+    for group in lay.unreduced:
+        first = per_device[group[0]][k]
+        shape = lay.local_shape(group[0])
+        box = tuple(slice(0, m) for m in shape)
+        rest = np.array(first, dtype=object)
+        for d in group[1:]:
+            part = np.full(lay.tile_shape, T.ZERO, dtype=object)
+            part[box] = T.symbol_array(f"partial.arg{k}.dev{d}", shape)
+            per_device[d][k] = part
+            rest[box] = alg.subtract(rest[box], part[box])
+        per_device[group[0]][k] = rest
+
+
+def _sdy_devices(fn: Function, meshes: dict) -> int:
+    """Devices of the mesh the function's shardings use (else the module's largest)."""
+    names = {
+        s.mesh
+        for a in list(fn.arg_attrs) + list(fn.res_attrs)
+        if (s := a.get("sdy.sharding")) is not None and isinstance(s.mesh, str)
+    }
+    sizes = [int(np.prod([n for _, n in meshes[m].axes])) for m in names if m in meshes]
+    sizes = sizes or [int(np.prod([n for _, n in m.axes])) for m in meshes.values()]
+    return max(sizes, default=1)
+
+
+def _only_mesh(meshes: dict) -> str:
+    if len(meshes) != 1:
+        raise Unsupported("a partial-sum argument without a sharding naming its mesh")
+    return next(iter(meshes))
+
+
+def _partial_axes(fn: Function) -> dict[int, tuple[str, ...]]:
+    """Argument index -> mesh axes it is reduced over by sdy.all_reduce / reduce_scatter."""
+    from ..ops.registry import GLOBAL_VIEW
+    from ..ops.sharding import REDUCING
+
+    root = {v.id: k for k, v in enumerate(fn.body.args)}
+    partial: dict[int, list[str]] = {}
+    for op in fn.body.ops:
+        if op.name not in GLOBAL_VIEW or not op.operands:
+            continue
+        k = root.get(op.operands[0].id)
+        if k is None:
+            continue
+        root[op.results[0].id] = k
+        if op.name in REDUCING:
+            key = "reduction_axes" if op.name == "sdy.all_reduce" else "reduce_scatter_axes"
+            text = str(getattr(op.attrs.get(key), "text", ""))
+            if ":(" in text:
+                raise Unsupported(f"{op.name} over sub-axes ({text})", op=op.name, loc=op.loc)
+            for axis in re.findall(r'"([^"]+)"', text):
+                if axis not in partial.setdefault(k, []):
+                    partial[k].append(axis)
+    return {k: tuple(v) for k, v in partial.items()}
 
 
 def _zero_like(x):
