@@ -103,3 +103,39 @@ def test_unsupported_op_is_unknown_exit_2_naming_the_op(files: Path) -> None:
     d = json.loads(r.stdout)
     assert d["verdict"] == "unknown"
     assert d["unsupported"] == ["stablehlo.custom_call @my_kernel"]
+
+
+SHARDED_NEGATE = """
+sdy.mesh @mesh = <["x"=4]>
+func.func @main(%arg0: tensor<8x2xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"x"}, {}]>})
+    -> (tensor<8x2xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {}]>}) {
+  %0 = stablehlo.negate %arg0
+      {sdy.sharding = #sdy.sharding_per_value<[<@mesh, [{"x"}, {}]>]>} : tensor<8x2xf32>
+  %1 = sdy.reshard %0 <@mesh, [{}, {}]> : tensor<8x2xf32>
+  return %1 : tensor<8x2xf32>
+}
+func.func @identity(%arg0: tensor<8x2xf32>) -> tensor<8x2xf32> {
+  return %arg0 : tensor<8x2xf32>
+}
+"""
+
+
+def test_partition_with_shardy_passes(tmp_path):
+    m = tmp_path / "sharded.mlir"
+    m.write_text(SHARDED_NEGATE)
+    ok = tv("partition", "--shardy", "partitioner", "--function", "main", str(m))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "Shardy's partitioner passes on @main" in ok.stdout and "(4 devices)" in ok.stdout
+    wrong = tv("partition", "--shardy", "partitioner", "--spec", f"{m}@identity", str(m))
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    assert f"stablehlo.negate at {m}:5" in wrong.stdout  # the sharded module's own line
+    for bad in (["--function", "nope"], ["--shardy", "nope"]):
+        r = tv(
+            "partition",
+            *(["--shardy", "partitioner"] if bad[0] != "--shardy" else []),
+            *bad,
+            str(m),
+        )
+        assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    r = tv("partition", "--function", "main", str(m))
+    assert r.returncode == 3 and "need --shardy" in r.stderr

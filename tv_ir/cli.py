@@ -1,4 +1,4 @@
-"""The `tv` command: `tv check SPEC IMPL`, `tv partition MODULE`, `tv demo`.
+"""The `tv` command: `tv check SPEC IMPL`, `tv partition [--shardy P] MODULE`, `tv demo`.
 
 Exit codes: 0 equivalent, 1 not equivalent, 2 unknown or unsupported (never 0 without a
 proof), 3 bad input (one line on stderr, no traceback).
@@ -34,9 +34,29 @@ def _parser() -> argparse.ArgumentParser:
     _common(c)
     pt = sub.add_parser(
         "partition",
-        help="run XLA's SPMD partitioner on an annotated module and verify its output",
+        help="partition an annotated module (XLA's SPMD partitioner, or Shardy's passes) and "
+        "verify the per-device program against the module's own meaning",
     )
     pt.add_argument("module", help="pre-partition StableHLO text with sdy/mhlo shardings")
+    pt.add_argument(
+        "--shardy",
+        choices=["partitioner", "global-to-local", "gather-scatter-batching"],
+        metavar="PIPELINE",
+        help="partition with Shardy's passes (jaxlib) instead of XLA: partitioner, "
+        "global-to-local (explicit sdy collectives only) or gather-scatter-batching",
+    )
+    pt.add_argument(
+        "--no-halo-exchange",
+        action="store_true",
+        help="with --shardy partitioner: resolve permutation factors without halo exchange",
+    )
+    pt.add_argument("--function", metavar="NAME", help="with --shardy: the function to check")
+    pt.add_argument(
+        "--spec",
+        metavar="FILE[@FUNCTION]",
+        help="with --shardy: compare against this reference (default: the function's own "
+        "global meaning)",
+    )
     _common(pt)
     d = sub.add_parser("demo", help="check the bundled transformer-block examples")
     _common(d)
@@ -77,10 +97,28 @@ def _run_check(spec, impl, args) -> int:
 
 
 def _run_partition(args) -> int:
-    from .pipeline import partition_and_check
+    from .pipeline import partition_and_check, shardy_partition_and_check
 
     progress = _progress(sys.stderr.isatty() and not args.json)
-    report = partition_and_check(args.module, args.timeout, args.seed, progress)
+    if args.shardy is None:
+        if args.function or args.spec or args.no_halo_exchange:
+            raise BadInput("--function, --spec and --no-halo-exchange need --shardy PIPELINE")
+        report = partition_and_check(args.module, args.timeout, args.seed, progress)
+    else:
+        spec, spec_fn = (args.spec, None) if args.spec else (None, None)
+        if spec and "@" in spec:
+            spec, spec_fn = spec.rsplit("@", 1)
+        report = shardy_partition_and_check(
+            args.module,
+            function=args.function,
+            spec=spec,
+            spec_function=spec_fn,
+            pipeline=args.shardy,
+            halo_exchange=not args.no_halo_exchange,
+            timeout=args.timeout,
+            seed=args.seed,
+            progress=progress,
+        )
     if progress:
         print("\r\033[K", end="", file=sys.stderr)
     print(report.to_json() if args.json else str(report))

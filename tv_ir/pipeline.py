@@ -169,7 +169,7 @@ def shardy_partition_and_check(
     if function is not None:
         annotated = annotated.with_entry(function)
     entry = annotated.main.name
-    impl_m = prepare(run_shardy(data, pipeline, halo_exchange), "partitioned module")
+    impl_m = prepare(run_shardy(module, pipeline, halo_exchange), "partitioned module")
     impl_m = impl_m.with_entry(entry)
     if spec is None:
         spec_m, spec_name = annotated, f"@{entry} of {name}"

@@ -12,6 +12,8 @@ run on partitions only) and `sdy-resolve-single-device-sharding` does not exist.
 
 from __future__ import annotations
 
+import json
+
 from .errors import BadInput
 
 # name -> pass pipeline (`{halo}`: whether permutation factors may use halo exchange)
@@ -34,7 +36,8 @@ PIPELINES = {
 
 
 def run_shardy(text: str, pipeline: str = "partitioner", halo_exchange: bool = True) -> str:
-    """The module after one of Shardy's PIPELINES, as text with source locations."""
+    """The module (a path or text) after one of Shardy's PIPELINES, as text with source
+    locations."""
     from jaxlib.mlir.passmanager import PassManager
 
     from .importer import _first_diagnostic, parse_mlir
@@ -49,4 +52,7 @@ def run_shardy(text: str, pipeline: str = "partitioner", halo_exchange: bool = T
         except Exception as e:  # MLIRError: the pass's first diagnostic
             msg = _first_diagnostic(str(e)).replace('"-":', "line ")
             raise BadInput(f"{name}: Shardy's {pipeline} passes failed: {msg}") from None
-    return module.operation.get_asm(enable_debug_info=True)
+    text = module.operation.get_asm(enable_debug_info=True)
+    if name != "<text>":  # locations name the input file (its lines), not "-"
+        text = text.replace('loc("-":', f"loc({json.dumps(name)}:")
+    return text
