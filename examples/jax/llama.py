@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 F32 = jnp.float32
+MASKED = -jnp.inf  # score of a masked (future) position
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def rope(x, offset=0):
     seq, half = x.shape[1], x.shape[-1] // 2
     freqs = 1.0 / (10000.0 ** (np.arange(half, dtype=np.float32) / half))
     angles = (np.arange(seq, dtype=np.float32) + offset)[:, None] * freqs
-    cos, sin = jnp.cos(angles)[None, :, None, :], jnp.sin(angles)[None, :, None, :]
+    # precomputed tables (constants): XLA would fold jnp.cos of a constant in float32
+    cos, sin = np.cos(angles)[None, :, None, :], np.sin(angles)[None, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
@@ -96,7 +98,7 @@ def attention(x, p, cfg: Config = CFG):
     k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(hd).astype(np.float32)
     causal = np.tril(np.ones((s, s), bool))
-    scores = jnp.where(causal, scores, -jnp.inf)
+    scores = jnp.where(causal, scores, MASKED)
     probs = jax.nn.softmax(scores, axis=-1)
     out = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1)
     return out @ p["wo"]
