@@ -1,5 +1,5 @@
-"""gather / scatter with indices computed from integer inputs: proved by case analysis,
-and refuted with an integer counterexample that replays in JAX."""
+"""gather / scatter with indices computed from integer inputs, and sort on input keys:
+proved by case analysis, refuted with counterexamples that replay in JAX."""
 
 from __future__ import annotations
 
@@ -90,3 +90,21 @@ def test_scatter_dropping_updates_is_refuted():
 def test_jax_is_the_oracle_for_the_programs_above():
     assert np.array_equal(take(X, IDX), one_hot_take(X, IDX))
     assert jax.device_count() >= 1
+
+
+V = np.array([3.0, -1.0, 2.0, 0.5], np.float32)
+
+
+def test_sort_on_input_keys_is_a_selection_network():
+    r = tv_ir.check(lower(lambda v: jnp.sort(v)[-1], V), lower(jnp.max, V))
+    assert r.verdict == "equivalent", str(r)
+    pairs = lower(lambda v: jnp.sort(jnp.stack([v, -v]), axis=1)[:, 0], V)
+    r = tv_ir.check(pairs, lower(lambda v: jnp.stack([jnp.min(v), -jnp.max(v)]), V))
+    assert r.verdict == "equivalent", str(r)
+
+
+def test_sorting_the_wrong_way_is_refuted():
+    r = tv_ir.check(lower(lambda v: jnp.sort(v)[0], V), lower(jnp.max, V))
+    assert r.verdict == "not_equivalent", str(r)
+    (v,) = (np.asarray(a, np.float32) for a in r.counterexample.inputs.values())
+    assert np.sort(v)[0] != np.max(v)

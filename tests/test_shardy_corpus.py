@@ -52,8 +52,6 @@ UNSUPPORTED = {
     "sdy-resolve-single-device-sharding)",
     "single_device_switch": "as single_device_add",
     "stablehlo_fft": "stablehlo.fft (complex numbers) is not in the op table",
-    "stablehlo_sort": "sort on input-dependent keys",
-    "stablehlo_select_and_scatter": "select_and_scatter picks by comparing inputs",
 }
 
 

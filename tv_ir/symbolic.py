@@ -47,7 +47,14 @@ _neg = _ufunc(lambda a: T.neg(T.lift(a)), 1)
 _max = _ufunc(lambda a, b: T.maximum((a, b), True), 2)
 _min = _ufunc(lambda a, b: T.maximum((a, b), False), 2)
 _abs = _ufunc(lambda a: T.maximum((T.lift(a), T.neg(T.lift(a))), True), 1)
-_select = _ufunc(lambda c, a, b: T.select(T.lift_bool(c), T.lift(a), T.lift(b)), 3)
+def _select_one(c, a, b):
+    c = T.lift_bool(c)
+    if c.kind == "const":  # the other branch is never lifted (it may be a NaN fill value)
+        return T.lift(a if c.args[0] else b)
+    return T.select(c, T.lift(a), T.lift(b))
+
+
+_select = _ufunc(_select_one, 3)
 _and = _ufunc(lambda a, b: T.logical_and(T.lift_bool(a), T.lift_bool(b)), 2)
 _or = _ufunc(lambda a, b: T.logical_or(T.lift_bool(a), T.lift_bool(b)), 2)
 _xor = _ufunc(lambda a, b: T.logical_xor(T.lift_bool(a), T.lift_bool(b)), 2)

@@ -191,6 +191,37 @@ def scatter(ctx, *operands):
     return results
 
 
+def _select_and_scatter_cases(ctx, operand, source, result, offsets, strides, lows):
+    """select_and_scatter on input-dependent operands: the scan keeps, per window position,
+    the condition that it is the selected one; each source element is then added under
+    that condition."""
+    alg, rank = ctx.alg, operand.ndim
+    kind = reducer_kind(ctx, 1)
+    for si in np.ndindex(*source.shape):
+        window = []
+        for w in offsets:
+            i = tuple(si[d] * strides[d] - lows[d] + w[d] for d in range(rank))
+            if all(0 <= j < n for j, n in zip(i, operand.shape, strict=True)):
+                window.append(i)
+        if not window:
+            continue  # a window of padding only
+        chosen = [np.asarray(True)]  # chosen[k]: window[k] is the current selection
+        current = np.asarray(operand[window[0]])
+        for i in window[1:]:
+            keep = ctx.run_region(0, [current, np.asarray(operand[i])])[0]
+            chosen = [alg.logical_and(c, keep) for c in chosen]
+            chosen.append(alg.logical_not(keep))
+            current = alg.select(keep, current, np.asarray(operand[i]))
+        new = np.asarray(source[si])
+        for c, i in zip(chosen, window, strict=True):
+            acc = np.asarray(result[i])
+            value = (
+                getattr(alg, kind[1])(acc, new) if kind else ctx.run_region(1, [acc, new])[0]
+            )
+            result[i] = np.asarray(alg.select(c, np.asarray(value), acc))[()]
+    return result
+
+
 def _scatter_cases(ctx, n: int, operands) -> list:
     """scatter with input-dependent indices: every element an update window may land on
     becomes a select between the combined and the old value, per in-bounds start."""
@@ -295,6 +326,8 @@ def select_and_scatter(ctx, operand, source, init_value):
     )
     kind = reducer_kind(ctx, 1)
     offsets = list(itertools.product(*[range(w) for w in window]))
+    if operand.dtype == object:
+        return _select_and_scatter_cases(ctx, operand, source, result, offsets, strides, lows)
     for si in np.ndindex(*source.shape):
         selected = None
         for w in offsets:

@@ -230,6 +230,8 @@ def sort(ctx, *operands):
     lanes = moved[0].shape[:-1]
     n = moved[0].shape[-1]
     outs = [m.copy() for m in moved]
+    if any(ctx.alg.is_symbolic(a) for a in arrays):
+        return [np.moveaxis(o, -1, dim) for o in _sort_network(ctx, outs, lanes, n)]
 
     for lane in np.ndindex(*lanes):
 
@@ -250,3 +252,23 @@ def sort(ctx, *operands):
         for o, m in zip(outs, moved, strict=True):
             o[lane] = m[lane][perm]
     return [np.moveaxis(o, -1, dim) for o in outs]
+
+
+def _sort_network(ctx, outs: list, lanes: tuple, n: int) -> list:
+    """Sort on input-dependent keys: odd-even transposition (n rounds of compare-exchange of
+    neighbours, swapping only when the right one is strictly less: stable), every exchange a
+    `select` on the comparator, so the result is a term in the inputs."""
+    outs = [o.astype(object) for o in outs]
+    for lane in np.ndindex(*lanes):
+        for rnd in range(n):
+            for i in range(rnd % 2, n - 1, 2):
+                a, b = lane + (i,), lane + (i + 1,)
+                args = []
+                for o in outs:
+                    args += [np.asarray(o[b]), np.asarray(o[a])]
+                swap = ctx.run_region(0, args)[0]  # less(b, a)
+                for o in outs:
+                    x, y = np.asarray(o[a]), np.asarray(o[b])
+                    o[a] = np.asarray(ctx.alg.select(swap, y, x))[()]
+                    o[b] = np.asarray(ctx.alg.select(swap, x, y))[()]
+    return outs
