@@ -108,3 +108,18 @@ def test_sorting_the_wrong_way_is_refuted():
     assert r.verdict == "not_equivalent", str(r)
     (v,) = (np.asarray(a, np.float32) for a in r.counterexample.inputs.values())
     assert np.sort(v)[0] != np.max(v)
+
+
+def test_bitwise_ops_on_input_integers_are_unknown_not_logical():
+    # `or` on integers is bitwise; terms have no bits, so tv must not read it as logical or
+    i = np.array([3, 4], np.int32)
+    r = tv_ir.check(lower(lambda a: a | 0, i), lower(lambda a: a * 1, i))
+    assert r.verdict == "unknown" and "bitwise" in r.reason, str(r)
+
+
+def test_reducing_an_empty_axis_symbolically():
+    x = np.ones((2, 0), np.float32)
+    r = tv_ir.check(
+        lower(lambda a: a.sum(axis=1), x), lower(lambda a: jnp.zeros(2) + a.max(initial=0.0), x)
+    )
+    assert r.verdict == "equivalent", str(r)

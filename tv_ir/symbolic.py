@@ -256,7 +256,8 @@ class SymbolicAlgebra(NumpyAlgebra):
         rest = [d for d in range(x.ndim) if d not in axes]
         moved = np.transpose(x, rest + list(axes))
         keep = moved.shape[: len(rest)]
-        return moved.reshape(keep + (-1,)), keep
+        n = int(np.prod(moved.shape[len(rest) :], dtype=np.int64))  # -1 fails on empty arrays
+        return moved.reshape(keep + (n,)), keep
 
     def _reduce(self, x, axes, f):
         rows, keep = self._rows(x, axes)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import Unsupported
 from .registry import op
 
 
@@ -133,24 +134,36 @@ def clamp(ctx, lo, x, hi):
     return ctx.alg.minimum(ctx.alg.maximum(x, lo), hi)
 
 
+def _bitwise(ctx, *xs) -> list:
+    """and/or/xor/not are logical on booleans, bitwise on integers. Terms have no bits:
+    integer operands must be known numbers (else the op is unsupported)."""
+    if ctx.result_type.is_bool or not any(ctx.alg.is_symbolic(x) for x in xs):
+        return list(xs)
+    dt = ctx.result_type.numpy_dtype
+    try:
+        return [np.asarray(ctx.alg.indices(x)).astype(dt) for x in xs]
+    except Unsupported:
+        raise ctx.unsupported("bitwise operation on input-dependent integers") from None
+
+
 @op("stablehlo.and")
 def and_(ctx, x, y):
-    return ctx.alg.logical_and(x, y)
+    return ctx.alg.logical_and(*_bitwise(ctx, x, y))
 
 
 @op("stablehlo.or")
 def or_(ctx, x, y):
-    return ctx.alg.logical_or(x, y)
+    return ctx.alg.logical_or(*_bitwise(ctx, x, y))
 
 
 @op("stablehlo.xor")
 def xor(ctx, x, y):
-    return ctx.alg.logical_xor(x, y)
+    return ctx.alg.logical_xor(*_bitwise(ctx, x, y))
 
 
 @op("stablehlo.not")
 def not_(ctx, x):
-    return ctx.alg.logical_not(x)
+    return ctx.alg.logical_not(*_bitwise(ctx, x))
 
 
 @op("stablehlo.shift_left")
