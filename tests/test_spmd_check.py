@@ -108,3 +108,26 @@ def test_tv_partition_command(megatron, tmp_path) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("EQUIVALENT")
+
+
+def test_large_constants_survive_partitioning() -> None:
+    """XLA's dumps elide constants of more than a few elements (`constant({...})`) unless
+    asked: a causal mask must reach the per-device program whole, and an elided dump is
+    refused rather than read with made-up values."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    mask = np.tril(np.ones((16, 16), bool))
+
+    def masked(x):
+        return jax.numpy.where(mask, x, 0.0)
+
+    x = np.ones((16, 16), np.float32)
+    s = NamedSharding(mesh, P("data", None))
+    pre = jax.jit(masked, in_shardings=s, out_shardings=s).lower(x).as_text(debug_info=True)
+    r = tv_ir.check(jax.jit(masked).lower(x).as_text(), pre)
+    assert r.verdict == "equivalent", str(r)
+    elided = "constant({...})"
+    hlo = partition(pre).per_device_hlo
+    cut = hlo.index("pred[16,16]{1,0} constant(") + len("pred[16,16]{1,0} ")
+    hlo = hlo[:cut] + elided + hlo[hlo.index(")", hlo.index("} })", cut)) + 1 :]
+    with pytest.raises(tv_ir.BadInput, match="elided constants"):
+        tv_ir.load(hlo)

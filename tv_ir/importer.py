@@ -30,6 +30,9 @@ from .ir import (
 )
 
 _BYTECODE_MAGIC = b"ML\xefR"
+# XLA's dumps print constants of more than a few elements as `{...}` unless asked not to;
+# its HLO parser would then make up their values
+ELIDED_CONSTANT = re.compile(r"constant\(\{\.\.\.\}\)")
 _TERMINATORS = {"stablehlo.return", "func.return", "sdy.return", "mhlo.return"}
 # CHLO ops the op table defines directly (decomposing them would turn a math function into a
 # polynomial approximation, which the prover could only treat as an opaque polynomial).
@@ -103,6 +106,11 @@ def hlo_text_to_stablehlo_bytecode(text: str, name: str) -> bytes:
     from jax._src.lib import _jax
     from jax._src.lib import hlo as xhlo
 
+    if ELIDED_CONSTANT.search(text):
+        raise BadInput(
+            f"{name}: HLO text with elided constants (`constant({{...}})`): dump it again "
+            "with XLA_FLAGS=--xla_dump_large_constants=true"
+        )
     try:
         hm = xhlo.hlo_module_from_text(text)
     except Exception as e:

@@ -66,6 +66,8 @@ def partition(text: str, num_partitions: int | None = None) -> Partitioned:
             env_options_overrides={
                 "xla_dump_to": dump,
                 "xla_dump_hlo_pass_re": "spmd-partitioning",
+                # without it XLA prints constants of more than a few elements as `{...}`
+                "xla_dump_large_constants": True,
             },
         )
         if "sdy." not in text:
