@@ -72,11 +72,7 @@ def test_adamw_fsdp_tp_on_2x4_proved():
     assert "8 devices" in report.impl_name
 
 
-# XLA partitions the attention heads over "model" with all_to_all resharding (RoPE's
-# concatenate); tv's SPMD run of that per-device program gives values XLA's own execution
-# does not (checked: XLA's sharded step equals the unsharded one on tv's counterexample), so
-# tv reports a false `not_equivalent` at the all_to_all (llama.py, RoPE). Core bug, reported.
-@pytest.mark.xfail(strict=True, reason="tv's all_to_all in XLA-partitioned attention (core bug)")
+# attention heads over "model": XLA reshards them with all_to_all over mesh-axes groups
 def test_adamw_fsdp_tp_attention_heads_proved():
     import llama_adamw_fsdp_tp as ex
 

@@ -131,3 +131,30 @@ def test_large_constants_survive_partitioning() -> None:
     hlo = hlo[:cut] + elided + hlo[hlo.index(")", hlo.index("} })", cut)) + 1 :]
     with pytest.raises(tv_ir.BadInput, match="elided constants"):
         tv_ir.load(hlo)
+
+
+def test_mesh_axes_replica_groups_keep_their_device_order() -> None:
+    """XLA prints replica groups over a mesh whose devices are permuted
+    (`mesh[...], device_ids=([2,4]T(1,0)) {'axis_0'}`); jaxlib's HLO -> StableHLO conversion
+    drops the permutation, so tv expands the groups itself. A reshard that XLA partitions into
+    such an all_to_all must be proved."""
+    from tv_ir.importer import dense_mesh_replica_groups
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+    def reshard(x):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P("model", None))) * 2
+
+    x = np.ones((8, 8), np.float32)
+    f = jax.jit(
+        reshard,
+        in_shardings=NamedSharding(mesh, P(None, "model")),
+        out_shardings=NamedSharding(mesh, P("model", None)),
+    )
+    pre = f.lower(x).as_text(debug_info=True)
+    assert "device_ids=" in partition(pre).per_device_hlo  # the form this test is about
+    assert partition_and_check(pre).verdict == "equivalent"
+    groups = "replica_groups=mesh['a'=4,'b'=1,'c'=2], device_ids=([2,4]T(1,0)) {'a'}"
+    assert dense_mesh_replica_groups(groups) == "replica_groups={{0,1,2,3},{4,5,6,7}}"
+    sub = "replica_groups=mesh['x'=8] {'x':(2)2}"
+    assert dense_mesh_replica_groups(sub) == "replica_groups={{0,2},{1,3},{4,6},{5,7}}"

@@ -106,6 +106,7 @@ def hlo_text_to_stablehlo_bytecode(text: str, name: str) -> bytes:
     from jax._src.lib import _jax
     from jax._src.lib import hlo as xhlo
 
+    text = dense_mesh_replica_groups(text)
     if ELIDED_CONSTANT.search(text):
         raise BadInput(
             f"{name}: HLO text with elided constants (`constant({{...}})`): dump it again "
@@ -555,3 +556,72 @@ def extract_function(text: str, name: str, num_partitions: int | None = None) ->
             )
             module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
     return module.operation.get_asm(enable_debug_info=True)
+
+
+# `replica_groups=mesh['a'=4,'b'=2], device_ids=([2,4]T(1,0)) {'a'}`: XLA's mesh-axes replica
+# groups. jaxlib's HLO -> StableHLO conversion keeps the axes but drops the device order,
+# so tv writes them out as the dense groups XLA means before converting.
+_MESH_GROUPS = re.compile(
+    r"replica_groups=mesh\[(?P<axes>[^\]]*)\](?:,\s*device_ids=\((?P<ids>[^()]*(?:\([^()]*\))?)\))?"
+    r"\s*\{(?P<group>[^}]*)\}"
+)
+
+
+def dense_mesh_replica_groups(text: str) -> str:
+    """HLO text with mesh-axes replica groups replaced by XLA's flattened dense groups."""
+    return _MESH_GROUPS.sub(lambda m: "replica_groups=" + _dense_groups(m), text)
+
+
+def _dense_groups(m: re.Match) -> str:
+    names, sizes = [], []
+    for item in m.group("axes").split(","):
+        name, size = item.strip().rsplit("=", 1)
+        names.append(name.strip().strip("'\""))
+        sizes.append(int(size))
+    n = int(np.prod(sizes, dtype=np.int64))
+    devices = _device_order(m.group("ids"), n).reshape(sizes)
+    per_axis: dict[int, list[tuple[int, int]]] = {}
+    for ref in re.findall(r"'([^']+)'(?::\((\d+)\)(\d+))?", m.group("group")):
+        axis = names.index(ref[0])
+        full = sizes[axis]
+        pre, size = (int(ref[1]), int(ref[2])) if ref[1] else (1, full)
+        per_axis.setdefault(axis, []).append((pre, size))
+    # reshape every grouped axis into [pad, sub, pad, sub, ..., rest] (XLA's
+    # ComputeReindexedAxes), then move the grouped sub-axes last, in the order listed
+    shape, grouped, order = [], [], []
+    for axis, full in enumerate(sizes):
+        if axis not in per_axis:
+            shape.append(full)
+            continue
+        prefix = 1
+        mine = {}
+        for pre, size in sorted(per_axis[axis]):
+            if pre != prefix:
+                shape.append(pre // prefix)
+                prefix = pre
+            mine[(pre, size)] = len(shape)
+            shape.append(size)
+            prefix *= size
+        if prefix != full:
+            shape.append(full // prefix)
+        grouped += [mine[ps] for ps in per_axis[axis]]
+    order = [d for d in range(len(shape)) if d not in grouped] + grouped
+    per_group = int(np.prod([shape[d] for d in grouped], dtype=np.int64))
+    flat = devices.reshape(shape).transpose(order).reshape(-1, per_group)
+    return "{" + ",".join("{" + ",".join(str(int(d)) for d in g) + "}" for g in flat) + "}"
+
+
+def _device_order(ids: str | None, n: int) -> np.ndarray:
+    """A mesh's device assignment: iota, `[dims]T(perm)` (iota reshaped and transposed), or
+    an explicit list."""
+    if ids is None:
+        return np.arange(n)
+    ids = ids.strip()
+    m = re.fullmatch(r"\[([\d,\s]+)\](?:T\(([\d,\s]+)\))?", ids)
+    if m:
+        dims = [int(x) for x in m.group(1).split(",")]
+        perm = [int(x) for x in m.group(2).split(",")] if m.group(2) else list(range(len(dims)))
+        return np.arange(n).reshape(dims).transpose(perm).reshape(-1)
+    if re.fullmatch(r"[\d,\s]+", ids):
+        return np.array([int(x) for x in ids.split(",")])
+    raise BadInput(f"mesh device_ids ({ids}) in HLO replica groups: form not understood")
