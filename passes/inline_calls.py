@@ -2,9 +2,10 @@
 
 Before:  %r = func.call @relu(%x)          After:  %0 = stablehlo.maximum %x, %zero
                                                    (the callee's ops, renamed)
-So every value the prover may cut at lives in one block. Calls inside nested regions (loop
-bodies) stay: the interpreter evaluates them by name. The callee's ops keep their own source
-locations.
+So every value the prover may cut at lives in one block. Calls inside `sdy.manual_computation`
+bodies (shard_map: the prover cuts there too) are inlined as well; calls inside other nested
+regions (loop bodies) stay: the interpreter evaluates them by name. The callee's ops keep
+their own source locations.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tv_ir.ir import Block, Module, Op, Region, Value
 
 name = "inline-calls"
 MAX_DEPTH = 64
+INLINE_INSIDE = ("sdy.manual_computation",)  # regions whose ops the prover also cuts at
 
 
 def run(module: Module) -> Module:
@@ -47,6 +49,9 @@ def _inline_block(module: Module, block: Block, depth: int) -> Block:
                 rename[r.id] = v
         else:
             _rename_in_regions(op, rename)
+            if op.name in INLINE_INSIDE:
+                for region in op.regions:
+                    region.block = _inline_block(module, region.block, depth + 1)
             ops.append(op)
     return Block(block.args, ops, [get(v) for v in block.results])
 

@@ -177,3 +177,22 @@ def test_gspmd_form(mesh, gspmd, reduce, verdict):
     assert "SPMDFullToShardShape" in impl_text and "manual_computation" not in impl_text
     report = tv_ir.check(lower(plain_mlp, *mlp_args()), impl_text)
     assert report.verdict == verdict, report.reason
+
+
+def test_calls_inside_shard_map_bodies_are_inlined(mesh):
+    """JAX emits `jax.nn.silu` inside a shard_map body as a call to a private function; the
+    inline-calls pass inlines it there too, so the prover can cut inside it."""
+
+    def body(x, w):
+        return jax.lax.psum(jax.nn.silu(x @ w), "model")
+
+    f = jax.shard_map(
+        body, mesh=mesh, in_specs=(P("data", "model"), P("model", None)), out_specs=P("data")
+    )
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 8), np.float32)
+    text = lower(f, x, w)
+    assert "call @" in text  # JAX's form: silu is a private function called in the body
+    module = prepare(text, "impl")
+    manual = next(op for op in module.main.body.ops if op.name == "sdy.manual_computation")
+    names = [op.name for op in manual.regions[0].block.ops]
+    assert "func.call" not in names and "stablehlo.exponential" in names

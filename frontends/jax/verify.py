@@ -7,7 +7,6 @@ from typing import Any
 from tv_ir.errors import BadInput
 from tv_ir.report import Report
 
-from .inline import inline_manual_bodies
 from .lowering import Lowered, lower
 from .mesh import named, resolve_mesh
 
@@ -64,7 +63,7 @@ def verify(
         )
     impl_program = impl.text
     if impl.manual:
-        impl_program = inline_manual_bodies(prepare(impl.text, "impl"))
+        impl_program = prepare(impl.text, "impl")
     report = check(ref.text, impl_program, **options)
     _name(report, ref, impl, partitioned=impl.num_partitions > 1 and not impl.manual)
     return report
