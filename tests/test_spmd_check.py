@@ -158,3 +158,16 @@ def test_mesh_axes_replica_groups_keep_their_device_order() -> None:
     assert dense_mesh_replica_groups(groups) == "replica_groups={{0,1,2,3},{4,5,6,7}}"
     sub = "replica_groups=mesh['x'=8] {'x':(2)2}"
     assert dense_mesh_replica_groups(sub) == "replica_groups={{0,2},{1,3},{4,6},{5,7}}"
+
+
+def test_refutation_through_the_partitioner_names_mesh_coordinates() -> None:
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    x = np.ones((8, 8), np.float32)
+    s = NamedSharding(mesh, P("data", "model"))
+    impl = jax.jit(lambda a: a * 3, in_shardings=s, out_shardings=s).lower(x)
+    r = tv_ir.check(jax.jit(lambda a: a * 2).lower(x).as_text(), impl.as_text(debug_info=True))
+    assert r.verdict == "not_equivalent"
+    ce = r.counterexample
+    row, col = ce.index
+    assert ce.mesh_coords == {"data": row // 4, "model": col // 2}
+    assert f"(data={row // 4}, model={col // 2})" in str(r)

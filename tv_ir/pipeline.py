@@ -79,7 +79,9 @@ def check(
     if placement is None and _pre_partition(spec_m, impl_m):
         # an annotated module (jit with shardings, torch_xla mark_sharding): what runs is
         # XLA's partitioning of it, so that is what is verified
+        meshes = impl_m.attrs.get("sdy.meshes")
         impl_m, placement = _partitioned(impl, spec_m)
+        _name_mesh(impl_m, meshes)
     placement = placement or Placement.from_module(spec_m.main, impl_m)
     check_signatures(spec_m, impl_m, placement)
     t_import = time.perf_counter() - t0
@@ -103,6 +105,13 @@ def _pre_partition(spec: Module, impl: Module) -> bool:
     if any(op.name == "sdy.manual_computation" for op in impl.main.body.ops):
         return False
     return any(("sdy.sharding" in a or "mhlo.sharding" in a) for a in impl.main.arg_attrs)
+
+
+def _name_mesh(per_device: Module, meshes) -> None:
+    """Give XLA's per-device program the annotated module's Shardy mesh (which it loses), so
+    reports can name a device's mesh coordinates (device = partition id)."""
+    if meshes and not per_device.attrs.get("sdy.meshes"):
+        per_device.attrs["sdy.meshes"] = dict(meshes)
 
 
 def _partitioned(impl, spec_m: Module):
@@ -136,6 +145,7 @@ def partition_and_check(module, timeout: float = 10.0, seed: int = 0, progress=N
     spec_m = prepare(data, "module")
     parted = partition(data)
     impl_m = prepare(parted.per_device_hlo, "partitioned module")
+    _name_mesh(impl_m, spec_m.attrs.get("sdy.meshes"))
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
     )
