@@ -139,3 +139,22 @@ def test_partition_with_shardy_passes(tmp_path):
         assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
     r = tv("partition", "--function", "main", str(m))
     assert r.returncode == 3 and "need --shardy" in r.stderr
+
+
+A2A_EMPTY_GROUPS = """
+module attributes {mhlo.num_partitions = 2 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func @main(%arg0: tensor<4x4xf32>) -> tensor<4x4xf32> {
+    %0 = "stablehlo.all_to_all"(%arg0) {split_dimension = 0 : i64, concat_dimension = 0 : i64,
+      split_count = 2 : i64, replica_groups = dense<> : tensor<0x0xi64>}
+      : (tensor<4x4xf32>) -> tensor<4x4xf32>
+    return %0 : tensor<4x4xf32>
+  }
+}
+"""
+
+
+def test_input_that_crashes_jaxlibs_verifier_is_refused(tmp_path):
+    m = tmp_path / "a2a.mlir"
+    m.write_text(A2A_EMPTY_GROUPS)
+    r = tv("check", str(m), str(m))
+    assert r.returncode == 3 and "empty replica_groups" in r.stderr, (r.returncode, r.stderr)
