@@ -122,10 +122,13 @@ def _inline_constants(main, block, args: list[Arg]) -> list[tuple[str, str]]:
         value = np.asarray(info.value)
         rtype = ir.RankedTensorType(arg.type)
         dense = ir.DenseElementsAttr.get(
-            np.ascontiguousarray(value.reshape(rtype.shape)), type=rtype.element_type
+            np.ascontiguousarray(value.reshape(rtype.shape)),
+            type=rtype.element_type,
+            shape=list(rtype.shape),
         )
         with ir.InsertionPoint(first):
             const = stablehlo.ConstantOp(dense).result
+            _fold_converts(arg, value, rtype)
         arg.replace_all_uses_with(const)
     keep = [i for i, a in enumerate(args) if a.kind != "const"]
     for i in reversed(range(len(args))):
@@ -133,6 +136,30 @@ def _inline_constants(main, block, args: list[Arg]) -> list[tuple[str, str]]:
             block.erase_argument(i)
     _set_signature(main, block, [attrs[i] for i in keep])
     return [(args[i].name, args[i].kind) for i in keep]
+
+
+_NP_TYPES = {"f32": np.float32, "f16": np.float16, "f64": np.float64}
+
+
+def _fold_converts(arg, value: np.ndarray, rtype) -> None:
+    """`convert(c)` of a captured value becomes a constant of the converted type, rounded as
+    the conversion rounds (what XLA's constant folding does): torch_xla hands Python floats
+    over as f64 scalars, and tv reads a convert over the reals, so an unfolded
+    `convert(0.001 : f64) : f32` would differ from XLA's folded f32 constant."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    for use in list(arg.uses):
+        op = use.owner
+        if op.name != "stablehlo.convert":
+            continue
+        out = ir.RankedTensorType(op.results[0].type)
+        np_type = _NP_TYPES.get(str(out.element_type))
+        if np_type is None:
+            continue
+        rounded = np.ascontiguousarray(value.reshape(out.shape).astype(np_type))
+        dense = ir.DenseElementsAttr.get(rounded, type=out.element_type, shape=list(out.shape))
+        op.results[0].replace_all_uses_with(stablehlo.ConstantOp(dense).result)
 
 
 def _reorder(main, block, kept: list, order: list[tuple[str, str]]) -> list[tuple[str, str]]:
