@@ -2,9 +2,11 @@
 
     python bench/spmd.py [--quick] [--timeout SECONDS]
 
-A 2-layer MLP forward pass and an SGD training step (MSE loss, `jax.value_and_grad` with
+A 2-layer MLP forward pass and SGD training steps (MSE loss, `jax.value_and_grad` with
 respect to both weights, `w - lr * g`; batch 8, d 16, hidden 32), batch over "data" and the
-hidden dimension over "model" (Megatron), on meshes of 2, 4 and 8 host CPU devices. Each
+hidden dimension over "model" (Megatron); the same step written with `jax.grad` and the loss
+computed a second time; and that step with the weights over "data" (FSDP); on meshes of 2, 4
+and 8 host CPU devices. Each
 verification (`partition_and_check`: XLA's SPMD partitioner, then the proof) runs in a fresh
 subprocess. Beside it, the time XLA (CPU) takes to compile the same annotated module
 (`jax.jit(f, in_shardings=..., out_shardings=...).lower(...).compile()`).
@@ -62,6 +64,10 @@ def programs():
         loss, (g1, g2) = jax.value_and_grad(mse)((w1, w2), x, y)
         return w1 - LR * g1, w2 - LR * g2, loss
 
+    def grad_step(w1, w2, x, y):  # jax.grad, and the loss computed a second time
+        g1, g2 = jax.grad(mse)((w1, w2), x, y)
+        return w1 - LR * g1, w2 - LR * g2, mse((w1, w2), x, y)
+
     def fwd_shardings(s):
         return (s("data", None), s(None, "model"), s("model", None)), s("data", None)
 
@@ -69,9 +75,17 @@ def programs():
         w = (s(None, "model"), s("model", None))
         return (*w, s("data", None), s("data", None)), (*w, s())
 
+    def fsdp_shardings(s):  # weights over "data" as well as the batch
+        w = (s("data", None), s("data", None))
+        return (*w, s("data", None), s("data", None)), (*w, s())
+
+    shapes = [(D, HIDDEN), (HIDDEN, D), (BATCH, D), (BATCH, D)]
+
     return [
         ("mlp fwd", mlp, fwd_shardings, [(BATCH, D), (D, HIDDEN), (HIDDEN, D)]),
-        ("train step", step, step_shardings, [(D, HIDDEN), (HIDDEN, D), (BATCH, D), (BATCH, D)]),
+        ("train step", step, step_shardings, shapes),
+        ("grad step", grad_step, step_shardings, shapes),
+        ("fsdp step", grad_step, fsdp_shardings, shapes),
     ]
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from tv_ir.ir import Module
 
-from . import inline_calls
+from . import cse, inline_calls
 
-PASSES = {p.name: p for p in (inline_calls,)}
-DEFAULT_PIPELINE = ("inline-calls",)
+PASSES = {p.name: p for p in (inline_calls, cse)}
+DEFAULT_PIPELINE = ("inline-calls", "cse")
 
 
 def run_pipeline(module: Module, names=DEFAULT_PIPELINE) -> Module:

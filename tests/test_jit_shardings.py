@@ -85,12 +85,8 @@ def test_training_step_value_and_grad(s, style: str) -> None:
     assert r.verdict == "equivalent", r.reason
 
 
-# Known limitation (reported): with `jax.grad` and the loss computed a second time, the
-# weight updates are proved but the loss output is not: `unknown`, "output 2: z3: timeout",
-# after about 120 s (also with timeout=1.0). The spec computes the loss twice (in the grad's
-# forward pass and on its own) and z3 is asked to prove the copies equal: even unpartitioned,
-# `tv_ir.check(m, m)` of this module takes ~25 s. Not run until fixed: remove `run=False`.
-@pytest.mark.xfail(run=False, reason="loss output: z3 timeout after ~120 s (known, reported)")
+# `jax.grad` and the loss computed a second time: the spec repeats the forward pass (the
+# `cse` pass merges the copies; before it, the loss output was a z3 timeout after ~120 s)
 @pytest.mark.parametrize("style", ["megatron", "fsdp"])
 def test_training_step_grad(s, style: str) -> None:
     r = partition_and_check(_step_module(s, step_grad, style))
