@@ -158,3 +158,18 @@ def test_input_that_crashes_jaxlibs_verifier_is_refused(tmp_path):
     m.write_text(A2A_EMPTY_GROUPS)
     r = tv("check", str(m), str(m))
     assert r.returncode == 3 and "empty replica_groups" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_time_limit_bounds_the_whole_proof(files: Path) -> None:
+    from importlib import resources
+
+    examples = resources.files("tv_ir") / "examples"
+    spec, impl = str(examples / "block_spec.mlir"), str(examples / "block_fused_qkv.mlir")
+    r = tv("check", "--time-limit", "0.001", "--json", spec, impl)
+    assert r.returncode == 2, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["verdict"] == "unknown" and "time limit of 0.001 s" in out["reason"]
+    # refutations found by simulation need no proof time
+    r = tv("check", "--time-limit", "0.001", "twice.mlir", "thrice.mlir", cwd=files)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert tv("check", "--time-limit", "60", spec, impl).returncode == 0

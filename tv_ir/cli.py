@@ -72,6 +72,14 @@ def _common(p):
         metavar="S",
         help="seconds per solver query (default 10)",
     )
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds for the whole proof; when they run out the verdict is unknown "
+        "(default: no limit)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for simulation inputs")
 
 
@@ -89,7 +97,14 @@ def _run_check(spec, impl, args) -> int:
     from .pipeline import check
 
     progress = _progress(sys.stderr.isatty() and not args.json)
-    report = check(spec, impl, timeout=args.timeout, seed=args.seed, progress=progress)
+    report = check(
+        spec,
+        impl,
+        timeout=args.timeout,
+        seed=args.seed,
+        progress=progress,
+        time_limit=args.time_limit,
+    )
     if progress:
         print("\r\033[K", end="", file=sys.stderr)
     print(report.to_json() if args.json else str(report))
@@ -103,7 +118,9 @@ def _run_partition(args) -> int:
     if args.shardy is None:
         if args.function or args.spec or args.no_halo_exchange:
             raise BadInput("--function, --spec and --no-halo-exchange need --shardy PIPELINE")
-        report = partition_and_check(args.module, args.timeout, args.seed, progress)
+        report = partition_and_check(
+            args.module, args.timeout, args.seed, progress, args.time_limit
+        )
     else:
         spec, spec_fn = (args.spec, None) if args.spec else (None, None)
         if spec and "@" in spec:
@@ -118,6 +135,7 @@ def _run_partition(args) -> int:
             timeout=args.timeout,
             seed=args.seed,
             progress=progress,
+            time_limit=args.time_limit,
         )
     if progress:
         print("\r\033[K", end="", file=sys.stderr)

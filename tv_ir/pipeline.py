@@ -66,7 +66,13 @@ def _check_local_shapes(s, i, placement: Placement) -> None:
 
 
 def check(
-    spec, impl, timeout: float = 10.0, seed: int = 0, progress=None, placement=None
+    spec,
+    impl,
+    timeout: float = 10.0,
+    seed: int = 0,
+    progress=None,
+    placement=None,
+    time_limit: float | None = None,
 ) -> Report:
     """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module).
 
@@ -86,7 +92,7 @@ def check(
     check_signatures(spec_m, impl_m, placement)
     t_import = time.perf_counter() - t0
     try:
-        options = Options(timeout, seed, progress)
+        options = Options(timeout, seed, progress, time_limit)
         report = StageProver(spec_m, impl_m, options, placement).run()
     except Unsupported as e:
         report = Report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=str(e))
@@ -133,7 +139,13 @@ def _partitioned(impl, spec_m: Module):
     return impl_m, placement
 
 
-def partition_and_check(module, timeout: float = 10.0, seed: int = 0, progress=None) -> Report:
+def partition_and_check(
+    module,
+    timeout: float = 10.0,
+    seed: int = 0,
+    progress=None,
+    time_limit: float | None = None,
+) -> Report:
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
     per-device output equal to the module's own (single-device) semantics."""
     from .importer import read_source
@@ -149,7 +161,7 @@ def partition_and_check(module, timeout: float = 10.0, seed: int = 0, progress=N
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
     )
-    report = check(spec_m, impl_m, timeout, seed, progress, placement)
+    report = check(spec_m, impl_m, timeout, seed, progress, placement, time_limit)
     report.spec_name = name
     report.impl_name = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
     return report
@@ -165,6 +177,7 @@ def shardy_partition_and_check(
     timeout: float = 10.0,
     seed: int = 0,
     progress=None,
+    time_limit: float | None = None,
 ) -> Report:
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
@@ -191,7 +204,7 @@ def shardy_partition_and_check(
         placement = Placement.single_device(spec_m.main)
     else:
         placement = Placement.from_sdy(spec_m.main, annotated)
-    report = check(spec_m, impl_m, timeout, seed, progress, placement)
+    report = check(spec_m, impl_m, timeout, seed, progress, placement, time_limit)
     report.spec_name = spec_name
     report.impl_name = (
         f"Shardy's {pipeline} passes on @{entry} of {name} ({placement.num_devices} devices)"

@@ -10,7 +10,7 @@ from tv_ir.report import Report
 from .lowering import Lowered, lower
 from .mesh import named, resolve_mesh
 
-CHECK_OPTIONS = ("timeout", "seed", "progress")
+CHECK_OPTIONS = ("timeout", "seed", "progress", "time_limit")
 
 
 def verify(
@@ -31,7 +31,8 @@ def verify(
       `out_shardings` given); XLA's SPMD partitioning of `fn` is proved equal to `fn` itself.
 
     `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
-    are placed on it. `options`: `timeout` (seconds per solver query), `seed`, `progress`.
+    are placed on it. `options`: `timeout` (seconds per solver query), `time_limit` (seconds
+    for the whole proof), `seed`, `progress`.
     """
     from tv_ir.pipeline import check, partition_and_check, prepare
 

@@ -55,6 +55,11 @@ class Options:
     timeout: float = 10.0  # seconds per solver query
     seed: int = 0
     progress: Callable[[str], None] | None = None
+    time_limit: float | None = None  # seconds for the whole proof (None: no limit)
+
+
+class _OutOfTime(Exception):
+    """The proof's time limit ran out (the verdict becomes unknown)."""
 
 
 class _Outcome:
@@ -89,6 +94,7 @@ class StageProver:
         self.sim_env: dict[int, float] = {}
         self.spec_trace = None
         self.sim_inputs: list = []
+        self.deadline: float | None = None
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -110,10 +116,18 @@ class StageProver:
             if suspicious is None and not all(close(a, b) for a, b in pairs):
                 suspicious = x
         t1 = time.perf_counter()
+        if self.opt.time_limit is not None:
+            self.deadline = t0 + self.opt.time_limit
         try:
             report = self._prove(spec_tr, impl_tr, inputs[0])
         except Unsupported as e:
             report = self._unsupported(e)
+        except _OutOfTime:
+            report = self._report(
+                UNKNOWN,
+                reason=f"time limit of {self.opt.time_limit:g} s reached "
+                f"({self.stats.stages} stages proved by then)",
+            )
         self.stats.seconds["prove"] = time.perf_counter() - t1
         if report.verdict != EQUIVALENT and suspicious is not None:
             # not proved, and the programs differ on this input beyond float64 noise
@@ -165,6 +179,7 @@ class StageProver:
         counter = [0]
 
         def hook(op, results):
+            self._check_time()
             out = []
             for v, r in zip(op.results, results, strict=True):
                 self.spec_order[v.id] = len(self.spec_order)
@@ -341,7 +356,17 @@ class StageProver:
             pairs += _element_pairs(_trim(piece, box), _block(spec_value, box))
         return pairs
 
+    def _check_time(self) -> float | None:
+        """Seconds left before the time limit (None: no limit); raises when none are."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.perf_counter()
+        if left <= 0:
+            raise _OutOfTime()
+        return left
+
     def _prove_pairs(self, pairs: list, levels: int, final: bool) -> _Outcome:
+        self._check_time()
         work = [_residue(x, y) for x, y in pairs if not _same(x, y)]
         if not work:
             self.stats.proved_by_normal_form += 1
@@ -349,6 +374,7 @@ class StageProver:
         memo: dict = {}
         limit = MONOMIAL_LIMIT if final else STAGE_MONOMIAL_LIMIT
         for _level in range(levels):
+            self._check_time()
             groups = self._culprits(work)
             if not groups:
                 break
@@ -381,10 +407,13 @@ class StageProver:
         if not final and sum(_size(x) + _size(y) for x, y in pairs) > STAGE_SMT_SIZE:
             return _Outcome("unknown", reason="stage too large for the solver")
         timeout = self.opt.timeout if final else min(STAGE_SMT_SECONDS, self.opt.timeout)
+        left = self._check_time()
+        timeout = timeout if left is None else min(timeout, left)
         res = smt.check_equal(pairs, timeout_s=timeout)
         if res.status == "unsat":
             self.stats.proved_by_z3 += 1
             return _Outcome("proved", "z3")
+        self._check_time()
         if res.status == "sat" and final:
             if not self._only_inputs(pairs):
                 # a model over cut symbols may not be reachable from any input: express
