@@ -37,6 +37,9 @@ class Location:
 
     impl: OpSite | None = None
     spec: OpSite | None = None
+    # where the diverging impl op's inputs come from (nearest collective / slice on each data
+    # path, index computations): the candidates when the op itself is not the mistake
+    related: list[OpSite] = field(default_factory=list)
 
     # the implementation side, flattened for convenience (`report.location.file`)
     @property

@@ -31,6 +31,8 @@ def render(r) -> str:
         if r.location is not None:
             if r.location.impl is not None:
                 lines.append(f"  first diverging op in impl: {r.location.impl}")
+                for site in r.location.related:
+                    lines.append(f"    its inputs come from: {site}")
             if r.location.spec is not None:
                 lines.append(f"  where the spec parts ways:  {r.location.spec}")
         lines.append("  counterexample inputs (replayed concretely in float64):")

@@ -74,8 +74,10 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
         placement.num_devices,
         other=lambda: _run_impl(impl, placement, _other_inputs(inputs)),
     )
-    impl_site, matched_spec = _impl_site(impl, walk, differing)
+    impl_site, matched_spec, blamed = _impl_site(impl, walk, differing)
     loc = Location(impl=impl_site, spec=_spec_site(spec, matched_spec, differing))
+    if blamed is not None:
+        loc.related = related_sites(blamed, walk.index_values)
     return ce, loc, outputs
 
 
@@ -241,7 +243,53 @@ def _impl_site(impl: Module, walk: _Walk, output: int):
             site = walk.introducer(result)
         else:  # e.g. a partial sum returned as whole: the op that returns it
             site = result.owner
-    return (_site(site) if site is not None else None), walk.spec_seen
+    return (_site(site) if site is not None else None), walk.spec_seen, site
+
+
+# ops where data is moved between devices or picked out of a larger value: the first such op
+# on a path into the diverging op says where that input came from
+_DATA_SOURCES = {
+    "stablehlo.slice",
+    "stablehlo.dynamic_slice",
+    "stablehlo.gather",
+    "stablehlo.dynamic_update_slice",
+    "stablehlo.scatter",
+} | set(COLLECTIVES)
+RELATED_LIMIT = 6
+
+
+def related_sites(op: Op, index_values: set[int]) -> list[OpSite]:
+    """Where the diverging op's inputs come from, for the reader deciding which of them is
+    wrong (a block written at the right place with the wrong data, or the reverse, can be
+    the same program): on each data path the nearest collective or slice, and the ops
+    computing its index operands from device ids or constants. Sites on the op's own
+    line are left out."""
+    own = (op.loc.file, op.loc.line)
+    found: list[Op] = []
+    seen: set[int] = set()
+    stack = [(v, v.id in index_values) for v in op.operands]
+    while stack and len(found) < 4 * RELATED_LIMIT:
+        v, is_index = stack.pop()
+        src = v.owner
+        if src is None or id(src) in seen:
+            continue
+        seen.add(id(src))
+        if is_index:
+            found.append(src)
+            stack += [(u, True) for u in src.operands if u.id in index_values]
+        elif src.name in _DATA_SOURCES:
+            found.append(src)
+            stack += [(u, True) for u in src.operands if u.id in index_values]
+        else:
+            stack += [(u, u.id in index_values) for u in src.operands]
+    sites, lines = [], set()
+    for o in found:
+        key = (o.loc.file, o.loc.line)
+        if o.loc.line is None or key == own or key in lines:
+            continue
+        lines.add(key)
+        sites.append(_site(o))
+    return sites[:RELATED_LIMIT]
 
 
 class _Walk:
