@@ -16,6 +16,11 @@ import z3
 
 from .. import terms as T
 
+# z3's timeout is not always honoured on nonlinear queries (seen with sqrt and inverses):
+# cap its memory so such a query ends as `unknown` instead of exhausting the machine
+MEMORY_MB = 4096
+z3.set_param("memory_max_size", MEMORY_MB)
+
 
 @dataclass
 class SmtResult:
