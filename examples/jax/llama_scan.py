@@ -9,7 +9,7 @@ term; for this decoder that runs out of memory even for one layer (MemoryError a
 "Loops", for what does go through (one small layer) and the measurements.
 
     python examples/jax/llama_scan.py [--layers N]   # out of memory (see above)
-    python examples/jax/llama_scan.py --bug          # refuted at the scan (the while loop)
+    python examples/jax/llama_scan.py --bug          # refuted at the scan or its result
 """
 
 from __future__ import annotations
