@@ -21,7 +21,7 @@ import tv_ir.frontends.torch_xla as tvx  # sets torch_xla's CPU runtime first
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from common import all_reduce, automatic, axis_groups, manual, mesh_2x4  # noqa: E402
+from torch_common import all_reduce, automatic, axis_groups, manual, mesh_2x4  # noqa: E402
 
 B, S, D, H, F = 2, 4, 8, 4, 16  # batch, sequence, model dim, heads, MLP dim
 

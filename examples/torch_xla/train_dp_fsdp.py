@@ -16,7 +16,7 @@ import tv_ir.frontends.torch_xla as tvx  # sets torch_xla's CPU runtime first
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from common import mesh_2x4  # noqa: E402
+from torch_common import mesh_2x4  # noqa: E402
 
 B, D, F = 8, 4, 8
 MESH = mesh_2x4(("data", "fsdp"))
