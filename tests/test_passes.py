@@ -49,3 +49,41 @@ def test_cse_keeps_ops_that_are_not_pure():
 def test_cse_merges_identical_constants_and_elementwise_ops():
     names = _ops(lambda x: (x * 2.0 + 1.0, x * 2.0 + 1.0), X)
     assert names.count("stablehlo.multiply") == 1 and names.count("stablehlo.add") == 1
+
+
+def _scan_pair(layers: int):
+    def layer(h, w):
+        return jnp.tanh(h @ w), None
+
+    def scanned(ws, x):
+        return jnp.sum(jax.lax.scan(layer, x, ws)[0] ** 2)
+
+    def unrolled(ws, x):
+        for i in range(ws.shape[0]):
+            x = jnp.tanh(x @ ws[i])
+        return jnp.sum(x**2)
+
+    ws, x = np.ones((layers, 8, 8), np.float32), np.ones((4, 8), np.float32)
+    lower = lambda f: jax.jit(jax.grad(f)).lower(ws, x).as_text(debug_info=True)  # noqa: E731
+    return lower(unrolled), lower(scanned)
+
+
+def test_scan_over_layers_is_unrolled_and_proved_per_layer():
+    import tv_ir
+
+    spec, impl = _scan_pair(8)
+    assert "stablehlo.while" in impl
+    names = [op.name for op in prepare(impl, "impl").main.body.ops]
+    assert "stablehlo.while" not in names  # fixed trip count: unrolled
+    r = tv_ir.check(spec, impl, time_limit=120)
+    assert r.verdict == "equivalent", str(r)
+    small = tv_ir.check(*_scan_pair(2), time_limit=120)
+    assert r.stats.stages >= 3 * small.stats.stages  # cut-points in every layer
+
+
+def test_loops_with_input_dependent_trip_counts_stay_loops():
+    def halve_until_small(x):
+        return jax.lax.while_loop(lambda v: jnp.max(v) > 1.0, lambda v: v / 2, x)
+
+    names = _ops(halve_until_small, np.ones(4, np.float32))
+    assert "stablehlo.while" in names

@@ -13,7 +13,10 @@ from .report import UNKNOWN, Report
 
 
 def prepare(source, role: str) -> Module:
-    from tv_ir.passes import run_pipeline
+    """Import, inline calls, unroll fixed-trip-count loops, merge repeated computations."""
+    from tv_ir.passes import PASSES, run_pipeline
+
+    from .unroll import unroll_static_loops
 
     if isinstance(source, Module):
         return source
@@ -21,7 +24,8 @@ def prepare(source, role: str) -> Module:
         module = load(source)
     except BadInput as e:
         raise BadInput(f"{role}: {e}") from None
-    return run_pipeline(module)
+    module = unroll_static_loops(run_pipeline(module))
+    return PASSES["cse"].run(module)
 
 
 def check_signatures(spec: Module, impl: Module, placement: Placement | None = None) -> None:
