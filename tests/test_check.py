@@ -143,3 +143,14 @@ def test_scalar_results_are_proved() -> None:
     # 0-d values: a block of a scalar must stay an array, not become a bare term
     r = tv_ir.check(lower(lambda x: jnp.mean(x) * 2.0, X), lower(lambda x: jnp.sum(x + x) / 32, X))
     assert r.verdict == "equivalent", r.reason
+
+
+def test_running_out_of_memory_while_proving_is_unknown(monkeypatch) -> None:
+    from tv_ir.symbolic import SymbolicAlgebra
+
+    def exhausted(self, x, y):
+        raise MemoryError
+
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", exhausted)
+    r = tv_ir.check(lower(mlp), lower(lambda x, w: jax.nn.relu(x @ w) @ w.T * 1.0))
+    assert r.verdict == "unknown" and "out of memory" in r.reason, str(r)

@@ -102,7 +102,7 @@ def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
         if e.op is None:
             e.op = op.name
         raise
-    except TvError:
+    except (TvError, MemoryError):
         raise
     except Exception as e:  # an evaluator bug or a violated precondition: name the op
         raise InterpreterError(

@@ -14,7 +14,7 @@ from .report import UNKNOWN, Report
 
 def prepare(source, role: str) -> Module:
     """Import, inline calls, unroll fixed-trip-count loops, merge repeated computations."""
-    from tv_ir.passes import PASSES, run_pipeline
+    from tv_ir.passes import run_pipeline
 
     from .unroll import unroll_static_loops
 
@@ -25,7 +25,8 @@ def prepare(source, role: str) -> Module:
     except BadInput as e:
         raise BadInput(f"{role}: {e}") from None
     module = unroll_static_loops(run_pipeline(module))
-    return PASSES["cse"].run(module)
+    # unrolled loop bodies bring their calls to the top level: inline them too
+    return run_pipeline(module)
 
 
 def check_signatures(spec: Module, impl: Module, placement: Placement | None = None) -> None:

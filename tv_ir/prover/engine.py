@@ -122,6 +122,12 @@ class StageProver:
             report = self._prove(spec_tr, impl_tr, inputs[0])
         except Unsupported as e:
             report = self._unsupported(e)
+        except MemoryError:
+            report = self._report(
+                UNKNOWN,
+                reason="out of memory while expanding terms "
+                f"({self.stats.stages} stages proved by then)",
+            )
         except _OutOfTime:
             report = self._report(
                 UNKNOWN,
