@@ -9,7 +9,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from tv_ir.frontends.jax import assert_equivalent, verify
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "jax"))

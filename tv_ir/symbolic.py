@@ -47,6 +47,8 @@ _neg = _ufunc(lambda a: T.neg(T.lift(a)), 1)
 _max = _ufunc(lambda a, b: T.maximum((a, b), True), 2)
 _min = _ufunc(lambda a, b: T.maximum((a, b), False), 2)
 _abs = _ufunc(lambda a: T.maximum((T.lift(a), T.neg(T.lift(a))), True), 1)
+
+
 def _select_one(c, a, b):
     c = T.lift_bool(c)
     if c.kind == "const":  # the other branch is never lifted (it may be a NaN fill value)

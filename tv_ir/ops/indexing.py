@@ -215,9 +215,7 @@ def _select_and_scatter_cases(ctx, operand, source, result, offsets, strides, lo
         new = np.asarray(source[si])
         for c, i in zip(chosen, window, strict=True):
             acc = np.asarray(result[i])
-            value = (
-                getattr(alg, kind[1])(acc, new) if kind else ctx.run_region(1, [acc, new])[0]
-            )
+            value = getattr(alg, kind[1])(acc, new) if kind else ctx.run_region(1, [acc, new])[0]
             result[i] = np.asarray(alg.select(c, np.asarray(value), acc))[()]
     return result
 

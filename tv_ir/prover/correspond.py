@@ -165,6 +165,12 @@ class TileIndex:
                 out.append((vid, box))
         return out
 
+    def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
+        """(spec value, box) of every spec tile one device's value equals in every run,
+        earliest spec value first."""
+        found = self._matches(tuple(np.shape(arrays[0])), arrays)
+        return sorted(found, key=lambda m: self.order.get(m[0], 0))
+
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""
         return bool(self._matches(tuple(np.shape(arrays[0])), arrays))

@@ -343,7 +343,26 @@ class StageProver:
                 self.stats.stages += 1
                 syms = self.syms[c.spec_value]
                 return [c.block(syms, d) for d in range(len(per_device))]
+        if len(per_device) > 1:
+            return self._cut_per_device(per_device, runs, index)
         return per_device
+
+    def _cut_per_device(self, per_device: list, runs: list, index: TileIndex) -> list:
+        """No spec value whose tiles the devices hold: cut each device on its own, at a tile
+        of whichever spec value its value equals (a pipeline stage holds another layer's
+        activation than its neighbour). Each replacement is proved for its device; a device
+        whose value is no spec tile (an idle stage's work) keeps its value."""
+        out = list(per_device)
+        for d, a in enumerate(per_device):
+            for vid, box in index.tile_matches(runs[d])[:2]:
+                block = np.asarray(self.spec_view(vid))[box_index(box)]
+                outcome = self._prove_pairs(_element_pairs(a, block), STAGE_LEVELS, final=False)
+                if outcome.status == "proved":
+                    self.proved.add(vid)
+                    self.stats.stages += 1
+                    out[d] = np.asarray(self.syms[vid])[box_index(box)]
+                    break
+        return out
 
     def _output_pairs(self, layout, per_device: list, spec_value) -> list:
         """Element pairs stating that the devices' pieces of an output are the spec output."""
