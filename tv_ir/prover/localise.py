@@ -242,8 +242,26 @@ def _impl_site(impl: Module, walk: _Walk, output: int):
         if kind is not None and kind.suspicious:  # off by a factor: where it was scaled
             site = walk.introducer(result)
         else:  # e.g. a partial sum returned as whole: the op that returns it
-            site = result.owner
+            site = _assembled_by(result, walk) or result.owner
     return (_site(site) if site is not None else None), walk.spec_seen, site
+
+
+ASSEMBLING = ("stablehlo.dynamic_update_slice", "stablehlo.scatter")
+
+
+def _assembled_by(value, walk):
+    """The last write into a block-by-block assembled buffer that `value` returns (through a
+    shard_map's body), if it is one: the assembled whole is what differs."""
+    while value is not None and value.owner is not None:
+        op = value.owner
+        if op.name in ASSEMBLING and value.id in walk.assembling:
+            return op
+        if op.name == "sdy.manual_computation" and op.regions:
+            k = next(i for i, r in enumerate(op.results) if r is value)
+            value = op.regions[0].block.results[k]
+            continue
+        return None
+    return None
 
 
 # ops where data is moved between devices or picked out of a larger value: the first such op
@@ -316,6 +334,9 @@ class _Walk:
         self.constants = {r.id for op in ops if not op.operands for r in op.results}
         self.kinds: dict[int, Kind | None] = {}
         self.spec_seen: set[int] = set()
+        # buffers being filled block by block (dynamic_update_slice / scatter of matched
+        # pieces into a matched or partly filled buffer): judged when complete, not per write
+        self.assembling: set[int] = set()
 
     # -- what a value is ----------------------------------------------------------------
     def tracked(self, v) -> bool:
@@ -382,7 +403,7 @@ class _Walk:
         return self._other_trace
 
     def matched(self, v) -> bool:
-        return self.kind(v) is not None
+        return v.id in self.assembling or self.kind(v) is not None
 
     # -- where the programs part ways --------------------------------------------------
     def diverges(self, op) -> bool:
@@ -391,6 +412,9 @@ class _Walk:
         if not op.operands or all(not self.is_data(r) for r in op.results):
             return False  # constants, iotas, index arithmetic: where they are used matters
         if not all(self.matched(v) for v in _data_inputs(op)):
+            return False
+        if op.name in ASSEMBLING and not any(self.matched(r) for r in op.results):
+            self.assembling.update(r.id for r in op.results)
             return False
         return any(not self.matched(r) or self.lost(op, r) for r in op.results)
 
@@ -404,6 +428,10 @@ class _Walk:
         factor or only a partial sum, and does not itself move, reduce or return it (a
         softmax of mis-scaled scores, an rsqrt of an unreduced variance): then the op where
         that value arose (a missing collective belongs after it)."""
+        for r in op.results if op.name == "sdy.manual_computation" else ():
+            writer = _assembled_by(r, self)
+            if writer is not None:  # its body returns a buffer assembled block by block
+                return writer
         handles_partials = _handles_partials(op)
         for v in _data_inputs(op):
             kind = self.kind(v) if v.id in self.from_data else None
