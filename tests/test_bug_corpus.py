@@ -431,19 +431,15 @@ ELSEWHERE = {
     "ep_missing_combine": ("stablehlo.all_to_all", "ep_dispatch"),
 }
 
-# tv localisation gaps: the verdict and counterexample are right, but the op tv names is
-# not the planted bug. In these schedules the values cannot tell which of two consistent
-# choices is wrong: the ring's wrong offset and its wrong direction are the same program
-# for 4 devices (each writes block me + k with the chunk of device me - k), and swapping
-# the micro-batches that enter the pipeline is the same as swapping the output slots.
-# tv names the first op that writes a block to the wrong place.
-MISLOCATED = {
-    "pipe_microbatches_swapped": "names the output slot write `outs.at[t - TP + 1].set(...)`",
-}
-# the named op is the last block write of the assembled output; the planted line is among
-# the sites its inputs come from (`location.related`: the offset computation, or the
-# ppermute the written chunk came through)
-VIA_RELATED = {"ring_wrong_offset", "ring_wrong_direction"}
+# In these schedules the values cannot tell which of two consistent choices is wrong: the
+# ring's wrong offset and its wrong direction are the same result for 4 devices (each
+# writes block me + k with the chunk of device me - k), and swapping the micro-batches that
+# enter the pipeline is the same as swapping the output slots. tv names the last write of
+# the assembled output, and the planted line is among the sites its inputs come from
+# (`location.related`: the offset computation, the ppermute the chunk came through, the
+# slice that picked the micro-batch).
+MISLOCATED: dict[str, str] = {}
+VIA_RELATED = {"ring_wrong_offset", "ring_wrong_direction", "pipe_microbatches_swapped"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

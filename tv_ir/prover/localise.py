@@ -331,7 +331,13 @@ class _Walk:
         self.from_data, self.index_values = _dependence(fn)
         # constants and iotas match; where they are used is what matters
         ops = _execution_order(fn)
-        self.constants = {r.id for op in ops if not op.operands for r in op.results}
+        # constants, and splats of scalar constants (a `where`'s 0.0 fill value): where they
+        # are used is what matters. (A mask computed from constants is compared: a wrong
+        # offset in it diverges where it is built.)
+        self.constants: set[int] = set()
+        for op in ops:
+            if _is_constant_op(op, self.constants):
+                self.constants.update(r.id for r in op.results)
         self.kinds: dict[int, Kind | None] = {}
         self.spec_seen: set[int] = set()
         # buffers being filled block by block (dynamic_update_slice / scatter of matched
@@ -432,6 +438,9 @@ class _Walk:
             writer = _assembled_by(r, self)
             if writer is not None:  # its body returns a buffer assembled block by block
                 return writer
+        for v in _data_inputs(op):  # a buffer assembled block by block: its last write
+            if v.id in self.assembling and v.owner is not None:
+                return v.owner
         handles_partials = _handles_partials(op)
         for v in _data_inputs(op):
             kind = self.kind(v) if v.id in self.from_data else None
@@ -527,13 +536,27 @@ def _int_scalar(v) -> bool:
     return isinstance(t, TensorType) and not t.shape and not t.is_float
 
 
+def _is_constant_op(op, constants: set[int]) -> bool:
+    """A constant or iota, or a splat of a scalar constant (a `where`'s 0.0 fill value)."""
+    if not op.operands:
+        return True
+    x = op.operands[0]
+    return (
+        op.name == "stablehlo.broadcast_in_dim"
+        and x.id in constants
+        and not getattr(x.type, "shape", ())
+    )
+
+
 def _spec_site(spec: Module, matched: set[int], output: int) -> OpSite | None:
     """Earliest spec op whose operands all have impl counterparts but whose result has none."""
     main = spec.main
     cone = _cone(main.body.results[output])
     ok = {v.id for v in main.args} | matched
+    consts: set[int] = set()
     for op in main.body.ops:
-        if not op.operands:  # constants and iotas: where they are used is what matters
+        if _is_constant_op(op, consts):  # constants, iotas, splats: where they are used
+            consts.update(r.id for r in op.results)
             ok.update(r.id for r in op.results)
             continue
         if not any(r.id in cone for r in op.results):
