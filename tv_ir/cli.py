@@ -93,6 +93,14 @@ def _progress(enabled: bool):
     return show
 
 
+def _print(report, args, progress) -> int:
+    """The report (text or JSON) after clearing the progress line; its exit code."""
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr)
+    print(report.to_json() if args.json else str(report))
+    return EXIT_CODES[report.verdict]
+
+
 def _run_check(spec, impl, args) -> int:
     from .pipeline import check
 
@@ -105,10 +113,7 @@ def _run_check(spec, impl, args) -> int:
         progress=progress,
         time_limit=args.time_limit,
     )
-    if progress:
-        print("\r\033[K", end="", file=sys.stderr)
-    print(report.to_json() if args.json else str(report))
-    return EXIT_CODES[report.verdict]
+    return _print(report, args, progress)
 
 
 def _run_partition(args) -> int:
@@ -137,10 +142,7 @@ def _run_partition(args) -> int:
             progress=progress,
             time_limit=args.time_limit,
         )
-    if progress:
-        print("\r\033[K", end="", file=sys.stderr)
-    print(report.to_json() if args.json else str(report))
-    return EXIT_CODES[report.verdict]
+    return _print(report, args, progress)
 
 
 def _demo(args) -> int:

@@ -157,7 +157,27 @@ def scatter(ctx, *operands):
     symbolic = any(x.dtype == object for x in inputs + updates)
     results = [x.astype(object) if symbolic else x.copy() for x in inputs]
     starts = _start_vectors(indices, dn.index_vector_dim)
-    shape, upd_shape = inputs[0].shape, updates[0].shape
+    shape = inputs[0].shape
+    scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
+    rule = _update_rule(ctx, n)
+    for update_index in np.ndindex(*updates[0].shape):
+        scatter_index = tuple(update_index[d] for d in scatter_dims)
+        start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
+        if any(s < 0 or s + e > m for s, e, m in zip(start, extent, shape, strict=True)):
+            continue
+        ri = list(start)
+        for d, u in zip(window_dims, dn.update_window_dims, strict=True):
+            ri[d] += update_index[u]
+        ri = tuple(ri)
+        olds = [np.asarray(r[ri]) for r in results]
+        for r, v in zip(results, _combined(ctx, rule, olds, updates, update_index), strict=True):
+            r[ri] = np.asarray(v)[()]
+    return results
+
+
+def _scatter_geometry(dn, shape: tuple, upd_shape: tuple):
+    """(update dims that index updates, operand dims a window spans, window extent per
+    operand dim)."""
     scatter_dims = [d for d in range(len(upd_shape)) if d not in dn.update_window_dims]
     window_dims = [
         d
@@ -167,28 +187,26 @@ def scatter(ctx, *operands):
     extent = [1] * len(shape)
     for d, u in zip(window_dims, dn.update_window_dims, strict=True):
         extent[d] = upd_shape[u]
+    return scatter_dims, window_dims, extent
+
+
+def _update_rule(ctx, n: int):
+    """How scatter combines old values with an update: "replace", an algebra binary op
+    (a recognised reduction body), or None (run the region)."""
+    if _is_replace(ctx):
+        return "replace"
     kind = reducer_kind(ctx) if n == 1 else None
-    replace = _is_replace(ctx)
-    for update_index in np.ndindex(*upd_shape):
-        scatter_index = tuple(update_index[d] for d in scatter_dims)
-        start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
-        if any(s < 0 or s + e > m for s, e, m in zip(start, extent, shape, strict=True)):
-            continue
-        ri = list(start)
-        for d, u in zip(window_dims, dn.update_window_dims, strict=True):
-            ri[d] += update_index[u]
-        ri = tuple(ri)
-        if replace:
-            new = [u[update_index] for u in updates]
-        elif kind is not None:
-            binary = getattr(ctx.alg, kind[1])
-            new = [binary(np.asarray(results[0][ri]), np.asarray(updates[0][update_index]))]
-        else:
-            olds = [np.asarray(r[ri]) for r in results]
-            new = ctx.run_region(0, olds + [np.asarray(u[update_index]) for u in updates])
-        for r, v in zip(results, new, strict=True):
-            r[ri] = np.asarray(v)[()]
-    return results
+    return getattr(ctx.alg, kind[1]) if kind is not None else None
+
+
+def _combined(ctx, rule, olds: list, updates: list, update_index: tuple) -> list:
+    """The update computation applied to the old values and one update element."""
+    news = [np.asarray(u[update_index]) for u in updates]
+    if rule == "replace":
+        return news
+    if rule is not None:
+        return [rule(olds[0], news[0])]
+    return ctx.run_region(0, olds + news)
 
 
 def _select_and_scatter_cases(ctx, operand, source, result, offsets, strides, lows):
@@ -228,21 +246,12 @@ def _scatter_cases(ctx, n: int, operands) -> list:
     dn = ctx.attr("scatter_dimension_numbers")
     starts = _start_vectors(np.asarray(operands[n], dtype=object), dn.index_vector_dim)
     results = [x.copy() for x in inputs]
-    shape, upd_shape = inputs[0].shape, updates[0].shape
-    scatter_dims = [d for d in range(len(upd_shape)) if d not in dn.update_window_dims]
-    window_dims = [
-        d
-        for d in range(len(shape))
-        if d not in dn.inserted_window_dims and d not in dn.input_batching_dims
-    ]
-    extent = [1] * len(shape)
-    for d, u in zip(window_dims, dn.update_window_dims, strict=True):
-        extent[d] = upd_shape[u]
-    kind = reducer_kind(ctx) if n == 1 else None
-    replace = _is_replace(ctx)
+    shape = inputs[0].shape
+    scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
+    rule = _update_rule(ctx, n)
     scattered = list(dn.scattered_dims_to_operand_dims)
     highs = [shape[d] - extent[d] for d in scattered]
-    for update_index in np.ndindex(*upd_shape):
+    for update_index in np.ndindex(*updates[0].shape):
         scatter_index = tuple(update_index[d] for d in scatter_dims)
         vec = list(starts[scatter_index])
         base = _scatter_start(dn, [0] * len(vec), scatter_index, len(shape))
@@ -271,13 +280,7 @@ def _scatter_cases(ctx, n: int, operands) -> list:
                 )
                 cond = c_is if cond is None else ctx.alg.logical_and(cond, c_is)
             olds = [np.asarray(r[ri]) for r in results]
-            if replace:
-                new = [np.asarray(u[update_index]) for u in updates]
-            elif kind is not None:
-                binary = getattr(ctx.alg, kind[1])
-                new = [binary(olds[0], np.asarray(updates[0][update_index]))]
-            else:
-                new = ctx.run_region(0, olds + [np.asarray(u[update_index]) for u in updates])
+            new = _combined(ctx, rule, olds, updates, update_index)
             for r, old, v in zip(results, olds, new, strict=True):
                 r[ri] = np.asarray(ctx.alg.select(cond, np.asarray(v), old))[()]
     return results
