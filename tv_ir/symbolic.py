@@ -75,11 +75,12 @@ def _pow(a, b):
             return T.fn("sqrt", a)
         if e == T.Fraction(-1, 2):
             return T.fn("rsqrt", a)
-    return T.atom_poly(T.Atom("pow", (a, b)))
+    return T.power(a, b)
 
 
 _power = _ufunc(_pow, 2)
-_atan2 = _ufunc(lambda a, b: T.atom_poly(T.Atom("atan2", (T.lift(a), T.lift(b)))), 2)
+_atan2 = _ufunc(lambda a, b: T.atan2(T.lift(a), T.lift(b)), 2)
+_is_finite = _ufunc(T.is_finite, 1)
 
 
 # unary math functions are opaque atoms of canonical arguments
@@ -172,8 +173,8 @@ class SymbolicAlgebra(NumpyAlgebra):
     def unary(self, fn: str, x):
         if not _sym(x):
             return super().unary(fn, x)
-        if fn == "is_finite":
-            return np.ones(np.shape(x), dtype=bool)  # symbolic reals are finite
+        if fn == "is_finite":  # where it is defined (a guard of a partial op is not folded)
+            return _is_finite(x)
         f = _UNARY.get(fn)
         if f is None:
             f = _UNARY[fn] = _unary_term(fn)

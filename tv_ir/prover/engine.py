@@ -34,7 +34,14 @@ from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
 from .placement import Placement
-from .simulate import close, random_inputs, run_traced, run_traced_devices
+from .simulate import (
+    close,
+    compared_constants,
+    guard_inputs,
+    random_inputs,
+    run_traced,
+    run_traced_devices,
+)
 
 SIM_RUNS = 2
 # relative difference above which a simulated output difference refutes at once; smaller
@@ -115,6 +122,10 @@ class StageProver:
                 return self._refuted(x, "simulation")
             if suspicious is None and not all(close(a, b) for a, b in pairs):
                 suspicious = x
+        refuted = self._guard_runs(rng)
+        if refuted is not None:
+            return refuted
+        self.stats.seconds["simulate"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         if self.opt.time_limit is not None:
             self.deadline = t0 + self.opt.time_limit
@@ -141,6 +152,24 @@ class StageProver:
             if refuted.verdict == NOT_EQUIVALENT:
                 return refuted
         return report
+
+    def _guard_runs(self, rng) -> Report | None:
+        """Run both programs on guard-set inputs (zeros, compared constants); a difference
+        there refutes at once. These runs choose no cut-points: their values are often
+        degenerate (all equal), which would match anything."""
+        constants = compared_constants(self.spec, self.impl)
+        for x in guard_inputs(self.spec.main, constants, rng):
+            try:
+                s = run_traced(self.spec, x)
+                i = self._run_impl(x)
+            except Unsupported:
+                return None
+            outs = self.place.assemble_outputs(_by_device(i.outputs, self.place.num_devices))
+            if not all(close(a, b) for a, b in zip(s.outputs, outs, strict=True)):
+                refuted = self._refuted(x, "simulation on a guard set")
+                if refuted.verdict == NOT_EQUIVALENT:
+                    return refuted
+        return None
 
     def _run_impl(self, inputs: list):
         p = self.place
@@ -194,6 +223,7 @@ class StageProver:
                     sym = T.symbol_array(f"%{op.short_name}{counter[0]}", v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
                         self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
+                    _carry_definedness(sym, r)
                     self.defs[v.id] = r
                     self.syms[v.id] = sym
                     out.append(sym)
@@ -563,6 +593,21 @@ def _cuttable(op, v, per_device: list) -> bool:
     )
 
 
+def _carry_definedness(sym: np.ndarray, definition) -> None:
+    """A cut symbol is defined where its definition is (where a division by zero made the
+    spec value non-finite, so is the symbol standing for it), and has its definition's
+    sign (a sum of squares stays >= 0 behind its symbol)."""
+    definition = np.asarray(definition)
+    if definition.dtype != object:
+        return
+    for idx in np.ndindex(*sym.shape):
+        d = definition[idx]
+        if isinstance(d, T.Poly):
+            T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
+            if d.dom is not T.TRUE:
+                sym[idx] = T.with_dom(sym[idx], d.dom)
+
+
 def _element_pairs(a, b) -> list:
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
@@ -598,11 +643,15 @@ def _same(x, y) -> bool:
 
 
 def _residue(x, y):
-    """A numeric pair as one residue x - y (proved when it is 0); booleans stay pairs."""
+    """A numeric pair as one residue x - y (proved when it is 0, where both are defined);
+    booleans, and pairs defined in different places, stay pairs."""
     if isinstance(x, T.Bool) or isinstance(y, T.Bool):
         return (x, y)
     try:
-        d = T.sub(T.lift(x), T.lift(y))
+        x, y = T.lift(x), T.lift(y)
+        if x.dom is not y.dom:
+            return (x, y)
+        d = T.sub(x, y)
     except TvError:
         return (x, y)
     return d
@@ -625,7 +674,7 @@ def _work_size(w) -> int:
 
 
 def _as_pair(w):
-    return (w, T.ZERO) if isinstance(w, T.Poly) else w
+    return (w, T.with_dom(T.ZERO, w.dom)) if isinstance(w, T.Poly) else w
 
 
 def _syms(e) -> frozenset:
