@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import terms as T
+from ..algebra import NumpyAlgebra
 from ..errors import TvError, Unsupported
 from ..interp import Interpreter
 from ..ir import Module, TensorType
 from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
-from ..spmd import SpmdInterpreter
+from ..spmd import SpmdInterpreter, device_name
 from ..symbolic import SymbolicAlgebra
 from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
@@ -116,8 +117,13 @@ class StageProver:
         self.stats.seconds["simulate"] = time.perf_counter() - t0
         suspicious = None  # an input whose outputs differ slightly: maybe float64 noise
         for x, s, i in zip(inputs, spec_tr, impl_tr, strict=True):
-            outs = self.place.assemble_outputs(_by_device(i.outputs, self.place.num_devices))
-            pairs = list(zip(s.outputs, outs, strict=True))
+            # every device's copy of every output, against its block of the spec output
+            copies = self.place.output_copies(_by_device(i.outputs, self.place.num_devices))
+            pairs = [
+                (_block(a, box), b)
+                for a, held in zip(s.outputs, copies, strict=True)
+                for _, box, b in held
+            ]
             if not all(close(a, b, CLEAR_DIFFERENCE) for a, b in pairs):
                 return self._refuted(x, "simulation")
             if suspicious is None and not all(close(a, b) for a, b in pairs):
@@ -343,7 +349,8 @@ class StageProver:
             verdict = EQUIVALENT if outcome.status == "proved" else UNKNOWN
             outputs.append(OutputResult(i, verdict))
             if outcome.status != "proved":
-                failures.append((i, outcome))
+                failures.append((f"output {i}", outcome))
+        failures += self._replica_failures(interp)
         if not failures:
             return self._report(EQUIVALENT, outputs=outputs)
         for _, outcome in failures:
@@ -355,9 +362,50 @@ class StageProver:
                     return self._report(
                         NOT_EQUIVALENT, counterexample=ce, location=loc, outputs=outs
                     )
-        i, outcome = failures[0]
+                diverged = self._divergent_replica(replay)
+                if diverged is not None:
+                    return self._report(UNKNOWN, outputs=outputs, reason=diverged)
+        what, outcome = failures[0]
         reason = outcome.reason or "normal forms differ and the solver could not decide"
-        return self._report(UNKNOWN, outputs=outputs, reason=f"output {i}: {reason}")
+        return self._report(UNKNOWN, outputs=outputs, reason=f"{what}: {reason}")
+
+    def _replica_failures(self, interp: SpmdInterpreter) -> list:
+        """Replicated boxes of shard_map results (`SpmdInterpreter.replicas`): every device's
+        copy must be proved equal to the first holder's (which devices that do not compute
+        the box read). [(what, outcome)] for the copies not proved."""
+        out = []
+        n = self.place.num_devices
+        for rep in interp.replicas:
+            for d, copy in zip(rep.devices[1:], rep.values[1:], strict=True):
+                pairs = _element_pairs(copy, rep.values[0])
+                outcome = self._prove_pairs(pairs, OUTPUT_LEVELS, final=True)
+                if outcome.status != "proved":
+                    first = device_name(self.impl, rep.devices[0], n)
+                    what = (
+                        f"{rep.where()} is claimed replicated, but the copy on "
+                        f"{device_name(self.impl, d, n)} is not proved equal to the one on {first}"
+                    )
+                    out.append((what, outcome))
+        return out
+
+    def _divergent_replica(self, inputs: list) -> str | None:
+        """On these inputs, a replicated box whose copies differ although every device's
+        outputs are the spec's (what the program computes then depends on which copy XLA
+        reads): the reason the verdict is unknown."""
+        p = self.place
+        interp = SpmdInterpreter(self.impl, NumpyAlgebra(), p.num_replicas, p.num_partitions)
+        interp.run(p.shard_inputs(inputs))
+        for rep in interp.replicas:
+            for d, copy in zip(rep.devices[1:], rep.values[1:], strict=True):
+                if not close(copy, rep.values[0]):
+                    n = p.num_devices
+                    return (
+                        f"{rep.where()} is claimed replicated, but on a replayed input its copy "
+                        f"on {device_name(self.impl, d, n)} differs from the one on "
+                        f"{device_name(self.impl, rep.devices[0], n)} (every device's outputs "
+                        "equal the spec's, but which copy a device reads is XLA's choice)"
+                    )
+        return None
 
     def _try_cut(self, v, per_device: list, index: TileIndex, impl_tr) -> list:
         """Prove v equal (on every device) to a block of a spec value; then use its symbols."""

@@ -150,8 +150,17 @@ class Placement:
         return out
 
     def assemble_outputs(self, per_device: list[list], add=None) -> list:
+        """Each output's logical value (a replicated box: its first holder's copy)."""
         return [
             lay.assemble([per_device[d][k] for d in range(self.num_devices)], add)
+            for k, lay in enumerate(self.results)
+        ]
+
+    def output_copies(self, per_device: list[list], add=None) -> list[list[tuple]]:
+        """Per output, every copy the devices hold: [(device, box, value)] (`Layout.copies`).
+        An output is right only if every copy equals its box of the spec output."""
+        return [
+            lay.copies([per_device[d][k] for d in range(self.num_devices)], add)
             for k, lay in enumerate(self.results)
         ]
 
