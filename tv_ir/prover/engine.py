@@ -117,13 +117,7 @@ class StageProver:
         self.stats.seconds["simulate"] = time.perf_counter() - t0
         suspicious = None  # an input whose outputs differ slightly: maybe float64 noise
         for x, s, i in zip(inputs, spec_tr, impl_tr, strict=True):
-            # every device's copy of every output, against its block of the spec output
-            copies = self.place.output_copies(_by_device(i.outputs, self.place.num_devices))
-            pairs = [
-                (_block(a, box), b)
-                for a, held in zip(s.outputs, copies, strict=True)
-                for _, box, b in held
-            ]
+            pairs = self._output_copy_pairs(s, i)
             if not all(close(a, b, CLEAR_DIFFERENCE) for a, b in pairs):
                 return self._refuted(x, "simulation")
             if suspicious is None and not all(close(a, b) for a, b in pairs):
@@ -159,6 +153,16 @@ class StageProver:
                 return refuted
         return report
 
+    def _output_copy_pairs(self, spec_trace, impl_trace) -> list:
+        """Every device's copy of every output, beside its block of the spec output."""
+        n = self.place.num_devices
+        copies = self.place.output_copies(_by_device(impl_trace.outputs, n))
+        return [
+            (_block(a, box), b)
+            for a, held in zip(spec_trace.outputs, copies, strict=True)
+            for _, box, b in held
+        ]
+
     def _guard_runs(self, rng) -> Report | None:
         """Run both programs on guard-set inputs (zeros, compared constants); a difference
         there refutes at once. These runs choose no cut-points: their values are often
@@ -170,8 +174,7 @@ class StageProver:
                 i = self._run_impl(x)
             except Unsupported:
                 return None
-            outs = self.place.assemble_outputs(_by_device(i.outputs, self.place.num_devices))
-            if not all(close(a, b) for a, b in zip(s.outputs, outs, strict=True)):
+            if not all(close(a, b) for a, b in self._output_copy_pairs(s, i)):
                 refuted = self._refuted(x, "simulation on a guard set")
                 if refuted.verdict == NOT_EQUIVALENT:
                     return refuted
