@@ -462,6 +462,23 @@ class StageProver:
             pairs += _element_pairs(_trim(piece, box), _block(spec_value, box))
         return pairs
 
+    def _same_conditions(self, x, y, memo: dict):
+        """A pair whose definedness conditions differ, with unproved cut symbols expanded in
+        both conditions: the spec side comes expanded (`spec_view`), while an implementation
+        value replaced by a cut symbol carries that symbol's condition as it was written."""
+        if (
+            isinstance(x, T.Poly)
+            and isinstance(y, T.Poly)
+            and x.dom is not y.dom
+            and (self._has_unproved(x.dom) or self._has_unproved(y.dom))
+        ):
+            x = self._expand_term(x, self._unproved_mapping, memo)
+            y = self._expand_term(y, self._unproved_mapping, memo)
+        return x, y
+
+    def _has_unproved(self, b) -> bool:
+        return any((o := self.owner.get(a)) is not None and o[0] not in self.proved for a in b.syms)
+
     def _check_time(self) -> float | None:
         """Seconds left before the time limit (None: no limit); raises when none are."""
         if self.deadline is None:
@@ -473,7 +490,9 @@ class StageProver:
 
     def _prove_pairs(self, pairs: list, levels: int, final: bool) -> _Outcome:
         self._check_time()
-        work = [_residue(x, y) for x, y in pairs if not _same(x, y)]
+        settle: dict = {}
+        work = [_residue(*self._same_conditions(x, y, settle)) for x, y in pairs if not _same(x, y)]
+        work = [w for w in work if not _work_done(w)]
         if not work:
             self.stats.proved_by_normal_form += 1
             return _Outcome("proved", "normal_form")
