@@ -101,6 +101,8 @@ class StageProver:
         t0 = time.perf_counter()
         rng = np.random.default_rng(self.opt.seed)
         inputs = [random_inputs(self.spec.main, rng) for _ in range(SIM_RUNS)]
+        if any(isinstance(t, TensorType) and t.is_integer for t in self.spec.main.arg_types):
+            inputs.append(random_inputs(self.spec.main, rng, extremes=True))  # where ints wrap
         try:
             spec_tr = [run_traced(self.spec, x) for x in inputs]
             impl_tr = [self._run_impl(x) for x in inputs]
@@ -171,13 +173,13 @@ class StageProver:
             if not isinstance(t, TensorType):
                 out.append(None)
                 continue
-            arr = T.symbol_array(name if t.is_float else f"{name}:int", t.shape)
+            # identity: the argument number (never its name); integer ranges: its type
+            arr = T.symbol_array(T.Key("input", i, t.dtype, name), t.shape)
             for idx in np.ndindex(*t.shape):
                 p = arr[idx]
+                self.input_atoms[T.as_atom(p).id] = (i, idx)
                 if t.is_bool:
                     arr[idx] = T.lift_bool(T.compare("NE", p, T.ZERO))
-                else:
-                    self.input_atoms[T.as_atom(p).id] = (i, idx)
             out.append(arr)
         return out
 
@@ -191,7 +193,8 @@ class StageProver:
                 self.spec_order[v.id] = len(self.spec_order)
                 if _cuttable(op, v, [r]):
                     counter[0] += 1
-                    sym = T.symbol_array(f"%{op.short_name}{counter[0]}", v.type.shape)
+                    key = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
+                    sym = T.symbol_array(key, v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
                         self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
                     self.defs[v.id] = r
@@ -550,7 +553,8 @@ class StageProver:
             where = self.input_atoms.get(aid)
             if where is not None:
                 i, idx = where
-                base[i][idx] = val
+                t = self.spec.main.arg_types[i]
+                base[i][idx] = val if t.is_integer else bool(val) if t.is_bool else float(val)
         return base
 
 

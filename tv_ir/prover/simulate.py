@@ -18,7 +18,10 @@ from ..ir import Function, Module, TensorType
 RTOL = 1e-9
 
 
-def random_inputs(fn: Function, rng: np.random.Generator) -> list[np.ndarray]:
+def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False) -> list:
+    """Random inputs: floats from a standard normal (representable in f32), integers small
+    (valid indices) or, with `extremes`, anywhere in their type's range with its edges
+    (min, min + 1, -1, 0, 1, max - 1, max) half of the time, where machine integers wrap."""
     out = []
     for t in fn.arg_types:
         if not isinstance(t, TensorType):
@@ -29,6 +32,15 @@ def random_inputs(fn: Function, rng: np.random.Generator) -> list[np.ndarray]:
             a = rng.standard_normal(t.shape).astype(np.float32).astype(np.float64)
         elif t.is_bool:
             a = rng.random(t.shape) < 0.5
+        elif extremes:
+            info = np.iinfo(t.numpy_dtype)
+            edges = [info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max]
+            edges = np.array([v for v in edges if info.min <= v <= info.max], dtype=t.numpy_dtype)
+            anywhere = rng.integers(
+                info.min, info.max, size=t.shape, dtype=t.numpy_dtype, endpoint=True
+            )
+            a = np.where(rng.random(t.shape) < 0.5, rng.choice(edges, size=t.shape), anywhere)
+            a = a.astype(t.numpy_dtype)
         else:
             a = rng.integers(0, 4, size=t.shape).astype(t.numpy_dtype)
         out.append(np.asarray(a))
