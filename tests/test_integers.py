@@ -66,6 +66,15 @@ def test_wrapping_identities_are_proved() -> None:
     proved(lower(double, I32, I32), lower(twice, I32, I32))
 
 
+def test_facts_about_wrapped_values_are_proved_by_the_solver() -> None:
+    u8 = np.zeros((4,), np.uint8)
+    i8 = np.zeros((3,), np.int8)
+    int_max = np.iinfo(np.int32).max
+    proved(lower(lambda x: x + 1 > x, I32), lower(lambda x: x != int_max, I32))
+    proved(lower(lambda x: x - 1 < x, u8), lower(lambda x: x != 0, u8))
+    proved(lower(lambda x: jnp.abs(x) >= 0, i8), lower(lambda x: x != -128, i8))
+
+
 def test_wrapped_normal_forms() -> None:
     a, b = (T.symbol(T.Key("input", k, "i32", "ab"[k])) for k in range(2))
 
@@ -322,3 +331,30 @@ def test_solver_variables_are_named_by_identity() -> None:
     b = T.symbol(T.Key("input", 1, "f32", "x"))
     assert a != b and repr(a) == repr(b) == "x"
     assert smt.check_equal([(a, b)]).status == "sat"
+
+
+UPOWER = """
+func.func @main(%x: tensor<4xui8>) -> tensor<4xui8> {
+  %e = stablehlo.constant dense<255> : tensor<4xui8>
+  %y = stablehlo.power %x, %e : tensor<4xui8>
+  return %y : tensor<4xui8>
+}
+"""
+
+UFLIP = """
+func.func @main(%x: tensor<4xui8>) -> tensor<4xui8> {
+  %one = stablehlo.constant dense<1> : tensor<4xui8>
+  %max = stablehlo.constant dense<255> : tensor<4xui8>
+  %zero = stablehlo.constant dense<0> : tensor<4xui8>
+  %is1 = stablehlo.compare EQ, %x, %one : (tensor<4xui8>, tensor<4xui8>) -> tensor<4xi1>
+  %ismax = stablehlo.compare EQ, %x, %max : (tensor<4xui8>, tensor<4xui8>) -> tensor<4xi1>
+  %a = stablehlo.select %ismax, %max, %zero : tensor<4xi1>, tensor<4xui8>
+  %y = stablehlo.select %is1, %one, %a : tensor<4xi1>, tensor<4xui8>
+  return %y : tensor<4xui8>
+}
+"""
+
+
+def test_unsigned_power_reads_the_exponent_and_base_as_signed() -> None:
+    """ui8: x ** 255 is x ** -1: 1 at 1, 255 (-1) at 255 (-1), else 0."""
+    proved(UPOWER, UFLIP)

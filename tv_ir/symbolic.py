@@ -81,14 +81,15 @@ def _pow(a, b):
 _power = _ufunc(_pow, 2)
 
 
-def _int_pow(a, e: int):
+def _int_pow(a, e: int, minus_one: int):
     """XLA's integer power with a known exponent (read as a signed integer): x ** (e mod 64)
-    for e >= 0 (six squarings; the result wraps), else 1 if x == 1, +-1 if x == -1, else 0."""
+    for e >= 0 (six squarings; the result wraps), else 1 if x == 1, +-1 if x == -1 (as a
+    signed integer: `minus_one` is its value in x's type), else 0."""
     a = T.lift(a)
     if e >= 0:
         return T.power_int(a, e % 64)
-    minus_one = T.const(-1 if e % 2 else 1)
-    rest = T.select(T.compare("EQ", a, T.const(-1)), minus_one, T.ZERO)
+    sign = T.const(-1 if e % 2 else 1)
+    rest = T.select(T.compare("EQ", a, T.const(minus_one)), sign, T.ZERO)
     return T.select(T.compare("EQ", a, T.ONE), T.ONE, rest)
 
 
@@ -200,16 +201,17 @@ class SymbolicAlgebra(NumpyAlgebra):
     def power(self, x, y):
         return _power(x, y) if _sym(x, y) else super().power(x, y)
 
-    def int_power(self, x, y, exponent: TensorType):
+    def int_power(self, x, y, base: TensorType, exponent: TensorType):
         """Integer power (XLA's rule; see NumpyAlgebra._int_power) of a symbolic base: the
         exponent must be known."""
         if not _sym(x, y):
             return super().power(x, y)
         e = self._concrete(y, "an integer exponent").astype(object)
-        r = T.dtype_range(exponent.dtype)
         bits = int(np.dtype(exponent.numpy_dtype).itemsize * 8)
-        e = _ufunc(lambda v: T.wrap_int(int(v), bits, True) if r else int(v), 1)(e)
-        return _ufunc(_int_pow, 2)(x, e)
+        e = _ufunc(lambda v: T.wrap_int(int(v), bits, True), 1)(e)
+        r = T.dtype_range(base.dtype)
+        minus_one = -1 if r is None or r[0] < 0 else r[1]
+        return _ufunc(lambda a, v: _int_pow(a, v, minus_one), 2)(x, e)
 
     def unary(self, fn: str, x):
         if not _sym(x):
