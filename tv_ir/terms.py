@@ -909,8 +909,8 @@ def size(p) -> int:
 # another wrap of at most as many bits can be dropped: that keeps normal forms canonical
 # ((a + b) - b is a, a * 2 is a + a).
 
-_INT_ATOMS = ("sym", "wrap", "select", "max", "min")
 _RANGES: dict[int, tuple | None] = {}
+_INTEGRAL: dict[int, bool] = {}
 
 
 def int_bounds(bits: int, signed: bool) -> tuple[int, int]:
@@ -950,7 +950,31 @@ def _wrap_const(c: Num, bits: int, signed: bool) -> int:
 
 def _ring_monomial(m: Mono, c) -> bool:
     """Whether c * m is an integer-valued product (reducible modulo 2**bits)."""
-    return isinstance(c, int) and all(e > 0 and ATOM_BY_ID[a].kind in _INT_ATOMS for a, e in m)
+    return isinstance(c, int) and all(e > 0 and _integral(ATOM_BY_ID[a]) for a, e in m)
+
+
+def _integral_poly(p: Poly) -> bool:
+    return not p.inf and all(_ring_monomial(m, c) for m, c in p.terms.items())
+
+
+def _integral(a: Atom) -> bool:
+    """Whether an atom is known to take only integer values: an integer input symbol (its
+    Key's type), a wrap, or a select / max / min of integer polynomials."""
+    hit = _INTEGRAL.get(a.id)
+    if hit is None:
+        k, args = a.kind, a.args
+        if k == "sym":
+            hit = isinstance(args[0], Key) and args[0].int_range is not None
+        elif k == "wrap":
+            hit = True
+        elif k == "select":
+            hit = _integral_poly(args[1]) and _integral_poly(args[2])
+        elif k in ("max", "min"):
+            hit = all(_integral_poly(x) for x in args[0])
+        else:
+            hit = False
+        _INTEGRAL[a.id] = hit
+    return hit
 
 
 def _reduce_mod(p: Poly, bits: int) -> Poly:
