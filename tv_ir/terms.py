@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -222,14 +223,16 @@ class Key:
 
 
 def dtype_range(dtype: str | None) -> tuple[int, int] | None:
-    """The machine range of an integer element type as MLIR spells it (i1: 0..1)."""
-    from .ir import NUMPY_DTYPE
+    """The machine range of an integer element type as MLIR spells it (i1: 0..1), as the
+    concrete interpreter holds it (TensorType.numpy_dtype); None for other types."""
+    from .ir import TensorType
 
-    if dtype is None or dtype not in NUMPY_DTYPE:
+    if dtype is None or not re.fullmatch(r"[su]?i\d+|index", dtype):
         return None
-    if dtype == "i1":
+    t = TensorType((), dtype)
+    if t.is_bool:
         return (0, 1)
-    info = np.iinfo(NUMPY_DTYPE[dtype])
+    info = np.iinfo(t.numpy_dtype)
     return (int(info.min), int(info.max))
 
 
