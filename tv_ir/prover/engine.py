@@ -34,7 +34,7 @@ from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
 from .placement import Placement
-from .simulate import close, random_inputs, run_traced, run_traced_devices
+from .simulate import close, overflowed, random_inputs, run_traced, run_traced_devices
 
 SIM_RUNS = 2
 # relative difference above which a simulated output difference refutes at once; smaller
@@ -108,6 +108,10 @@ class StageProver:
             impl_tr = [self._run_impl(x) for x in inputs]
         except Unsupported as e:
             return self._unsupported(e)
+        if len(inputs) > SIM_RUNS and any(
+            overflowed(tr[-1], tr[0]) for tr in (spec_tr, impl_tr)
+        ):  # the extreme integers overflowed floats: no evidence over the reals
+            inputs, spec_tr, impl_tr = inputs[:SIM_RUNS], spec_tr[:SIM_RUNS], impl_tr[:SIM_RUNS]
         self.stats.seconds["simulate"] = time.perf_counter() - t0
         suspicious = None  # an input whose outputs differ slightly: maybe float64 noise
         for x, s, i in zip(inputs, spec_tr, impl_tr, strict=True):
@@ -321,8 +325,8 @@ class StageProver:
             return self._report(EQUIVALENT, outputs=outputs)
         for _, outcome in failures:
             if outcome.status == "sat" and outcome.model is not None:
-                replay = self._model_inputs(outcome.model, spec_tr)
-                r = refutation(self.spec, self.impl, self.place, replay)
+                replay = self._model_inputs(outcome.model, spec_tr, impl_tr)
+                r = None if replay is None else refutation(self.spec, self.impl, self.place, replay)
                 if r is not None:
                     ce, loc, outs = r
                     return self._report(
@@ -544,7 +548,10 @@ class StageProver:
     def _only_inputs(self, pairs) -> bool:
         return not any(self._has_cut(x) or self._has_cut(y) for x, y in pairs)
 
-    def _model_inputs(self, model: dict[int, float], spec_tr) -> list:
+    def _model_inputs(self, model: dict[int, float], spec_tr, impl_tr) -> list | None:
+        """The inputs a solver model stands for (the first simulation's elsewhere); None when
+        on them either program overflows floats where the simulation did not (floats are
+        reals: integers near their extremes converted to floats are no counterexample)."""
         base = [
             None if a is None else np.array(a, copy=True)
             for a in (spec_tr[0].values[v.id] for v in self.spec.main.args)
@@ -555,6 +562,10 @@ class StageProver:
                 i, idx = where
                 t = self.spec.main.arg_types[i]
                 base[i][idx] = val if t.is_integer else bool(val) if t.is_bool else float(val)
+        if overflowed(run_traced(self.spec, base), spec_tr[0]) or overflowed(
+            self._run_impl(base), impl_tr[0]
+        ):
+            return None
         return base
 
 

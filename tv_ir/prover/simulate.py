@@ -47,6 +47,26 @@ def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False
     return out
 
 
+def overflowed(trace, reference) -> bool:
+    """Whether a run reached infinities or NaNs where the reference run had finite values:
+    floats are reals, so such a run (integers near their extremes converted to floats, say)
+    is no evidence about the programs' real-number semantics."""
+    for vid, values in trace.values.items():
+        ref = reference.values.get(vid)
+        if ref is None:
+            continue
+        pairs = zip(values, ref, strict=True) if isinstance(values, list) else [(values, ref)]
+        for a, b in pairs:
+            a, b = np.asarray(a), np.asarray(b)
+            if (
+                a.dtype.kind == "f"
+                and a.shape == b.shape
+                and np.any(~np.isfinite(a) & np.isfinite(b))
+            ):
+                return True
+    return False
+
+
 @dataclass
 class Trace:
     """Every top-level value of one concrete run (by value id), and the outputs."""
