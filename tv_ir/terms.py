@@ -937,11 +937,12 @@ def wrap(p: Poly, bits: int, signed: bool) -> Poly:
     if r is not None and lo <= r[0] and r[1] <= hi:
         return p
     q = _reduce_mod(p, bits)
-    if q.is_const():
-        return const(_wrap_const(q.const_value(), bits, signed))
-    r = int_range(q)
-    if r is not None and lo <= r[0] and r[1] <= hi:
-        return q
+    if q is not p:
+        if q.is_const():
+            return const(_wrap_const(q.const_value(), bits, signed))
+        r = int_range(q)
+        if r is not None and lo <= r[0] and r[1] <= hi:
+            return q
     return atom_poly(Atom("wrap", (q, bits, signed)))
 
 
@@ -986,9 +987,12 @@ def _reduce_mod(p: Poly, bits: int) -> Poly:
     mod, half = 1 << bits, 1 << (bits - 1)
 
     def reduced(q: Poly) -> Poly:
+        """q, its coefficients reduced (q itself when none needs it)."""
+        if all(-half < c <= half for c in q.terms.values()):
+            return q
         d = {}
         for m, c in q.terms.items():
-            if _ring_monomial(m, c):
+            if not -half < c <= half and _ring_monomial(m, c):
                 c = c % mod
                 if c > half:
                     c -= mod
@@ -997,9 +1001,9 @@ def _reduce_mod(p: Poly, bits: int) -> Poly:
         return Poly(d)
 
     def inlinable(m: Mono, c) -> bool:
-        return _ring_monomial(m, c) and any(
+        return any(
             ATOM_BY_ID[a].kind == "wrap" and ATOM_BY_ID[a].args[1] >= bits for a, _ in m
-        )
+        ) and _ring_monomial(m, c)
 
     while any(inlinable(m, c) for m, c in p.terms.items()):
         out, rest = ZERO, {}
@@ -1025,15 +1029,24 @@ def int_range(p: Poly) -> tuple | None:
     for m, c in p.terms.items():
         a_lo = a_hi = c
         for aid, e in m:
-            r = _atom_range(ATOM_BY_ID[aid])
+            r = _RANGES.get(aid, _UNKNOWN)
+            if r is _UNKNOWN:
+                r = _atom_range(ATOM_BY_ID[aid])
             if r is None or e < 0:
                 return None
-            r = _interval_pow(r, e)
-            cands = (a_lo * r[0], a_lo * r[1], a_hi * r[0], a_hi * r[1])
-            a_lo, a_hi = min(cands), max(cands)
+            if e != 1:
+                r = _interval_pow(r, e)
+            if a_lo == a_hi:  # a number times an interval
+                a_lo, a_hi = (a_lo * r[0], a_lo * r[1]) if a_lo >= 0 else (a_lo * r[1], a_lo * r[0])
+            else:
+                cands = (a_lo * r[0], a_lo * r[1], a_hi * r[0], a_hi * r[1])
+                a_lo, a_hi = min(cands), max(cands)
         lo += a_lo
         hi += a_hi
     return lo, hi
+
+
+_UNKNOWN = object()
 
 
 def _interval_pow(r: tuple, e: int) -> tuple:
