@@ -90,6 +90,18 @@ def test_wrapped_normal_forms() -> None:
     assert T.wrap(T.const(200), 8, True) == T.const(-56)
 
 
+def test_wraps_substitute_and_evaluate_exactly() -> None:
+    a = T.symbol(T.Key("input", 0, "i64", "a"))
+    b = T.symbol(T.Key("input", 1, "i64", "b"))
+    w = T.wrap(T.mul(a, b), 64, True)
+    env = {T.as_atom(a).id: 2**62 + 1, T.as_atom(b).id: 3}
+    assert T.evaluate_int(w, env) == T.wrap_int((2**62 + 1) * 3, 64, True)
+    # substituting b := a + 1 rebuilds the wrap (and its normal form)
+    s = T.substitute(w, {T.as_atom(b).id: T.add(a, T.ONE)})
+    assert s == T.wrap(T.add(T.mul(a, a), a), 64, True)
+    assert T.evaluate_int(s, env) == T.wrap_int((2**62 + 1) * (2**62 + 2), 64, True)
+
+
 def test_uint8_arithmetic_wraps() -> None:
     u8 = np.zeros((4,), np.uint8)
 
