@@ -170,6 +170,10 @@ def _shaped(r, t):
         raise InterpreterError(f"result shape {r.shape} does not match declared {t}")
     if r.dtype != object and r.dtype != np.dtype(t.numpy_dtype):
         r = r.astype(t.numpy_dtype)
+    elif r.dtype == object and t.is_integer:  # terms: reduce to the type's machine range
+        from .symbolic import machine_integers
+
+        r = machine_integers(r, t)
     return r
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -275,12 +276,57 @@ def atom_poly(a: Atom) -> Poly:
     return Poly({((a.id, 1),): 1})
 
 
-def symbol(name: str, index: tuple = ()) -> Poly:
+class Key:
+    """The identity of a family of symbols: a kind ("input", "cut", ...), a number (the
+    argument number, the spec value id, ...) and the element type (integer symbols range
+    over their type). The name is for printing only. No program text is a Key, so no name
+    in a program can collide with one."""
+
+    __slots__ = ("kind", "number", "dtype", "name", "_hash")
+
+    def __init__(self, kind: str, number, dtype: str | None = None, name: str = ""):
+        self.kind, self.number, self.dtype, self.name = kind, number, dtype, name
+        self._hash = hash((Key, kind, number, dtype, name))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Key) and (
+            (self.kind, self.number, self.dtype, self.name)
+            == (other.kind, other.number, other.dtype, other.name)
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return self.name or f"{self.kind}{self.number}"
+
+    @property
+    def int_range(self) -> tuple[int, int] | None:
+        """The values an integer symbol ranges over (None: a real symbol)."""
+        return dtype_range(self.dtype)
+
+
+def dtype_range(dtype: str | None) -> tuple[int, int] | None:
+    """The machine range of an integer element type as MLIR spells it (i1: 0..1), as the
+    concrete interpreter holds it (TensorType.numpy_dtype); None for other types."""
+    from .ir import TensorType
+
+    if dtype is None or not re.fullmatch(r"[su]?i\d+|index", dtype):
+        return None
+    t = TensorType((), dtype)
+    if t.is_bool:
+        return (0, 1)
+    info = np.iinfo(t.numpy_dtype)
+    return (int(info.min), int(info.max))
+
+
+def symbol(name, index: tuple = ()) -> Poly:
     return atom_poly(Atom("sym", (name, tuple(int(i) for i in index))))
 
 
-def symbol_array(name: str, shape: tuple) -> np.ndarray:
-    """An object array of fresh symbols `name[index]`, one per element."""
+def symbol_array(name, shape: tuple) -> np.ndarray:
+    """An object array of fresh symbols `name[index]`, one per element (`name`: a string
+    or a Key)."""
     out = np.empty(shape, dtype=object)
     for idx in np.ndindex(*shape):
         out[idx] = symbol(name, idx)
@@ -1080,6 +1126,8 @@ def _subst_atom(a: Atom, mapping, memo) -> Poly:
         out = atom_poly(
             Atom("opaque", (uid, what, tuple(substitute(x, mapping, memo) for x in xs)))
         )
+    elif k == "wrap":
+        out = wrap(substitute(args[0], mapping, memo), args[1], args[2])
     else:
         raise Unsupported(f"cannot substitute into atom kind {k}")
     memo[("a", a.id)] = out
@@ -1166,6 +1214,8 @@ def _eval_atom(a: Atom, env, memo) -> float:
         v = math.atan2(evaluate(args[0], env, memo), evaluate(args[1], env, memo))
     elif k == "opaque":
         v = _eval_opaque(args[1], [evaluate(x, env, memo) for x in args[2]])
+    elif k == "wrap":
+        v = float(_eval_wrap(a, env, memo))
     else:
         raise Unsupported(f"cannot evaluate atom kind {k}")
     memo[a.id] = v
@@ -1228,3 +1278,228 @@ def size(p) -> int:
     if isinstance(p, Bool):
         return 1
     return sum(len(m) + 1 for m in p.terms)
+
+
+# -- machine integers ---------------------------------------------------------------------
+#
+# An integer tensor element is a polynomial with integer coefficients over integer-valued
+# atoms. `wrap(p, bits, signed)` is p reduced modulo 2**bits into the type's range (two's
+# complement), as XLA computes every integer op. Reduction modulo 2**bits is a ring
+# homomorphism, so a ring op may wrap once at its end, and a wrap inside a ring position of
+# another wrap of at most as many bits can be dropped: that keeps normal forms canonical
+# ((a + b) - b is a, a * 2 is a + a).
+
+_RANGES: dict[int, tuple | None] = {}
+_INTEGRAL: dict[int, bool] = {}
+
+
+def int_bounds(bits: int, signed: bool) -> tuple[int, int]:
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+def wrap_int(v: int, bits: int, signed: bool) -> int:
+    """v modulo 2**bits, in the type's range."""
+    lo = int_bounds(bits, signed)[0]
+    return (v - lo) % (1 << bits) + lo
+
+
+def wrap(p: Poly, bits: int, signed: bool) -> Poly:
+    """p as a machine integer of `bits` bits: p itself when its range fits, else a wrap."""
+    lo, hi = int_bounds(bits, signed)
+    if p.inf:
+        raise Unsupported("an infinite integer")
+    if p.is_const():
+        return const(_wrap_const(p.const_value(), bits, signed))
+    r = int_range(p)
+    if r is not None and lo <= r[0] and r[1] <= hi:
+        return p
+    q = _reduce_mod(p, bits)
+    if q is not p:
+        if q.is_const():
+            return const(_wrap_const(q.const_value(), bits, signed))
+        r = int_range(q)
+        if r is not None and lo <= r[0] and r[1] <= hi:
+            return q
+    return atom_poly(Atom("wrap", (q, bits, signed)))
+
+
+def _wrap_const(c: Num, bits: int, signed: bool) -> int:
+    if isinstance(c, Fraction):
+        raise Unsupported(f"a non-integer value {c} of an integer type")
+    return wrap_int(int(c), bits, signed)
+
+
+def _ring_monomial(m: Mono, c) -> bool:
+    """Whether c * m is an integer-valued product (reducible modulo 2**bits)."""
+    return isinstance(c, int) and all(e > 0 and _integral(ATOM_BY_ID[a]) for a, e in m)
+
+
+def _integral_poly(p: Poly) -> bool:
+    return not p.inf and all(_ring_monomial(m, c) for m, c in p.terms.items())
+
+
+def _integral(a: Atom) -> bool:
+    """Whether an atom is known to take only integer values: an integer input symbol (its
+    Key's type), a wrap, or a select / max / min of integer polynomials."""
+    hit = _INTEGRAL.get(a.id)
+    if hit is None:
+        k, args = a.kind, a.args
+        if k == "sym":
+            hit = isinstance(args[0], Key) and args[0].int_range is not None
+        elif k == "wrap":
+            hit = True
+        elif k == "select":
+            hit = _integral_poly(args[1]) and _integral_poly(args[2])
+        elif k in ("max", "min"):
+            hit = all(_integral_poly(x) for x in args[0])
+        else:
+            hit = False
+        _INTEGRAL[a.id] = hit
+    return hit
+
+
+def _reduce_mod(p: Poly, bits: int) -> Poly:
+    """A polynomial congruent to p modulo 2**bits: wraps of at least `bits` bits in ring
+    positions replaced by their arguments, coefficients reduced to (-2**(bits-1), 2**(bits-1)]."""
+    mod, half = 1 << bits, 1 << (bits - 1)
+
+    def reduced(q: Poly) -> Poly:
+        """q, its coefficients reduced (q itself when none needs it)."""
+        if all(-half < c <= half for c in q.terms.values()):
+            return q
+        d = {}
+        for m, c in q.terms.items():
+            if not -half < c <= half and _ring_monomial(m, c):
+                c = c % mod
+                if c > half:
+                    c -= mod
+            if c:
+                d[m] = c
+        return Poly(d)
+
+    def inlinable(m: Mono, c) -> bool:
+        return any(
+            ATOM_BY_ID[a].kind == "wrap" and ATOM_BY_ID[a].args[1] >= bits for a, _ in m
+        ) and _ring_monomial(m, c)
+
+    while any(inlinable(m, c) for m, c in p.terms.items()):
+        out, rest = ZERO, {}
+        for m, c in p.terms.items():
+            if not inlinable(m, c):
+                rest[m] = c
+                continue
+            term = Poly({(): c})
+            for a, e in m:
+                at = ATOM_BY_ID[a]
+                base = at.args[0] if at.kind == "wrap" and at.args[1] >= bits else atom_poly(at)
+                term = reduced(mul(term, power_int(base, e)))
+            out = add(out, term)
+        p = add(out, Poly(rest))
+    return reduced(p)
+
+
+def int_range(p: Poly) -> tuple | None:
+    """Bounds [lo, hi] of an integer polynomial's values (None when not known)."""
+    if p.inf:
+        return None
+    lo = hi = 0
+    for m, c in p.terms.items():
+        a_lo = a_hi = c
+        for aid, e in m:
+            r = _RANGES.get(aid, _UNKNOWN)
+            if r is _UNKNOWN:
+                r = _atom_range(ATOM_BY_ID[aid])
+            if r is None or e < 0:
+                return None
+            if e != 1:
+                r = _interval_pow(r, e)
+            if a_lo == a_hi:  # a number times an interval
+                a_lo, a_hi = (a_lo * r[0], a_lo * r[1]) if a_lo >= 0 else (a_lo * r[1], a_lo * r[0])
+            else:
+                cands = (a_lo * r[0], a_lo * r[1], a_hi * r[0], a_hi * r[1])
+                a_lo, a_hi = min(cands), max(cands)
+        lo += a_lo
+        hi += a_hi
+    return lo, hi
+
+
+_UNKNOWN = object()
+
+
+def _interval_pow(r: tuple, e: int) -> tuple:
+    lo, hi = r
+    if e % 2 or lo >= 0:
+        return (lo**e, hi**e)  # monotone
+    if hi <= 0:
+        return (hi**e, lo**e)
+    return (0, max(-lo, hi) ** e)
+
+
+def _atom_range(a: Atom) -> tuple | None:
+    if a.id in _RANGES:
+        return _RANGES[a.id]
+    k, args = a.kind, a.args
+    r = None
+    if k == "sym":
+        key = args[0]
+        r = key.int_range if isinstance(key, Key) else None
+    elif k == "wrap":
+        r = int_bounds(args[1], args[2])
+    elif k == "select":
+        x, y = int_range(args[1]), int_range(args[2])
+        if x is not None and y is not None:
+            r = (min(x[0], y[0]), max(x[1], y[1]))
+    elif k in ("max", "min"):
+        rs = [int_range(x) for x in args[0]]
+        if all(x is not None for x in rs):
+            f = max if k == "max" else min
+            r = (f(x[0] for x in rs), f(x[1] for x in rs))
+    _RANGES[a.id] = r
+    return r
+
+
+def evaluate_int(p, env: dict, memo: dict | None = None) -> int:
+    """The exact value of an integer term (a Poly, Bool or number) at `env`."""
+    memo = {} if memo is None else memo
+    if isinstance(p, Bool):
+        return int(_eval_bool(p, env, memo))
+    if isinstance(p, Poly):
+        return _eval_int(p, env, memo)
+    return int(p)
+
+
+def _eval_wrap(a: Atom, env, memo) -> int:
+    p, bits, signed = a.args
+    return wrap_int(_eval_int(p, env, memo), bits, signed)
+
+
+def _eval_int(p: Poly, env, memo) -> int:
+    """The exact integer value of an integer polynomial (float64 would lose low bits)."""
+    total = 0
+    for m, c in p.terms.items():
+        v = c
+        for aid, e in m:
+            v *= _int_atom_value(ATOM_BY_ID[aid], env, memo) ** e
+        total += v
+    return round(total)
+
+
+def _int_atom_value(a: Atom, env, memo):
+    k = a.kind
+    if k == "wrap":
+        key = ("int", a.id)
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = _eval_wrap(a, env, memo)
+        return v
+    if k == "select":
+        branch = a.args[1] if _eval_bool(a.args[0], env, memo) else a.args[2]
+        return _eval_int(branch, env, memo)
+    if k in ("max", "min"):
+        vals = [_eval_int(x, env, memo) for x in a.args[0]]
+        return max(vals) if k == "max" else min(vals)
+    v = env[a.id] if k == "sym" else _eval_atom(a, env, memo)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    f = float(v)
+    return int(f) if f.is_integer() else Fraction(f)

@@ -39,6 +39,7 @@ from .simulate import (
     close,
     compared_constants,
     guard_inputs,
+    overflowed,
     random_inputs,
     run_traced,
     run_traced_devices,
@@ -109,11 +110,17 @@ class StageProver:
         t0 = time.perf_counter()
         rng = np.random.default_rng(self.opt.seed)
         inputs = [random_inputs(self.spec.main, rng) for _ in range(SIM_RUNS)]
+        if any(isinstance(t, TensorType) and t.is_integer for t in self.spec.main.arg_types):
+            inputs.append(random_inputs(self.spec.main, rng, extremes=True))  # where ints wrap
         try:
             spec_tr = [run_traced(self.spec, x) for x in inputs]
             impl_tr = [self._run_impl(x) for x in inputs]
         except Unsupported as e:
             return self._unsupported(e)
+        if len(inputs) > SIM_RUNS and any(
+            overflowed(m, tr[-1]) for m, tr in ((self.spec, spec_tr), (self.impl, impl_tr))
+        ):  # the extreme integers overflowed floats: no evidence over the reals
+            inputs, spec_tr, impl_tr = inputs[:SIM_RUNS], spec_tr[:SIM_RUNS], impl_tr[:SIM_RUNS]
         self.stats.seconds["simulate"] = time.perf_counter() - t0
         suspicious = None  # an input whose outputs differ slightly: maybe float64 noise
         for x, s, i in zip(inputs, spec_tr, impl_tr, strict=True):
@@ -209,13 +216,13 @@ class StageProver:
             if not isinstance(t, TensorType):
                 out.append(None)
                 continue
-            arr = T.symbol_array(name if t.is_float else f"{name}:int", t.shape)
+            # identity: the argument number (never its name); integer ranges: its type
+            arr = T.symbol_array(T.Key("input", i, t.dtype, name), t.shape)
             for idx in np.ndindex(*t.shape):
                 p = arr[idx]
+                self.input_atoms[T.as_atom(p).id] = (i, idx)
                 if t.is_bool:
                     arr[idx] = T.lift_bool(T.compare("NE", p, T.ZERO))
-                else:
-                    self.input_atoms[T.as_atom(p).id] = (i, idx)
             out.append(arr)
         return out
 
@@ -229,7 +236,8 @@ class StageProver:
                 self.spec_order[v.id] = len(self.spec_order)
                 if _cuttable(op, v, [r]):
                     counter[0] += 1
-                    sym = T.symbol_array(f"%{op.short_name}{counter[0]}", v.type.shape)
+                    key = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
+                    sym = T.symbol_array(key, v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
                         self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
                     _carry_definedness(sym, r)
@@ -358,14 +366,14 @@ class StageProver:
             return self._report(EQUIVALENT, outputs=outputs)
         for _, outcome in failures:
             if outcome.status == "sat" and outcome.model is not None:
-                replay = self._model_inputs(outcome.model, spec_tr)
-                r = refutation(self.spec, self.impl, self.place, replay)
+                replay = self._model_inputs(outcome.model, spec_tr, impl_tr)
+                r = None if replay is None else refutation(self.spec, self.impl, self.place, replay)
                 if r is not None:
                     ce, loc, outs = r
                     return self._report(
                         NOT_EQUIVALENT, counterexample=ce, location=loc, outputs=outs
                     )
-                diverged = self._divergent_replica(replay)
+                diverged = None if replay is None else self._divergent_replica(replay)
                 if diverged is not None:
                     return self._report(UNKNOWN, outputs=outputs, reason=diverged)
         what, outcome = failures[0]
@@ -641,7 +649,10 @@ class StageProver:
     def _only_inputs(self, pairs) -> bool:
         return not any(self._has_cut(x) or self._has_cut(y) for x, y in pairs)
 
-    def _model_inputs(self, model: dict[int, float], spec_tr) -> list:
+    def _model_inputs(self, model: dict[int, float], spec_tr, impl_tr) -> list | None:
+        """The inputs a solver model stands for (the first simulation's elsewhere); None when
+        on them either program overflows floats where the simulation did not (floats are
+        reals: integers near their extremes converted to floats are no counterexample)."""
         base = [
             None if a is None else np.array(a, copy=True)
             for a in (spec_tr[0].values[v.id] for v in self.spec.main.args)
@@ -650,7 +661,12 @@ class StageProver:
             where = self.input_atoms.get(aid)
             if where is not None:
                 i, idx = where
-                base[i][idx] = val
+                t = self.spec.main.arg_types[i]
+                base[i][idx] = val if t.is_integer else bool(val) if t.is_bool else float(val)
+        if overflowed(self.spec, run_traced(self.spec, base)) or overflowed(
+            self.impl, self._run_impl(base)
+        ):
+            return None
         return base
 
 

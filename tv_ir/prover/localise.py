@@ -56,11 +56,15 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
     idx = tuple(lo + j for (lo, _), j in zip(box, local, strict=True))
     with np.errstate(all="ignore"):
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    names = spec.main.arg_names
+    names = [
+        (spec.main.arg_names[k] if k < len(spec.main.arg_names) else None) or f"arg{k}"
+        for k in range(len(inputs))
+    ]
     ce = Counterexample(
+        # an argument's printed name may repeat (pytree paths, locations): then say its number
         inputs={
-            (names[k] if k < len(names) and names[k] else f"arg{k}"): x
-            for k, x in enumerate(inputs)
+            (n if names.count(n) == 1 else f"{n} (arg{k})"): x
+            for k, (n, x) in enumerate(zip(names, inputs, strict=True))
         },
         output=differing,
         index=idx,

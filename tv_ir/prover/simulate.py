@@ -18,7 +18,10 @@ from ..ir import Function, Module, TensorType
 RTOL = 1e-9
 
 
-def random_inputs(fn: Function, rng: np.random.Generator) -> list[np.ndarray]:
+def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False) -> list:
+    """Random inputs: floats from a standard normal (representable in f32), integers small
+    (valid indices) or, with `extremes`, anywhere in their type's range with its edges
+    (min, min + 1, -1, 0, 1, max - 1, max) half of the time, where machine integers wrap."""
     out = []
     for t in fn.arg_types:
         if not isinstance(t, TensorType):
@@ -29,6 +32,15 @@ def random_inputs(fn: Function, rng: np.random.Generator) -> list[np.ndarray]:
             a = rng.standard_normal(t.shape).astype(np.float32).astype(np.float64)
         elif t.is_bool:
             a = rng.random(t.shape) < 0.5
+        elif extremes:
+            info = np.iinfo(t.numpy_dtype)
+            edges = [info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max]
+            edges = np.array([v for v in edges if info.min <= v <= info.max], dtype=t.numpy_dtype)
+            anywhere = rng.integers(
+                info.min, info.max, size=t.shape, dtype=t.numpy_dtype, endpoint=True
+            )
+            a = np.where(rng.random(t.shape) < 0.5, rng.choice(edges, size=t.shape), anywhere)
+            a = a.astype(t.numpy_dtype)
         else:
             a = rng.integers(0, 4, size=t.shape).astype(t.numpy_dtype)
         out.append(np.asarray(a))
@@ -101,6 +113,47 @@ def guard_inputs(fn: Function, constants: list[float], rng: np.random.Generator)
             a = rng.integers(0, 4, size=t.shape).astype(t.numpy_dtype)
         mixed.append(np.asarray(a))
     return [zeros, mixed]
+
+
+# ops that are total and finite over the reals on finite operands: an infinity they produce
+# from finite operands is float overflow (a division by zero or log(0) is not: see dom)
+_TOTAL = frozenset(
+    "stablehlo." + n
+    for n in (
+        "add subtract multiply exponential exponential_minus_one power dot_general dot "
+        "reduce convert cosine sine tanh logistic negate abs maximum minimum "
+        "broadcast_in_dim reshape transpose all_reduce reduce_scatter"
+    ).split()
+)
+
+
+def overflowed(module: Module, trace) -> bool:
+    """Whether a run overflowed floats: an op that is total over the reals produced an
+    infinity from finite operands (integers near their extremes converted to floats and
+    exponentiated, say). Floats are reals, so such a run is no evidence about the programs;
+    a division by zero or a square root of a negative number is (docs/equivalence.md)."""
+    for op in module.main.body.ops:
+        if op.name not in _TOTAL:
+            continue
+        for v in op.results:
+            out = trace.values.get(v.id)
+            if out is None:
+                continue
+            outs = out if isinstance(out, list) else [out]
+            for d, r in enumerate(outs):
+                r = np.asarray(r)
+                if r.dtype.kind != "f" or np.all(np.isfinite(r)) or not np.any(np.isinf(r)):
+                    continue
+                ins = []
+                for x in op.operands:
+                    a = trace.values.get(x.id)
+                    ins.append(a[d] if isinstance(a, list) else a)
+                if all(
+                    a is not None and (np.asarray(a).dtype.kind != "f" or np.all(np.isfinite(a)))
+                    for a in ins
+                ):
+                    return True
+    return False
 
 
 @dataclass

@@ -37,6 +37,7 @@ class _Encoder:
         self.side: list = []
         self.funcs: dict[str, z3.FuncDeclRef] = {}
         self.symbols: dict[int, z3.ArithRef] = {}
+        self.ints: set[int] = set()  # atom ids of integer symbols
         self.bools: dict = {}
 
     def fn(self, name: str, arity: int = 1):
@@ -73,10 +74,7 @@ class _Encoder:
             return hit
         k, args = a.kind, a.args
         if k == "sym":
-            e = z3.Real(f"{args[0]}{list(args[1])}")
-            self.symbols[a.id] = e
-            if str(args[0]).endswith(":int"):  # an integer input (see engine._input_symbols)
-                self.side.append(z3.IsInt(e))
+            e = self._symbol(a)
         elif k == "inv":
             e = 1 / self.poly(args[0])
         elif k == "fn":
@@ -92,10 +90,36 @@ class _Encoder:
             e = self.fn(k, 2)(self.poly(args[0]), self.poly(args[1]))
         elif k == "opaque":  # one float operation's result on a non-finite operand
             e = z3.Real(f"opaque{args[0]}")
+        elif k == "wrap":
+            e = self._wrap(a)
         else:
             raise ValueError(f"cannot encode atom kind {k}")
         self.atoms[a.id] = e
         return e
+
+    def _symbol(self, a: T.Atom):
+        """A symbol's variable, named by its atom id (printed names may repeat); an integer
+        symbol (its Key's element type) is an Int within its type's range."""
+        key, index = a.args
+        name = f"{key}{list(index) if index else ''}!{a.id}"
+        r = key.int_range if isinstance(key, T.Key) else None
+        if r is None:
+            e = z3.Real(name)
+        else:
+            v = z3.Int(name)
+            self.ints.add(a.id)
+            self.side += [v >= r[0], v <= r[1]]
+            e = z3.ToReal(v)
+        self.symbols[a.id] = e
+        return e
+
+    def _wrap(self, a: T.Atom):
+        """p reduced modulo 2**bits into the range: p == w + k * 2**bits, lo <= w <= hi."""
+        p, bits, signed = a.args
+        lo, hi = T.int_bounds(bits, signed)
+        w, k = z3.Int(f"wrap!{a.id}"), z3.Int(f"wrap_k!{a.id}")
+        self.side += [w >= lo, w <= hi, z3.ToReal(w + k * (1 << bits)) == self.poly(p)]
+        return z3.ToReal(w)
 
     def _function(self, name: str, x):
         f = self.fn(name)
@@ -177,9 +201,16 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
         model = {}
         for aid, e in enc.symbols.items():
             v = m.eval(e, model_completion=True)
-            model[aid] = _to_float(v)
+            model[aid] = _to_int(v) if aid in enc.ints else _to_float(v)
         return SmtResult("sat", model)
     return SmtResult("unknown", reason=f"z3: {s.reason_unknown()}")
+
+
+def _to_int(v) -> int:
+    """An integer symbol's model value, exactly (int64 values do not survive float64)."""
+    if z3.is_rational_value(v) and v.denominator_as_long() == 1:
+        return v.numerator_as_long()
+    return round(_to_float(v))
 
 
 def _to_float(v) -> float:
