@@ -156,21 +156,25 @@ def _norm(c: Num) -> Num:
 
 class Poly:
     """sum of coeff * monomial; immutable. `inf` is +1/-1 for the constants +inf/-inf.
-    `dom` says where the value is what the terms say (elsewhere: some non-finite float)."""
+    `dom` says where the value is what the terms say (elsewhere: some non-finite float);
+    `infs` covers where that non-finite float may be an infinity (elsewhere it is NaN)."""
 
-    __slots__ = ("terms", "inf", "dom", "_hash", "_syms")
+    __slots__ = ("terms", "inf", "dom", "infs", "_hash", "_syms")
 
-    def __init__(self, terms: dict, inf: int = 0, dom: Bool | None = None):
+    def __init__(
+        self, terms: dict, inf: int = 0, dom: Bool | None = None, infs: Bool | None = None
+    ):
         self.terms = terms
         self.inf = inf
         self.dom = TRUE if dom is None else dom
+        self.infs = FALSE if infs is None or self.dom is TRUE else infs
         self._hash = None
         self._syms = None
 
     # -- identity ---------------------------------------------------------------------
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash((frozenset(self.terms.items()), self.inf, self.dom))
+            self._hash = hash((frozenset(self.terms.items()), self.inf, self.dom, self.infs))
         return self._hash
 
     def __eq__(self, other) -> bool:
@@ -178,6 +182,7 @@ class Poly:
             isinstance(other, Poly)
             and self.inf == other.inf
             and self.dom is other.dom
+            and self.infs is other.infs
             and self.terms == other.terms
         )
 
@@ -189,7 +194,7 @@ class Poly:
                 for aid, _ in m:
                     s |= ATOM_BY_ID[aid].syms
             if self.dom is not TRUE:
-                s |= self.dom.syms
+                s |= self.dom.syms | self.infs.syms
             self._syms = s
         return self._syms
 
@@ -221,7 +226,8 @@ ZERO = Poly({})
 ONE = Poly({(): 1})
 POS_INF = Poly({}, 1)
 NEG_INF = Poly({}, -1)
-UNDEFINED = Poly({}, 0, FALSE)  # a non-finite value of unknown kind (NaN, 0/0, log(-1), ...)
+UNDEFINED = Poly({}, 0, FALSE, TRUE)  # a non-finite value: inf or NaN (1/0, log(0), ...)
+NAN = Poly({}, 0, FALSE, FALSE)  # NaN (0 * inf, inf - inf, sqrt(-1), a NaN constant)
 
 
 def value(p: Poly) -> Poly:
@@ -229,14 +235,37 @@ def value(p: Poly) -> Poly:
     return p if p.dom is TRUE else Poly(p.terms, p.inf)
 
 
-def with_dom(p: Poly, d: Bool) -> Poly:
-    """p, defined only where d also holds."""
+def with_dom(p: Poly, d: Bool, infs: Bool | None = None) -> Poly:
+    """p, defined only where d also holds; where d fails it may be an infinity where
+    `infs` holds (default: anywhere), else it is NaN."""
     if d is TRUE:
         return p
+    infs = TRUE if infs is None else infs
+    if p.dom is not TRUE:
+        infs = logical_or(p.infs, infs)
     d = logical_and(p.dom, d)
     if d is FALSE:
-        return UNDEFINED
-    return p if d is p.dom else Poly(p.terms, p.inf, d)
+        return UNDEFINED if infs is not FALSE else NAN
+    if d is p.dom and infs is p.infs:
+        return p
+    return Poly(p.terms, p.inf, d, infs)
+
+
+def _infs2(p: Poly, q: Poly) -> Bool:
+    """Where a strict combination of p and q may be an infinity (an infinite operand)."""
+    if p.infs is FALSE:
+        return q.infs
+    if q.infs is FALSE or p.infs is q.infs:
+        return p.infs
+    return logical_or(p.infs, q.infs)
+
+
+def _infs_all(items) -> Bool:
+    out = FALSE
+    for p in items:
+        if p.infs is not FALSE and p.infs is not out:
+            out = logical_or(out, p.infs)
+    return out
 
 
 def _dom2(p: Poly, q: Poly) -> Bool:
@@ -267,7 +296,7 @@ def const(c) -> Poly:
     if f is not None and math.isinf(f):
         return POS_INF if f > 0 else NEG_INF
     if f is not None and math.isnan(f):
-        return UNDEFINED
+        return NAN
     c = _num(c)
     return Poly({(): c}) if c != 0 else ZERO
 
@@ -392,12 +421,12 @@ def add(p: Poly, q: Poly) -> Poly:
     dom = _dom2(p, q)
     if p.inf or q.inf:
         if p.inf and q.inf and p.inf != q.inf:
-            return UNDEFINED  # inf - inf is NaN
-        return with_dom(value(p if p.inf else q), dom)
+            return NAN  # inf - inf
+        return with_dom(value(p if p.inf else q), dom, _infs2(p, q))
     if not p.terms:
-        return with_dom(q, p.dom)
+        return with_dom(q, p.dom, p.infs)
     if not q.terms:
-        return with_dom(p, q.dom)
+        return with_dom(p, q.dom, q.infs)
     if len(p.terms) < len(q.terms):
         p, q = q, p
     d = dict(p.terms)
@@ -407,19 +436,19 @@ def add(p: Poly, q: Poly) -> Poly:
             d[m] = _norm(c2)
         else:
             del d[m]
-    return Poly(d, 0, dom) if dom is not FALSE else UNDEFINED
+    return with_dom(Poly(d), dom, _infs2(p, q))
 
 
 def scale(p: Poly, c: Num) -> Poly:
     if p.inf:
         if c == 0:
-            return UNDEFINED  # 0 * inf is NaN
-        return with_dom(POS_INF if (p.inf > 0) == (c > 0) else NEG_INF, p.dom)
+            return NAN  # 0 * inf
+        return with_dom(POS_INF if (p.inf > 0) == (c > 0) else NEG_INF, p.dom, p.infs)
     if c == 0:
-        return with_dom(ZERO, p.dom)  # 0 * NaN is NaN
+        return with_dom(ZERO, p.dom, FALSE)  # 0 * inf and 0 * NaN are NaN
     if c == 1:
         return p
-    return Poly({m: _norm(v * c) for m, v in p.terms.items()}, 0, p.dom)
+    return Poly({m: _norm(v * c) for m, v in p.terms.items()}, 0, p.dom, p.infs)
 
 
 def neg(p: Poly) -> Poly:
@@ -442,13 +471,13 @@ def mul(p: Poly, q: Poly) -> Poly:
             if not other.inf
             else (POS_INF if p.inf == q.inf else NEG_INF)
         )
-        return with_dom(out, dom)
+        return with_dom(out, dom, _infs2(p, q))
     if not p.terms or not q.terms:
-        return with_dom(ZERO, dom)
+        return with_dom(ZERO, dom, FALSE)  # 0 * inf is NaN
     if len(p.terms) == 1 and () in p.terms:
-        return with_dom(scale(q, p.terms[()]), p.dom)
+        return with_dom(scale(q, p.terms[()]), p.dom, p.infs)
     if len(q.terms) == 1 and () in q.terms:
-        return with_dom(scale(p, q.terms[()]), q.dom)
+        return with_dom(scale(p, q.terms[()]), q.dom, q.infs)
     d: dict = {}
     for m1, c1 in p.terms.items():
         for m2, c2 in q.terms.items():
@@ -458,7 +487,7 @@ def mul(p: Poly, q: Poly) -> Poly:
                 d[m] = c
             else:
                 del d[m]
-    return Poly({m: _norm(c) for m, c in d.items()}, 0, dom)
+    return with_dom(Poly({m: _norm(c) for m, c in d.items()}), dom, _infs2(p, q))
 
 
 def sum_of(items) -> Poly:
@@ -466,11 +495,14 @@ def sum_of(items) -> Poly:
     d: dict = {}
     inf = 0
     dom = TRUE
+    infs = FALSE
     nan = False
     for p in items:
         p = lift(p)
         if p.dom is not TRUE and p.dom is not dom:
             dom = logical_and(dom, p.dom)
+        if p.infs is not FALSE and p.infs is not infs:
+            infs = logical_or(infs, p.infs)
         if p.inf:
             if inf and inf != p.inf:
                 nan = True  # inf - inf is NaN
@@ -478,17 +510,18 @@ def sum_of(items) -> Poly:
             continue
         for m, c in p.terms.items():
             d[m] = d.get(m, 0) + c
-    if nan or dom is FALSE:
-        return UNDEFINED
+    if nan:
+        return NAN
     if inf:
-        return with_dom(POS_INF if inf > 0 else NEG_INF, dom)
-    return Poly({m: _norm(c) for m, c in d.items() if c}, 0, dom)
+        return with_dom(POS_INF if inf > 0 else NEG_INF, dom, infs)
+    return with_dom(Poly({m: _norm(c) for m, c in d.items() if c}), dom, infs)
 
 
 def dot(xs, ys) -> Poly:
     """sum_i xs[i] * ys[i], accumulated in one dictionary."""
     d: dict = {}
     dom = TRUE
+    infs = FALSE
     for x, y in zip(xs, ys, strict=True):
         x, y = lift(x), lift(y)
         if x.inf or y.inf:
@@ -496,13 +529,13 @@ def dot(xs, ys) -> Poly:
         for p in (x, y):
             if p.dom is not TRUE and p.dom is not dom:
                 dom = logical_and(dom, p.dom)
+            if p.infs is not FALSE and p.infs is not infs:
+                infs = logical_or(infs, p.infs)
         for m1, c1 in x.terms.items():
             for m2, c2 in y.terms.items():
                 m = _mono_mul(m1, m2)
                 d[m] = d.get(m, 0) + c1 * c2
-    if dom is FALSE:
-        return UNDEFINED
-    return Poly({m: _norm(c) for m, c in d.items() if c}, 0, dom)
+    return with_dom(Poly({m: _norm(c) for m, c in d.items() if c}), dom, infs)
 
 
 def power_int(p: Poly, n: int) -> Poly:
@@ -534,15 +567,15 @@ def inverse(p: Poly) -> Poly:
     if p.inf:
         return ZERO
     if not p.terms:
-        return UNDEFINED  # 1/0 is inf, 0/0 NaN
+        return UNDEFINED  # 1/0 is inf (and x * (1/0) NaN where x = 0)
     if len(p.terms) == 1:
         ((m, c),) = p.terms.items()
         out = Poly({tuple((a, -e) for a, e in m): _norm(Fraction(1) / c)})
-        return out if not m else with_dom(out, _nonzero(p))
+        return out if not m else with_dom(out, _nonzero(p), _cmp("==", p))
     m, c = leading(p)
     unit = scale(p, _norm(Fraction(1) / c))
     out = scale(atom_poly(Atom("inv", (unit,))), _norm(Fraction(1) / c))
-    return with_dom(out, _nonzero(p))
+    return with_dom(out, _nonzero(p), _cmp("==", p))
 
 
 def _nonzero(p: Poly) -> Bool:
@@ -555,24 +588,34 @@ _opaque_ids = itertools.count()
 
 
 def _guarded(kind: str, args: tuple, apply) -> Poly:
-    """`apply` on the operands' values where all are defined; elsewhere a fresh opaque value
-    (this application's own: a non-finite operand may map to anything, e.g. exp(-inf) = 0,
-    and two applications to equal terms may see different non-finite floats)."""
+    """`apply` on the operands' values where all are defined; NaN where one is NaN (every
+    guarded operation propagates NaN); where one may be an infinity, a fresh opaque value
+    (this application's own: exp(-inf) = 0, 1/inf = 0, and two applications to equal
+    terms may see different infinities, as reals have no signed zero)."""
     dom = _dom_all(args)
-    vals = [value(a) for a in args]
-    known = apply(vals)
+    known = with_dom(apply([value(a) for a in args]), dom, FALSE)
+    maybe_inf = logical_and(logical_not(dom), _infs_all(args))
+    if maybe_inf is FALSE:
+        return known
     uid = next(_opaque_ids)
     unknown = atom_poly(Atom("opaque", (uid, kind, tuple(args))))
-    unknown = Poly(unknown.terms, 0, Bool("opaque", (uid, "fin", (unknown,))))
-    return select(dom, known, unknown)
+    fin = Bool("opaque", (uid, "fin", (unknown,)))
+    unknown = Poly(unknown.terms, 0, fin, logical_not(fin))
+    return select(maybe_inf, unknown, known)
 
 
-def _guarded_bool(kind: str, args: tuple, apply) -> Bool:
-    """A predicate of operands that may be undefined (see `_guarded`)."""
+def _guarded_bool(kind: str, args: tuple, apply, on_nan: Bool = FALSE) -> Bool:
+    """A predicate of operands that may be undefined (see `_guarded`): `on_nan` where an
+    operand is NaN (NaN compares unequal to everything)."""
     dom = _dom_all(args)
     known = apply([value(a) for a in args])
+    maybe_inf = logical_and(logical_not(dom), _infs_all(args))
+    nan = logical_and(logical_not(dom), logical_not(_infs_all(args)))
+    out = logical_or(logical_and(dom, known), logical_and(nan, on_nan))
+    if maybe_inf is FALSE:
+        return out
     unknown = Bool("opaque", (next(_opaque_ids), kind, tuple(args)))
-    return logical_or(logical_and(dom, known), logical_and(logical_not(dom), unknown))
+    return logical_or(out, logical_and(maybe_inf, unknown))
 
 
 def div(p: Poly, q: Poly) -> Poly:
@@ -644,8 +687,21 @@ def fn(name: str, p: Poly) -> Poly:
         raise Unsupported(f"{name}(inf) in a symbolic computation")
     v = value(p)
     if p.is_const():
-        return with_dom(_fold(name, p.const_value()), p.dom)
-    return with_dom(atom_poly(Atom("fn", (name, v))), logical_and(p.dom, _fn_domain(name, v)))
+        return with_dom(_fold(name, p.const_value()), p.dom, p.infs)
+    out = atom_poly(Atom("fn", (name, v)))
+    return with_dom(out, logical_and(p.dom, _fn_domain(name, v)), _fn_infs(name, p, v))
+
+
+def _fn_infs(name: str, p: Poly, v: Poly) -> Bool:
+    """Where a strict math function's undefined result may be an infinity."""
+    keeps = FALSE if name in ("sin", "cos", "tan") else p.infs  # sin(inf) is NaN
+    if name in ("log", "rsqrt"):  # log(0) = -inf, rsqrt(0) = inf
+        return logical_or(keeps, _cmp("==", v))
+    if name == "log1p":
+        return logical_or(keeps, _cmp("==", add(v, ONE)))
+    if name in ("erf_inv", "lgamma", "digamma"):
+        return logical_or(keeps, logical_not(_fn_domain(name, v)))
+    return keeps
 
 
 def power(x: Poly, y: Poly) -> Poly:
@@ -660,7 +716,7 @@ def power(x: Poly, y: Poly) -> Poly:
             logical_and(_cmp(">", neg(x)), Bool("finite_at", ("integer", y))),
         ),
     )
-    return with_dom(atom_poly(Atom("pow", (x, y))), dom)
+    return with_dom(atom_poly(Atom("pow", (x, y))), dom, logical_not(dom))
 
 
 def atan2(y: Poly, x: Poly) -> Poly:
@@ -760,7 +816,10 @@ def compare(direction: str, x, y) -> Bool:
     x, y = lift(x), lift(y)
     if x.dom is not TRUE or y.dom is not TRUE:  # inf > 0 but not NaN > 0: guarded
         return _guarded_bool(
-            f"compare {direction}", (x, y), lambda v: compare(direction, v[0], v[1])
+            f"compare {direction}",
+            (x, y),
+            lambda v: compare(direction, v[0], v[1]),
+            TRUE if direction == "NE" else FALSE,
         )
     if x.inf or y.inf:
         if x.is_const() or x.inf:
@@ -816,6 +875,90 @@ def _cmp(rel: str, d: Poly) -> Bool:
     if rel == "==" and leading(u)[1] < 0:
         u = neg(u)
     return Bool("cmp", (rel, u))
+
+
+# -- simplification under a term's own condition ----------------------------------------
+
+
+def settle(p):
+    """p simplified where it matters, i.e. where it is defined: the facts its condition
+    asserts (its literal conjuncts, such as `bias != 0`) decide parts of the rest of the
+    condition and the selects in its value (a guard's opaque branch, say)."""
+    if not isinstance(p, Poly) or p.dom is TRUE or p.dom is FALSE:
+        return p
+    for _ in range(4):
+        facts = _literals(p.dom)
+        if not facts:
+            return p
+        memo: dict = {}
+        dom = _under(p.dom, facts, memo, top=True)
+        val = _value_under(value(p), facts, memo)
+        q = with_dom(val, dom, p.infs) if dom is not TRUE else val
+        if q == p:
+            return p
+        p = q
+        if p.dom is TRUE or p.dom is FALSE:
+            return p
+    return p
+
+
+def _literals(b: Bool) -> frozenset:
+    items = b.args[0] if b.kind == "and" else (b,)
+    return frozenset(x for x in items if x.kind not in ("and", "or", "const"))
+
+
+def _under(b: Bool, facts: frozenset, memo: dict, top: bool = False) -> Bool:
+    """b with the facts true (and their negations false)."""
+    if b.kind == "const" or not b.syms and b.kind != "opaque":
+        return b
+    hit = memo.get(b)
+    if hit is not None and not top:
+        return hit
+    if not top and b in facts:
+        out = TRUE
+    elif b.kind in ("and", "or"):
+        f = logical_and if b.kind == "and" else logical_or
+        out = TRUE if b.kind == "and" else FALSE
+        for x in b.args[0]:
+            keep = top and b.kind == "and" and x in facts
+            out = f(out, x if keep else _under(x, facts, memo))
+    elif b.kind == "not":
+        inner = b.args[0]
+        out = FALSE if inner in facts else logical_not(_under(inner, facts, memo))
+    elif not top and logical_not(b) in facts:
+        out = FALSE
+    else:
+        out = b
+    if not top:
+        memo[b] = out
+    return out
+
+
+def _value_under(v: Poly, facts: frozenset, memo: dict) -> Poly:
+    """v with the selects whose condition the facts decide replaced by their branch."""
+    changed = False
+    acc = []
+    for m, c in v.terms.items():
+        factors = []
+        for aid, e in m:
+            a = ATOM_BY_ID[aid]
+            if a.kind == "select":
+                cond = _under(a.args[0], facts, memo)
+                if cond.kind == "const":
+                    factors.append((a.args[1] if cond.args[0] else a.args[2], e))
+                    changed = True
+                    continue
+            factors.append((atom_poly(a), e))
+        acc.append((c, factors))
+    if not changed:
+        return v
+    out = ZERO
+    for c, factors in acc:
+        term = const(c)
+        for f, e in factors:
+            term = value(mul(term, power_int(f, e)))
+        out = add(out, term)
+    return value(out)
 
 
 # -- signs: facts that hold wherever a term is defined -----------------------------------
@@ -980,15 +1123,19 @@ def select(c: Bool, x: Poly, y: Poly) -> Poly:
         dom = x.dom
     else:
         dom = logical_or(logical_and(c, x.dom), logical_and(logical_not(c), y.dom))
+    if x.infs is y.infs:
+        infs = x.infs
+    else:
+        infs = logical_or(logical_and(c, x.infs), logical_and(logical_not(c), y.infs))
     x, y = value(x), value(y)
     if x == y:
-        return with_dom(x, dom)
+        return with_dom(x, dom, infs)
     if c.kind == "not":
         c, x, y = c.args[0], y, x
     if c.kind == "cmp" and c.args[0] == ">=":
         # q >= 0 is not(-q > 0): keep one form so equal selects share one atom
         c, x, y = _cmp(">", neg(c.args[1])), y, x
-    return with_dom(atom_poly(Atom("select", (c, x, y))), dom)
+    return with_dom(atom_poly(Atom("select", (c, x, y))), dom, infs)
 
 
 # -- lifting -----------------------------------------------------------------------------
@@ -1040,8 +1187,9 @@ def substitute(p, mapping: dict[int, Poly], memo: dict | None = None, limit: int
     # the value from the substituted factors' values; definedness from p's own condition,
     # which already holds every condition its factors (symbols included) brought along
     dom = _subst_bool(p.dom, mapping, memo) if p.dom is not TRUE else TRUE
+    infs = _subst_bool(p.infs, mapping, memo) if p.infs is not FALSE else FALSE
     if p.inf:
-        out = with_dom(value(p), dom)
+        out = with_dom(value(p), dom, infs)
         memo[("p", id(p))] = (p, out)
         return out
     acc: dict = {}
@@ -1071,7 +1219,7 @@ def substitute(p, mapping: dict[int, Poly], memo: dict | None = None, limit: int
     out = Poly({mm: _norm(v) for mm, v in acc.items() if v})
     if inf_parts:
         out = value(sum_of([out] + inf_parts))
-    out = with_dom(out, dom)
+    out = with_dom(out, dom, infs)
     memo[("p", id(p))] = (p, out)
     return out
 
@@ -1273,11 +1421,34 @@ def _eval_opaque(what: str, vals: list):
         return float(UNARY[what](x[0]))
 
 
-def size(p) -> int:
-    """A rough node count, for budgets."""
+def size(p, cap: int = 100_000) -> int:
+    """A rough node count (definedness conditions included), for budgets."""
     if isinstance(p, Bool):
-        return 1
-    return sum(len(m) + 1 for m in p.terms)
+        return _bool_size(p, cap)
+    n = sum(len(m) + 1 for m in p.terms)
+    if p.dom is not TRUE:
+        n += _bool_size(p.dom, cap)
+    return n
+
+
+def _bool_size(b: Bool, cap: int) -> int:
+    """Nodes of a boolean term and the polynomials it compares (counted up to `cap`)."""
+    n, stack, seen = 0, [b], set()
+    while stack and n < cap:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        n += 1
+        if isinstance(x, Poly):
+            n += sum(len(m) + 1 for m in x.terms)
+        elif x.kind in ("and", "or", "xor"):
+            stack.extend(x.args[0])
+        elif x.kind == "not":
+            stack.append(x.args[0])
+        elif x.kind == "cmp":
+            stack.append(x.args[1])
+    return n
 
 
 # -- machine integers ---------------------------------------------------------------------

@@ -474,14 +474,15 @@ class StageProver:
         """A pair whose definedness conditions differ, with unproved cut symbols expanded in
         both conditions: the spec side comes expanded (`spec_view`), while an implementation
         value replaced by a cut symbol carries that symbol's condition as it was written."""
+        x, y = T.settle(x), T.settle(y)
         if (
             isinstance(x, T.Poly)
             and isinstance(y, T.Poly)
             and x.dom is not y.dom
             and (self._has_unproved(x.dom) or self._has_unproved(y.dom))
         ):
-            x = self._expand_term(x, self._unproved_mapping, memo)
-            y = self._expand_term(y, self._unproved_mapping, memo)
+            x = T.settle(self._expand_term(x, self._unproved_mapping, memo))
+            y = T.settle(self._expand_term(y, self._unproved_mapping, memo))
         return x, y
 
     def _has_unproved(self, b) -> bool:
@@ -536,6 +537,9 @@ class StageProver:
                 if not final:
                     return _Outcome("unknown", reason="stage too large")
                 break
+        if not final and any(isinstance(w, T.Poly) and w.is_const() for w in work):
+            # a non-zero constant difference wherever both are defined: not this candidate
+            return _Outcome("unknown", reason="the values differ by a constant")
         pairs = [_as_pair(w) for w in work]
         if not final and sum(_size(x) + _size(y) for x, y in pairs) > STAGE_SMT_SIZE:
             return _Outcome("unknown", reason="stage too large for the solver")
@@ -689,9 +693,10 @@ def _carry_definedness(sym: np.ndarray, definition) -> None:
     for idx in np.ndindex(*sym.shape):
         d = definition[idx]
         if isinstance(d, T.Poly):
+            d = T.settle(d)
             T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
             if d.dom is not T.TRUE:
-                sym[idx] = T.with_dom(sym[idx], d.dom)
+                sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)
 
 
 def _element_pairs(a, b) -> list:
