@@ -514,20 +514,15 @@ def _dense_to_numpy(a) -> np.ndarray:
 
     t = ir.ShapedType(a.type)
     et = str(t.element_type)
-    if et in ("bf16", "f16") or et.startswith("f8"):
-        # numpy cannot read these buffers directly: go through the printed form via ml_dtypes
-        import ml_dtypes
-
-        dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}.get(et)
-        if dt is None:
-            dt = getattr(ml_dtypes, {"f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2"}[et])
+    dt = _small_float_dtype(et) if et != "f16" else None
+    if dt is not None:
+        # the bindings cannot hand these buffers to numpy: read the printed form, each
+        # element rounded to the type (the exact value of its bits), then widened
+        shape = tuple(t.shape)
         if a.is_splat:
-            v = _splat_value(a, dt)
-            return np.full(tuple(t.shape), v, dtype=np.float64)
-        raw = np.frombuffer(bytes(memoryview(a)), dtype=dt) if hasattr(a, "__buffer__") else None
-        if raw is None:
-            raw = np.array(a)
-        return np.asarray(raw, dtype=np.float64).reshape(tuple(t.shape))
+            return np.full(shape, _splat_value(a, dt), dtype=np.float64)
+        values = _printed_elements(str(a), dt, int(np.prod(shape, dtype=np.int64)))
+        return values.reshape(shape)
     arr = np.array(a)
     if arr.shape != tuple(t.shape):  # splat
         arr = np.broadcast_to(arr.reshape(-1)[:1].reshape(()), tuple(t.shape)).copy()
@@ -536,15 +531,50 @@ def _dense_to_numpy(a) -> np.ndarray:
     return arr
 
 
-def _splat_value(a, dt):
+def _small_float_dtype(et: str):
+    """The ml_dtypes type of bf16 and the f8/f6/f4 types (None for other types)."""
+    if et != "bf16" and not re.fullmatch(r"f[468]E\d+M\d+\w*", et):
+        return None
+    import ml_dtypes
+
+    name = "bfloat16" if et == "bf16" else "float" + et[1] + "_" + et[2:].lower()
+    dt = getattr(ml_dtypes, name, None)
+    if dt is None:
+        raise BadInput(f"constant of element type {et}: not a type tv can read")
+    return np.dtype(dt)
+
+
+_ELEMENT = re.compile(r"0x[0-9A-Fa-f]+|[-+]?(?:inf|nan)|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _printed_elements(text: str, dt: np.dtype, n: int) -> np.ndarray:
+    """The elements of a printed dense attribute (`dense<[[1.5, 2.0], ...]>`, or the hex
+    blob `dense<"0x...">`), as float64 values of type `dt`."""
+    body = text[text.index("dense<") + len("dense<") : text.rindex(">", 0, text.rindex(":"))]
+    body = body.strip()
+    if body.startswith('"0x'):
+        raw = bytes.fromhex(body.strip('"')[2:])
+        values = np.frombuffer(raw, dtype=np.dtype(f"uint{dt.itemsize * 8}")).view(dt)
+    else:
+        values = np.array([_element(tok, dt) for tok in _ELEMENT.findall(body)], dtype=dt)
+    if values.size != n:
+        raise BadInput(f"constant {text[:80]}: read {values.size} elements, expected {n}")
+    return values.astype(np.float64)
+
+
+def _element(tok: str, dt: np.dtype):
+    """One printed element: a decimal (rounded to the type) or hex bits (MLIR prints
+    infinities and NaNs that way)."""
+    if tok.startswith("0x"):
+        return np.array([int(tok, 16)], dtype=f"uint{dt.itemsize * 8}").view(dt)[0]
+    return np.array(float(tok)).astype(dt)
+
+
+def _splat_value(a, dt) -> float:
     text = str(a)
     m = re.search(r"dense<([^>]*)>", text)
     s = m.group(1).strip() if m else "0"
-    if s.startswith("0x"):
-        bits = int(s, 16)
-        width = np.dtype(dt).itemsize * 8
-        return float(np.array([bits], dtype=f"uint{width}").view(dt)[0])
-    return float(s)
+    return float(np.float64(_element(s, np.dtype(dt))))
 
 
 def extract_function(text: str, name: str, num_partitions: int | None = None) -> str:
