@@ -7,6 +7,16 @@ import time
 from .errors import BadInput, Unsupported
 from .importer import load
 from .ir import Module
+from .limits import (
+    OutOfTime,
+    TooDeep,
+    check_time,
+    deadline,
+    refuse_oversized,
+    run_deep,
+    time_left,
+    time_limit_reason,
+)
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .report import UNKNOWN, Report
@@ -22,9 +32,14 @@ def prepare(source, role: str) -> Module:
         return source
     try:
         module = load(source)
+        refuse_oversized(module, module.source)
     except BadInput as e:
         raise BadInput(f"{role}: {e}") from None
-    module = unroll_static_loops(run_pipeline(module))
+    check_time()
+    module = run_pipeline(module)
+    check_time()
+    module = unroll_static_loops(module)
+    check_time()
     # unrolled loop bodies bring their calls to the top level: inline them too
     return run_pipeline(module)
 
@@ -83,7 +98,40 @@ def check(
 
     `impl` may be a per-device program: its argument/result layouts come from `placement`,
     else from its `mhlo.sharding` attributes (single device when it has none).
+    `time_limit` bounds the whole run (import, unrolling, simulation, proof): when it runs
+    out the verdict is unknown.
     """
+    return run_deep(_bounded, _check, time_limit, spec, impl, timeout, seed, progress, placement)
+
+
+def _bounded(run, time_limit, *args) -> Report:
+    """`run(*args)` within the time limit; running out of time, memory or stack depth makes
+    the verdict unknown (never a crash, never a pass)."""
+    t0 = time.perf_counter()
+    with deadline(time_limit):
+        try:
+            return run(*args)
+        except OutOfTime as e:
+            reason = str(e)
+        except (RecursionError, TooDeep) as e:
+            reason = str(TooDeep(str(e))) if isinstance(e, TooDeep) else _too_deep()
+        except MemoryError:
+            reason = "out of memory"
+    report = Report(UNKNOWN, reason=reason)
+    report.stats.seconds["total"] = time.perf_counter() - t0
+    return report
+
+
+def _too_deep() -> str:
+    from .limits import RECURSION_LIMIT
+
+    return (
+        "the program nests too deeply for tv (more than Python's recursion limit of "
+        f"{RECURSION_LIMIT:,} frames while walking it)"
+    )
+
+
+def _check(spec, impl, timeout, seed, progress, placement) -> Report:
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec")
     impl_m = prepare(impl, "impl")
@@ -96,11 +144,17 @@ def check(
     placement = placement or Placement.from_module(spec_m.main, impl_m)
     check_signatures(spec_m, impl_m, placement)
     t_import = time.perf_counter() - t0
+    left = time_left()  # what import left of the time limit is the prover's
+    if left is not None and left <= 0:
+        raise OutOfTime(time_limit_reason("while importing"))
     try:
-        options = Options(timeout, seed, progress, time_limit)
+        options = Options(timeout, seed, progress, left)
         report = StageProver(spec_m, impl_m, options, placement).run()
     except Unsupported as e:
         report = Report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=str(e))
+    if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
+        # the prover was given what import left of the limit: name the user's limit
+        report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
     report.stats.seconds["import"] = t_import
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
@@ -153,6 +207,12 @@ def partition_and_check(
 ) -> Report:
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
     per-device output equal to the module's own (single-device) semantics."""
+    return run_deep(
+        _bounded, _partition_and_check, time_limit, module, timeout, seed, progress, time_limit
+    )
+
+
+def _partition_and_check(module, timeout, seed, progress, time_limit) -> Report:
     from .importer import read_source
     from .partitioner import partition
 
@@ -187,6 +247,35 @@ def shardy_partition_and_check(
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
     `spec_function`), by default to the function's own global (unsharded) meaning."""
+    return run_deep(
+        _bounded,
+        _shardy_partition_and_check,
+        time_limit,
+        module,
+        function,
+        spec,
+        spec_function,
+        pipeline,
+        halo_exchange,
+        timeout,
+        seed,
+        progress,
+        time_limit,
+    )
+
+
+def _shardy_partition_and_check(
+    module,
+    function,
+    spec,
+    spec_function,
+    pipeline,
+    halo_exchange,
+    timeout,
+    seed,
+    progress,
+    time_limit,
+) -> Report:
     from .importer import read_source
     from .shardy_passes import run_shardy
 

@@ -1,0 +1,180 @@
+"""Robustness: inputs that used to crash tv end in a verdict or one clear line (exit 3), and
+tv's own bugs are told apart from verdicts (exit 4)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from xla_oracle import run_xla
+
+import tv_ir
+from tv_ir.interp import evaluate
+
+
+def tv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tv_ir.cli", *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def one_line_error(r: subprocess.CompletedProcess) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
+
+
+# -- 1. non-splat bf16 / f8 constants ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_non_splat_small_float_constants_import_with_exact_values(dtype) -> None:
+    table = np.array([0.1, 1.5, -2.0, 3.3], np.float32)
+
+    def spec(x):
+        return x * jnp.asarray(table, dtype).astype(jnp.float32)
+
+    def rewrite(x):  # the same constant, multiplied on the other side, in two steps
+        c = jnp.asarray(table, dtype).astype(jnp.float32)
+        return (c * x * 2.0) / 2.0
+
+    x = np.array([1.0, -2.0, 0.5, 4.0], np.float32)
+    spec_text = jax.jit(spec).lower(x).as_text(debug_info=True)
+    assert "dense<[" in spec_text  # a non-splat constant of the small type
+    r = tv_ir.check(spec_text, jax.jit(rewrite).lower(x).as_text(debug_info=True))
+    assert r.verdict == "equivalent", str(r)
+    # the constant's value is the exact value of its bits, as XLA reads it
+    (ours,) = evaluate(tv_ir.load(spec_text), [x.astype(np.float64)])
+    (xla,) = run_xla(spec_text, [x])
+    np.testing.assert_array_equal(ours, np.asarray(xla, np.float64))
+    exact = table.astype(dtype).astype(np.float64)
+    np.testing.assert_array_equal(ours, x.astype(np.float64) * exact)
+
+
+# -- 2. deep programs ----------------------------------------------------------------------------
+
+
+def nested_ifs(depth: int, leaf: str) -> str:
+    """`depth` nested `stablehlo.if`s on a constant predicate around one op."""
+    head = [
+        "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {",
+        "  %t = stablehlo.constant dense<true> : tensor<i1>",
+        "  %c = stablehlo.constant dense<2.0> : tensor<4xf32>",
+    ]
+    opening, closing = [], []
+    for d in range(depth):
+        ind = "  " * (d + 1)
+        opening.append(f'{ind}%r{d} = "stablehlo.if"(%t) ({{')
+        closing.append(
+            f"{ind}  stablehlo.return %r{d + 1} : tensor<4xf32>\n"
+            f"{ind}}}, {{\n{ind}  stablehlo.return %x : tensor<4xf32>\n"
+            f"{ind}}}) : (tensor<i1>) -> tensor<4xf32>"
+        )
+    leaf_line = f"{'  ' * (depth + 1)}%r{depth} = {leaf} : tensor<4xf32>"
+    tail = ["  return %r0 : tensor<4xf32>", "}"]
+    return "\n".join(head + opening + [leaf_line] + closing[::-1] + tail) + "\n"
+
+
+def test_200_nested_ifs_are_proved() -> None:
+    spec = nested_ifs(200, "stablehlo.multiply %x, %c")
+    impl = nested_ifs(200, "stablehlo.add %x, %x")
+    r = tv_ir.check(spec, impl)
+    assert r.verdict == "equivalent", str(r)
+
+
+def test_200_nested_conds_from_jax_end_in_a_verdict(tmp_path: Path) -> None:
+    """jax's nested `lax.cond`s on an input: unsupported (data-dependent branch), but a
+    verdict with a reason, not a RecursionError."""
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # jax itself recurses to trace 200 nested conds
+    try:
+
+        def nest(k, y):
+            if k == 0:
+                return y + 1.0
+            return jax.lax.cond(y[0] > 0, lambda z: nest(k - 1, z) * 1.0, lambda z: z - 1.0, y)
+
+        text = jax.jit(lambda a: nest(200, a)).lower(np.ones(2, np.float32)).as_text()
+    finally:
+        sys.setrecursionlimit(limit)
+    (tmp_path / "deep.mlir").write_text(text)
+    r = tv("check", "deep.mlir", "deep.mlir", "--json", cwd=tmp_path)
+    assert r.returncode in (0, 2), r.stderr
+    report = json.loads(r.stdout)
+    assert "Recursion" not in r.stderr + report.get("reason", "")
+
+
+def test_5000_trip_loop_is_a_verdict() -> None:
+    x = np.ones(2, np.float32)
+
+    def spec(a):
+        return jax.lax.fori_loop(0, 5000, lambda i, y: y * 0.5 + 1.0, a)
+
+    def impl(a):
+        return jax.lax.fori_loop(0, 5000, lambda i, y: (y + 2.0) * 0.5, a)
+
+    r = tv_ir.check(jax.jit(spec).lower(x).as_text(), jax.jit(impl).lower(x).as_text())
+    assert r.verdict in ("equivalent", "unknown"), str(r)
+    assert "ecursion" not in r.reason
+
+
+# -- 8. internal errors are not verdicts ---------------------------------------------------------
+
+ADD = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+  %0 = stablehlo.add %a, %a : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+"""
+
+
+@pytest.fixture
+def broken_tv(tmp_path: Path) -> Path:
+    """A `sitecustomize` that plants a bug in tv's prover (for the subprocess only)."""
+    (tmp_path / "add.mlir").write_text(ADD)
+    (tmp_path / "sitecustomize.py").write_text(
+        "import tv_ir.prover.engine as e\n"
+        "def boom(self):\n"
+        "    raise KeyError('planted bug')\n"
+        "e.StageProver.run = boom\n"
+    )
+    return tmp_path
+
+
+def _tv_with_bug(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(cwd))
+    return subprocess.run(
+        [sys.executable, "-m", "tv_ir.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def test_internal_error_exits_4_not_unknown(broken_tv: Path) -> None:
+    r = _tv_with_bug(broken_tv, "check", "add.mlir", "add.mlir")
+    assert r.returncode == 4, r.stderr
+    line = one_line_error(r)
+    assert line.startswith("tv: internal error:") and "planted bug" in line
+
+
+def test_internal_error_in_json(broken_tv: Path) -> None:
+    r = _tv_with_bug(broken_tv, "check", "add.mlir", "add.mlir", "--json")
+    assert r.returncode == 4, r.stderr
+    out = json.loads(r.stdout)
+    assert out["verdict"] == "error" and out["internal_error"] is True
+    assert "planted bug" in out["message"]
+
+
+def test_help_lists_exit_codes() -> None:
+    r = tv("check", "--help")
+    assert r.returncode == 0
+    assert "4  internal error" in r.stdout and "2  unknown" in r.stdout
