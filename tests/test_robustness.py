@@ -30,6 +30,12 @@ def one_line_error(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+ADD = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
+  %0 = stablehlo.add %a, %a : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+"""
+
 # -- 1. non-splat bf16 / f8 constants ------------------------------------------------------------
 
 
@@ -124,13 +130,45 @@ def test_5000_trip_loop_is_a_verdict() -> None:
     assert "ecursion" not in r.reason
 
 
-# -- 8. internal errors are not verdicts ---------------------------------------------------------
+# -- 3. the time limit covers the whole run -------------------------------------------------------
 
-ADD = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
-  %0 = stablehlo.add %a, %a : tensor<2xf32>
-  return %0 : tensor<2xf32>
-}
-"""
+
+def slow_loop() -> str:
+    """100,000 trips of a small matmul: slow to simulate, let alone to prove."""
+    x = np.ones((16, 16), np.float32)
+
+    def f(a):
+        return jax.lax.fori_loop(0, 100_000, lambda i, y: jnp.tanh(y @ a) * 0.5 + a, a)
+
+    return jax.jit(f).lower(x).as_text()
+
+
+def test_time_limit_covers_simulation() -> None:
+    import time
+
+    text = slow_loop()
+    t0 = time.perf_counter()
+    r = tv_ir.check(text, text, time_limit=2.0)
+    elapsed = time.perf_counter() - t0
+    assert r.verdict == "unknown", str(r)
+    assert "time limit of 2 s reached" in r.reason
+    assert elapsed < 60  # without the limit this runs for many minutes
+
+
+def test_time_limit_covers_import() -> None:
+    r = tv_ir.check(ADD, ADD, time_limit=1e-4)
+    assert r.verdict == "unknown", str(r)
+    assert "time limit of 0.0001 s reached" in r.reason
+
+
+def test_time_limit_on_the_command_line(tmp_path: Path) -> None:
+    (tmp_path / "slow.mlir").write_text(slow_loop())
+    r = tv("check", "slow.mlir", "slow.mlir", "--time-limit", "2", "--json", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "time limit of 2 s reached" in json.loads(r.stdout)["reason"]
+
+
+# -- 8. internal errors are not verdicts ---------------------------------------------------------
 
 
 @pytest.fixture
