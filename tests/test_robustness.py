@@ -168,6 +168,89 @@ def test_time_limit_on_the_command_line(tmp_path: Path) -> None:
     assert "time limit of 2 s reached" in json.loads(r.stdout)["reason"]
 
 
+# -- 4. oversized programs are refused up front --------------------------------------------------
+
+HUGE_ARG = """func.func @main(%a: tensor<1000000x1000000xf32>) -> tensor<1000000x1000000xf32> {
+  %0 = stablehlo.add %a, %a : tensor<1000000x1000000xf32>
+  return %0 : tensor<1000000x1000000xf32>
+}
+"""
+HUGE_VALUE = """func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.broadcast_in_dim %a, dims = [1] : (tensor<4xf32>) -> tensor<1000000000x4xf32>
+  %1 = stablehlo.reduce(%0 init: %z) applies stablehlo.add across dimensions = [0]
+    : (tensor<1000000000x4xf32>, tensor<f32>) -> tensor<4xf32>
+  return %1 : tensor<4xf32>
+}
+"""
+
+
+def test_oversized_argument_is_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "huge.mlir").write_text(HUGE_ARG)
+    r = tv("check", "huge.mlir", "huge.mlir", cwd=tmp_path)
+    assert r.returncode == 3, r.stderr
+    line = one_line_error(r)
+    assert "argument 0" in line and "1,000,000,000,000 elements" in line
+
+
+def test_oversized_intermediate_value_is_bad_input() -> None:
+    with pytest.raises(tv_ir.BadInput, match="broadcast_in_dim.*4,000,000,000 elements"):
+        tv_ir.check(HUGE_VALUE, HUGE_VALUE)
+
+
+# -- 5, 6. per-device programs: told from pre-partition modules; results need a layout -----------
+
+
+def _per_device(f, in_spec, out_spec, *args) -> tuple:
+    """(spec text, XLA's per-device program as StableHLO text, XLA's partitioning) for `f` on
+    a 4-device mesh, every argument laid out by `in_spec` (a PartitionSpec)."""
+    from jax.sharding import Mesh, NamedSharding
+
+    from tv_ir.importer import parse_mlir
+    from tv_ir.partitioner import partition
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+    ins = (NamedSharding(mesh, in_spec),) * len(args)
+    jf = jax.jit(f, in_shardings=ins, out_shardings=NamedSharding(mesh, out_spec))
+    parted = partition(jf.lower(*args).as_text(debug_info=True))
+    text = parse_mlir(parted.per_device_hlo)[0].operation.get_asm(enable_debug_info=True)
+    return jax.jit(f).lower(*args).as_text(debug_info=True), text, parted
+
+
+def test_per_device_program_with_replicated_arguments_is_not_repartitioned() -> None:
+    from jax.sharding import PartitionSpec as P
+
+    x = np.ones((8, 4), np.float32)
+    spec, per_device, parted = _per_device(lambda a, b: jnp.sin(a) * b + 1.0, P(), P("x"), x, x)
+    assert (
+        'mhlo.sharding = "{replicated}"' in per_device and "mhlo.num_partitions = 4" in per_device
+    )
+    (out,) = parted.out_shardings
+    sig = "-> tensor<2x4xf32> {"
+    assert sig in per_device
+    per_device = per_device.replace(sig, f'-> (tensor<2x4xf32> {{mhlo.sharding = "{out}"}}) {{', 1)
+    r = tv_ir.check(spec, per_device)
+    assert r.verdict == "equivalent", str(r)
+    assert "SPMD partitioning" not in r.impl_name  # proved as given, not partitioned again
+
+
+def test_per_device_result_without_sharding_is_bad_input(tmp_path: Path) -> None:
+    """The result has its global shape (after an all_reduce) but no mhlo.sharding: replicated
+    or partial sums? Not guessed."""
+    from jax.sharding import PartitionSpec as P
+
+    x = np.ones((8, 4), np.float32)
+    spec, per_device, _ = _per_device(lambda a: jnp.sum(a * a, axis=0), P("x"), P(), x)
+    assert "all_reduce" in per_device and "tensor<2x4xf32>" in per_device
+    assert "mhlo.sharding" not in per_device.split("->", 1)[1].split("{", 1)[0]
+    (tmp_path / "spec.mlir").write_text(spec)
+    (tmp_path / "impl.mlir").write_text(per_device)
+    r = tv("check", "spec.mlir", "impl.mlir", cwd=tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr
+    line = one_line_error(r)
+    assert "result 0" in line and "no mhlo.sharding" in line and "layout" in line
+
+
 # -- 8. internal errors are not verdicts ---------------------------------------------------------
 
 

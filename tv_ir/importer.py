@@ -86,7 +86,9 @@ def parse_mlir(source: str | bytes | os.PathLike):
     from jaxlib.mlir import ir
 
     data, name = read_source(source)
+    hlo_config = {}
     if isinstance(data, str) and data.lstrip().startswith("HloModule"):
+        hlo_config = _hlo_module_config(data)
         data = hlo_text_to_stablehlo_bytecode(data, name)
     if isinstance(data, bytes) and not data.startswith(_BYTECODE_MAGIC):
         raise BadInput(f"{name}: not a StableHLO/MLIR or HLO file (binary content)")
@@ -101,7 +103,25 @@ def parse_mlir(source: str | bytes | os.PathLike):
             raise BadInput(f"{name}: malformed IR: {msg}") from None
         if not m.operation.verify():
             raise BadInput(f"{name}: IR does not verify")
+        _keep_hlo_config(m, hlo_config)
     return m, name
+
+
+def _hlo_module_config(text: str) -> dict[str, int]:
+    """`num_partitions` from an HLO module's header line (its conversion to StableHLO drops
+    it; per-device programs need it to know their devices)."""
+    header = text.lstrip().split("\n", 1)[0]
+    m = re.search(r"\bnum_partitions=(\d+)", header)
+    return {"mhlo.num_partitions": int(m.group(1))} if m else {}
+
+
+def _keep_hlo_config(m, config: dict[str, int]) -> None:
+    from jaxlib.mlir import ir
+
+    i32 = ir.IntegerType.get_signless(32)
+    for key, value in config.items():
+        if key not in m.operation.attributes:
+            m.operation.attributes[key] = ir.IntegerAttr.get(i32, value)
 
 
 _EMPTY_A2A_GROUPS = re.compile(

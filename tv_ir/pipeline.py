@@ -163,13 +163,51 @@ def _check(spec, impl, timeout, seed, progress, placement) -> Report:
 
 
 def _pre_partition(spec: Module, impl: Module) -> bool:
-    """Global shapes, several partitions, and sharding annotations on the arguments."""
+    """Global shapes, several partitions, sharding annotations on the arguments, and no sign
+    of a per-device program (`per_device_evidence`)."""
     n = int(impl.attrs.get("mhlo.num_partitions", 1) or 1)
     if n <= 1 or spec.main.arg_types != impl.main.arg_types:
         return False
     if any(op.name == "sdy.manual_computation" for op in impl.main.body.ops):
         return False
-    return any(("sdy.sharding" in a or "mhlo.sharding" in a) for a in impl.main.arg_attrs)
+    if not any(("sdy.sharding" in a or "mhlo.sharding" in a) for a in impl.main.arg_attrs):
+        return False
+    return per_device_evidence(spec, impl) is None
+
+
+# what only a partitioned (per-device) program holds; a pre-partition module has the
+# program's global view, device-independent (collectives appear there only inside shard_map
+# bodies, which are recognised apart)
+PER_DEVICE_ATTRS = ("mhlo.spmd_output_sharding", "mhlo.spmd_parameters_shardings")
+GSPMD_MANUAL = ("SPMDFullToShardShape", "SPMDShardToFullShape")
+
+
+def per_device_evidence(spec: Module, impl: Module) -> str | None:
+    """Why `impl` must be a per-device program rather than a module to partition (None when
+    nothing says so): results of other shapes than the spec's (a pre-partition module keeps
+    global shapes), XLA's SPMD module attributes, or device-dependent ops
+    (`partition_id`, `replica_id`, collectives) outside shard_map bodies."""
+    from .ops.registry import COLLECTIVES, PROCESS_OPS
+
+    if impl.main.result_types != spec.main.result_types:
+        return "its results have per-device shapes"
+    for key in PER_DEVICE_ATTRS:
+        if key in impl.attrs:
+            return f"it has {key}"
+    found, manual = None, False
+    stack = [fn.body for fn in impl.functions.values()]
+    while stack:
+        block = stack.pop()
+        for op in block.ops:
+            if op.name == "sdy.manual_computation" or (
+                op.name == "stablehlo.custom_call"
+                and op.attrs.get("call_target_name") in GSPMD_MANUAL
+            ):
+                manual = True
+            elif found is None and (op.name in PROCESS_OPS or op.name in COLLECTIVES):
+                found = op.name
+            stack.extend(r.block for r in op.regions)
+    return None if manual or found is None else f"it uses {found}"
 
 
 def _name_mesh(per_device: Module, meshes) -> None:
@@ -189,6 +227,10 @@ def _partitioned(impl, spec_m: Module):
         text, name = read_source(impl)
         if isinstance(text, bytes):
             raise BadInput(f"{name}: pass annotated modules as StableHLO text")
+        if text.lstrip().startswith("HloModule"):  # XLA takes StableHLO: convert it
+            from .importer import parse_mlir
+
+            text = parse_mlir(text)[0].operation.get_asm(enable_debug_info=True)
     parted = partition(text)
     impl_m = prepare(parted.per_device_hlo, "partitioned impl")
     impl_m.source = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
