@@ -299,3 +299,36 @@ def test_help_lists_exit_codes() -> None:
     r = tv("check", "--help")
     assert r.returncode == 0
     assert "4  internal error" in r.stdout and "2  unknown" in r.stdout
+
+
+# -- 7. what XLA's verifier rejects is refused -------------------------------------------------
+
+COMPARE = """func.func @main(%a: tensor<i32>, %b: tensor<i32>) -> tensor<i1> {
+  %0 = stablehlo.compare LT, %a, %b, KIND : (tensor<i32>, tensor<i32>) -> tensor<i1>
+  return %0 : tensor<i1>
+}
+"""
+
+
+def test_compare_unsigned_on_signed_integers_is_bad_input(tmp_path: Path) -> None:
+    """jaxlib's MLIR verifier accepts it, XLA's rejects it: tv must not read it as signed."""
+    (tmp_path / "signed.mlir").write_text(COMPARE.replace("KIND", "SIGNED"))
+    (tmp_path / "unsigned.mlir").write_text(COMPARE.replace("KIND", "UNSIGNED"))
+    r = tv("check", "signed.mlir", "unsigned.mlir", cwd=tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr
+    line = one_line_error(r)
+    assert "unsigned.mlir" in line and "UNSIGNED" in line and "SIGNED for i32" in line
+    assert tv("check", "signed.mlir", "signed.mlir", cwd=tmp_path).returncode == 0
+
+
+def test_compares_jax_emits_are_accepted() -> None:
+    """Signed, unsigned, boolean and float compares as jax lowers them."""
+
+    def f(a, i, u, b):
+        return (a > 0) & (i < 2) & (u < 2) & (b == (a < 1))
+
+    args = [np.ones(3, t) for t in (np.float32, np.int32, np.uint32, np.bool_)]
+    text = jax.jit(f).lower(*args).as_text()
+    assert all(k in text for k in ("FLOAT", "SIGNED", "UNSIGNED"))
+    r = tv_ir.check(text, text)
+    assert r.verdict == "equivalent", str(r)

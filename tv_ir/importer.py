@@ -101,8 +101,14 @@ def parse_mlir(source: str | bytes | os.PathLike):
         except Exception as e:  # MLIRError: keep the first diagnostic line
             msg = _first_diagnostic(str(e)).replace('"-":', "line ")
             raise BadInput(f"{name}: malformed IR: {msg}") from None
-        if not m.operation.verify():
-            raise BadInput(f"{name}: IR does not verify")
+        try:  # parsing verifies too; this catches what conversions may have left
+            ok = m.operation.verify()
+        except Exception as e:  # MLIRError with the verifier's diagnostics
+            ok, why = False, _first_diagnostic(str(e))
+        else:
+            why = "IR does not verify"
+        if not ok:
+            raise BadInput(f"{name}: invalid IR: {why}")
         _keep_hlo_config(m, hlo_config)
     return m, name
 
@@ -208,7 +214,44 @@ def load(source: str | bytes | os.PathLike | Any) -> Module:
         module = _Converter(name).module(mlir_module)
     if not module.functions:
         raise BadInput(f"{name}: module has no functions")
+    verify_spec_constraints(module, name)
     return module
+
+
+def _compare_types(dtype: str) -> tuple[str, ...]:
+    """The `compare_type`s the StableHLO spec allows for an element type (C3 of compare)."""
+    if dtype == "i1" or dtype.startswith("ui"):
+        return ("UNSIGNED",)
+    if dtype.startswith("i"):
+        return ("SIGNED",)
+    if dtype.startswith("complex"):
+        return ("FLOAT",)
+    return ("FLOAT", "TOTALORDER")
+
+
+def verify_spec_constraints(module: Module, name: str) -> None:
+    """Refuse IR that breaks a StableHLO spec constraint jaxlib's MLIR verifier does not check
+    but XLA's does: reading it some other way would verify a program XLA never runs.
+
+    - `stablehlo.compare`: `compare_type` SIGNED for signed integers, UNSIGNED for unsigned
+      integers and booleans, FLOAT or TOTALORDER for floats (XLA's HLO verifier).
+    """
+    stack = [fn.body for fn in module.functions.values()]
+    while stack:
+        block = stack.pop()
+        for op in block.ops:
+            stack.extend(r.block for r in op.regions)
+            if op.name != "stablehlo.compare" or "compare_type" not in op.attrs:
+                continue
+            kind = str(getattr(op.attrs["compare_type"], "value", op.attrs["compare_type"]))
+            t = op.operands[0].type
+            allowed = _compare_types(getattr(t, "dtype", ""))
+            if kind not in allowed:
+                raise BadInput(
+                    f"{name}: invalid IR: stablehlo.compare at {op.loc} compares {t} as "
+                    f"{kind} (the StableHLO spec and XLA's verifier require "
+                    f"{' or '.join(allowed)} for {getattr(t, 'dtype', t)})"
+                )
 
 
 def _reparse(m):
