@@ -94,6 +94,16 @@ def test_200_nested_ifs_are_proved() -> None:
     assert r.verdict == "equivalent", str(r)
 
 
+def test_too_deep_is_unknown_not_a_recursion_error(monkeypatch) -> None:
+    import tv_ir.limits
+
+    monkeypatch.setattr(tv_ir.limits, "RECURSION_LIMIT", 2_000)
+    spec = nested_ifs(1_000, "stablehlo.multiply %x, %c")
+    r = tv_ir.check(spec, spec)
+    assert r.verdict == "unknown", str(r)
+    assert "nests too deeply" in r.reason
+
+
 def test_200_nested_conds_from_jax_end_in_a_verdict(tmp_path: Path) -> None:
     """jax's nested `lax.cond`s on an input: unsupported (data-dependent branch), but a
     verdict with a reason, not a RecursionError."""
