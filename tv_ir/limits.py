@@ -132,6 +132,13 @@ class TooDeep(TvError):
     exit_code = 2
 
 
+def too_deep_reason() -> str:
+    return (
+        "the program nests too deeply for tv (more than Python's recursion limit of "
+        f"{RECURSION_LIMIT:,} frames while walking it)"
+    )
+
+
 def run_deep(fn, *args, **kwargs):
     """`fn(*args, **kwargs)` on a thread with a large stack and a high recursion limit
     (directly when already on one); its exceptions are re-raised here."""
@@ -164,9 +171,6 @@ def run_deep(fn, *args, **kwargs):
     if "error" in box:
         e = box["error"]
         if isinstance(e, RecursionError):
-            raise TooDeep(
-                "the program nests too deeply for tv (more than Python's recursion limit "
-                f"of {RECURSION_LIMIT:,} frames while walking it)"
-            ) from None
+            raise TooDeep(too_deep_reason()) from None
         raise e
     return box["result"]

@@ -16,6 +16,7 @@ from .limits import (
     run_deep,
     time_left,
     time_limit_reason,
+    too_deep_reason,
 )
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
@@ -111,24 +112,15 @@ def _bounded(run, time_limit, *args) -> Report:
     with deadline(time_limit):
         try:
             return run(*args)
-        except OutOfTime as e:
+        except (OutOfTime, TooDeep) as e:
             reason = str(e)
-        except (RecursionError, TooDeep) as e:
-            reason = str(TooDeep(str(e))) if isinstance(e, TooDeep) else _too_deep()
+        except RecursionError:
+            reason = too_deep_reason()
         except MemoryError:
             reason = "out of memory"
     report = Report(UNKNOWN, reason=reason)
     report.stats.seconds["total"] = time.perf_counter() - t0
     return report
-
-
-def _too_deep() -> str:
-    from .limits import RECURSION_LIMIT
-
-    return (
-        "the program nests too deeply for tv (more than Python's recursion limit of "
-        f"{RECURSION_LIMIT:,} frames while walking it)"
-    )
 
 
 def _check(spec, impl, timeout, seed, progress, placement) -> Report:
