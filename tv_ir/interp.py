@@ -69,13 +69,33 @@ class Interpreter:
 
     def _manual_computation(self, op: Op) -> list:
         """A shard_map region in a program read as one computation: its global value is what
-        the mesh's devices compute in lockstep from their pieces of the operands."""
-        from .spmd import SpmdInterpreter, mesh_size
+        the mesh's devices compute in lockstep from their pieces of the operands.
+
+        A box that several devices compute (a manual axis the out_sharding leaves out) has
+        one value only if their copies agree: JAX hands the user device 0's copy
+        (`np.asarray(result)`), the other devices keep their own. So device 0's copy is
+        the value, and every other copy must equal it: numbers to float64 noise, terms in
+        normal form. Otherwise the region computes no single value and the construct is
+        unsupported (the verdict `unknown`, naming the device), never assumed."""
+        from .spmd import SpmdInterpreter, device_name, mesh_size
 
         n = mesh_size(self.module, op)
         spmd = SpmdInterpreter(self.module, self.alg, 1, n)
         operands = [self.env[v.id] for v in op.operands]
         per_device = spmd.run_op(op, [list(operands) for _ in range(n)])
+        for rep in spmd.replicas:
+            for d, copy in zip(rep.devices[1:], rep.values[1:], strict=True):
+                if not _copies_agree(rep.values[0], copy):
+                    raise Unsupported(
+                        f"result {rep.result} of {op.name} is claimed replicated by its "
+                        "out_sharding, but the "
+                        f"copy of box {[list(b) for b in rep.box]} on "
+                        f"{device_name(self.module, d, n)} "
+                        f"{'differs from' if _concrete(copy) else 'is not equal in normal form to'}"
+                        f" the copy on {device_name(self.module, rep.devices[0], n)}: "
+                        "the region has no single global value",
+                        loc=op.loc,
+                    )
         return per_device[0]
 
     def context(self, op: Op) -> OpContext:
@@ -92,6 +112,30 @@ class Interpreter:
             device=self.device,
             loc=op.loc,
         )
+
+
+def _concrete(a) -> bool:
+    return np.asarray(a).dtype != object
+
+
+def _copies_agree(a, b) -> bool:
+    """Two copies of a replicated box agree: to float64 noise, or in normal form."""
+    if _concrete(a) and _concrete(b):
+        from .prover.simulate import close
+
+        return close(a, b)
+    from . import terms as T
+
+    for x, y in zip(np.asarray(a).flat, np.asarray(b).flat, strict=True):
+        try:
+            if isinstance(x, T.Bool) or isinstance(y, T.Bool):
+                if T.lift_bool(x) is not T.lift_bool(y):
+                    return False
+            elif T.lift(x) != T.lift(y):
+                return False
+        except TvError:
+            return False
+    return True
 
 
 def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
@@ -128,6 +172,10 @@ def _shaped(r, t):
         raise InterpreterError(f"result shape {r.shape} does not match declared {t}")
     if r.dtype != object and r.dtype != np.dtype(t.numpy_dtype):
         r = r.astype(t.numpy_dtype)
+    elif r.dtype == object and t.is_integer:  # terms: reduce to the type's machine range
+        from .symbolic import machine_integers
+
+        r = machine_integers(r, t)
     return r
 
 

@@ -181,8 +181,27 @@ class Layout:
                     return False
         return True
 
+    def copies(self, per_device: Sequence[Any], add: Callable | None = None) -> list[tuple]:
+        """Every copy of every box: [(device, box, value)] in device order, over all
+        instances. Replicated boxes appear once per holder (each device's own copy: a
+        replicated value is right only if every copy is); an unreduced group appears once,
+        as its sum, named by its first member."""
+        return [
+            (d, box, value)
+            for inst in self._copies(per_device, add)
+            for box, held in inst
+            for d, value in held
+        ]
+
     def _sources(self, per_device: Sequence[Any], add: Callable | None) -> list[list]:
         """Per instance: [(box, [value of each copy])], copies in device order."""
+        return [
+            [(box, [value for _, value in held]) for box, held in inst]
+            for inst in self._copies(per_device, add)
+        ]
+
+    def _copies(self, per_device: Sequence[Any], add: Callable | None) -> list[list]:
+        """Per instance: [(box, [(device, value) of each copy])], copies in device order."""
         if len(per_device) != self.num_devices:
             raise ValueError(f"{len(per_device)} device values for {self.num_devices} devices")
         add = add or operator.add
@@ -200,7 +219,7 @@ class Layout:
                 for m in group:
                     v = self._local(per_device[m], m)
                     value = v if value is None else add(value, v)
-                by_box.setdefault(self.boxes[d], []).append(np.asarray(value))
+                by_box.setdefault(self.boxes[d], []).append((group[0], np.asarray(value)))
             out.append(list(by_box.items()))
         return out
 

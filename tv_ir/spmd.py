@@ -13,11 +13,18 @@ Values cross the API as per-device lists: `run` takes and returns `[device_id][i
 `sdy.manual_computation` (what `jax.shard_map` lowers to) runs in lockstep too: each device's
 (global) operand is cut to its piece by the `in_shardings` (over the manual axes, device =
 partition id), the body runs on all devices with its collectives, and the devices' results
-are assembled by the `out_shardings` into the global value, which every device then holds.
+are assembled by the `out_shardings` into the global value each device then holds.
 The hook sees the ops of a top-level manual computation's body as well (with local values).
 The GSPMD form of shard_map works the same way: `custom_call @SPMDFullToShardShape` cuts its
 operand by the `mhlo.sharding` of the `@Sharding` annotation producing it, and
 `@SPMDShardToFullShape` assembles the devices' pieces by its own `mhlo.sharding`.
+
+Replicas. A box of a result that several devices compute (an out_sharding leaves a manual
+axis out: `out_specs=P()`) is only *claimed* equal on them (`check_vma=False` does not check
+it). As XLA does, each device keeps its own copy: its global value holds its own piece in
+its box, and the first holder's copy of every box it does not compute. Boxes whose copies
+are not identical are recorded in `replicas` (`Replicas`): the prover proves every copy
+equal to the first, or refutes the claim on the device named.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+
+import numpy as np
 
 from .attrs import SdySharding
 from .errors import BadInput, Unsupported
@@ -39,6 +48,25 @@ from .process_grid import ProcessGrid
 _GSPMD = ("SPMDFullToShardShape", "SPMDShardToFullShape")
 PerDevice = list[list]  # [device_id][value index]
 SpmdHook = Callable[[Op, PerDevice], PerDevice]
+
+
+@dataclasses.dataclass
+class Replicas:
+    """One box of a shard_map result computed by several devices, whose copies are claimed
+    equal (by the out_sharding) but are not identical values: each copy must be proved
+    equal to the first (what a device that does not compute the box reads)."""
+
+    op: Op
+    result: int  # which result of `op`
+    box: tuple  # ((start, stop), ...) of the global value
+    devices: tuple[int, ...]  # device ids holding a copy, in order (device 0's first)
+    values: list  # each device's copy (its local piece)
+
+    def where(self) -> str:
+        """'result 0 of sdy.manual_computation at f.py:12'."""
+        loc = self.op.loc
+        at = f" at {loc.file}:{loc.line}" if getattr(loc, "file", None) else ""
+        return f"result {self.result} of {self.op.name}{at}"
 
 
 class SpmdInterpreter:
@@ -65,6 +93,7 @@ class SpmdInterpreter:
             meshes=module.attrs.get("sdy.meshes"),
         )
         self.procs = [Interpreter(module, alg, device=d) for d in self.grid.devices]
+        self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
         self._lockstep = {
             "stablehlo.while": self._while,
             "stablehlo.case": self._case,
@@ -216,17 +245,19 @@ class SpmdInterpreter:
                 pieces.append(piece)
             local.append(pieces)
         results = self._block(block, local, top=top)
-        glob = []
+        glob: PerDevice = [[] for _ in self.procs]
         for k, lay in enumerate(outs):
             values = [results[d][k] for d in range(len(self.procs))]
-            if lay is None:
-                glob.append(values[0])
+            if lay is None:  # a token: each device's own
+                for d, val in enumerate(values):
+                    glob[d].append(val)
                 continue
             by_pid = [None] * lay.num_devices
             for pid, val in zip(pids, values, strict=True):
                 by_pid[pid] = val
-            glob.append(lay.assemble(by_pid))
-        return [list(glob) for _ in self.procs]
+            for d, val in enumerate(self._assemble(op, k, lay, by_pid, pids)):
+                glob[d].append(val)
+        return glob
 
     def _manual_layouts(self, op: Op, key: str, types: list, manual: tuple) -> list:
         """One Layout per value over the manual axes only (None for non-tensors)."""
@@ -271,8 +302,70 @@ class SpmdInterpreter:
         by_pid = [None] * lay.num_devices
         for pid, args in zip(pids, operands, strict=True):
             by_pid[pid] = args[0]
-        value = lay.assemble(by_pid)
-        return [[value] for _ in self.procs]
+        return [[value] for value in self._assemble(op, 0, lay, by_pid, pids)]
+
+    def _assemble(self, op: Op, k: int, lay: Layout, by_pid: list, pids: list[int]) -> list:
+        """Each device's global value of a shard_map result from the devices' pieces (by
+        partition id): its own copy of the box it computed, the first holder's copy of the
+        others (XLA keeps each device's copy). Boxes whose copies are not identical are
+        recorded in `self.replicas`."""
+        base = lay.assemble(by_pid)
+        holders: dict[tuple, list[int]] = {}
+        for pid in range(lay.num_devices):
+            holders.setdefault(lay.box(pid), []).append(pid)
+        views = {}
+        for box, devs in holders.items():
+            if len(devs) < 2:
+                continue
+            pieces = [_local(lay, by_pid[p], p) for p in devs]
+            differ = [not _identical(pieces[0], x) for x in pieces[1:]]
+            if not any(differ):
+                continue
+            self.replicas.append(Replicas(op, k, box, tuple(devs), pieces))
+            for p, x, d in zip(devs[1:], pieces[1:], differ, strict=True):
+                if d:
+                    own = np.array(base, copy=True)
+                    own[_slices(box)] = x
+                    views[p] = own
+        return [views.get(pid, base) for pid in pids]
+
+
+def _local(lay: Layout, value, pid: int):
+    """A device's piece without the padding of uneven shards."""
+    shape = lay.local_shape(pid)
+    return np.asarray(value)[(*(slice(0, n) for n in shape), Ellipsis)]
+
+
+def _slices(box) -> tuple:
+    return (*(slice(a, b) for a, b in box), Ellipsis)
+
+
+def _identical(a, b) -> bool:
+    """The same value: the same numbers, or the same (hash-consed) terms."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype == object or b.dtype == object:
+        return all(x is y or _equal_scalar(x, y) for x, y in zip(a.flat, b.flat, strict=True))
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _equal_scalar(x, y) -> bool:
+    try:
+        return type(x) is type(y) and bool(x == y)
+    except Exception:
+        return False
+
+
+def device_name(module: Module, device: int, n: int) -> str:
+    """'device 3 (x=3)': a device and its coordinates when the module names a mesh of n."""
+    from .prover.localise import mesh_coords
+
+    coords = mesh_coords(module, device, n) or {}
+    at = f" ({', '.join(f'{a}={i}' for a, i in coords.items())})" if coords else ""
+    return f"device {device}{at}"
 
 
 def mesh_size(module: Module, op: Op) -> int:

@@ -75,11 +75,42 @@ def _pow(a, b):
             return T.fn("sqrt", a)
         if e == T.Fraction(-1, 2):
             return T.fn("rsqrt", a)
-    return T.atom_poly(T.Atom("pow", (a, b)))
+    return T.power(a, b)
 
 
 _power = _ufunc(_pow, 2)
-_atan2 = _ufunc(lambda a, b: T.atom_poly(T.Atom("atan2", (T.lift(a), T.lift(b)))), 2)
+_atan2 = _ufunc(lambda a, b: T.atan2(T.lift(a), T.lift(b)), 2)
+_is_finite = _ufunc(T.is_finite, 1)
+
+
+def _int_pow(a, e: int, minus_one: int):
+    """XLA's integer power with a known exponent (read as a signed integer): x ** (e mod 64)
+    for e >= 0 (six squarings; the result wraps), else 1 if x == 1, +-1 if x == -1 (as a
+    signed integer: `minus_one` is its value in x's type), else 0."""
+    a = T.lift(a)
+    if e >= 0:
+        return T.power_int(a, e % 64)
+    sign = T.const(-1 if e % 2 else 1)
+    rest = T.select(T.compare("EQ", a, T.const(minus_one)), sign, T.ZERO)
+    return T.select(T.compare("EQ", a, T.ONE), T.ONE, rest)
+
+
+def machine_integers(x, t: TensorType):
+    """Symbolic elements of an integer tensor of type t as machine integers (wrapped)."""
+    r = T.dtype_range(t.dtype)
+    if t.is_float or t.is_bool or r is None:
+        return x
+    bits = int(np.dtype(t.numpy_dtype).itemsize * 8)
+    signed = r[0] < 0
+
+    def one(e):
+        if isinstance(e, T.Poly):
+            return T.wrap(e, bits, signed)
+        if isinstance(e, T.Bool):
+            return T.wrap(T.lift(e), bits, signed)
+        return T.wrap_int(int(e), bits, signed)
+
+    return _ufunc(one, 1)(x)
 
 
 # unary math functions are opaque atoms of canonical arguments
@@ -169,11 +200,23 @@ class SymbolicAlgebra(NumpyAlgebra):
     def power(self, x, y):
         return _power(x, y) if _sym(x, y) else super().power(x, y)
 
+    def int_power(self, x, y, base: TensorType, exponent: TensorType):
+        """Integer power (XLA's rule; see NumpyAlgebra._int_power) of a symbolic base: the
+        exponent must be known."""
+        if not _sym(x, y):
+            return super().power(x, y)
+        e = self._concrete(y, "an integer exponent").astype(object)
+        bits = int(np.dtype(exponent.numpy_dtype).itemsize * 8)
+        e = _ufunc(lambda v: T.wrap_int(int(v), bits, True), 1)(e)
+        r = T.dtype_range(base.dtype)
+        minus_one = -1 if r is None or r[0] < 0 else r[1]
+        return _ufunc(lambda a, v: _int_pow(a, v, minus_one), 2)(x, e)
+
     def unary(self, fn: str, x):
         if not _sym(x):
             return super().unary(fn, x)
-        if fn == "is_finite":
-            return np.ones(np.shape(x), dtype=bool)  # symbolic reals are finite
+        if fn == "is_finite":  # where it is defined (a guard of a partial op is not folded)
+            return _is_finite(x)
         f = _UNARY.get(fn)
         if f is None:
             f = _UNARY[fn] = _unary_term(fn)

@@ -11,17 +11,28 @@ goes to Z3 (tv_ir.prover.smt).
 Boolean terms (`Bool`) are hash-consed comparisons `p > 0`, `p >= 0`, `p == 0` with `p`
 normalised (leading coefficient +-1), and their logical combinations.
 
-Over the reals: monomials may carry negative powers (x / y with y a single monomial);
-that is sound under the side condition that denominators are non-zero, which the prover
-states when it asks Z3. Infinities appear only as constants (masks, max-reduction
-identities) and are handled by a few absorbing rules; anything else involving them is
-unsupported rather than guessed.
+Definedness: every `Poly` carries `dom`, a `Bool` saying where its value is what its terms
+say. Where `dom` fails, some partial operation on the value's path left its domain
+(division by zero, log of a non-positive number, sqrt of a negative one, ...) and the value
+is *some* non-finite float: which one (+inf, -inf, NaN) is not modelled, as reals have no
+signed zero. Partial operations add their condition to `dom`; total ones combine their
+operands' `dom`s (strictness: inf + 1 and 0 * NaN are non-finite); `select` is
+path-sensitive, so a guard like `where(x == 0, 0, y / x)` is defined everywhere. So
+cancellation (`x * x^-1 = 1`) is exact: its condition stays in `dom`. An operation that can
+map a non-finite operand back to a finite value (compare, exp, 1/x, max, ...) is applied
+only where its operands are defined; elsewhere its result is a fresh opaque value, unique
+to that application, so nothing is assumed about it. Atom arguments are stored without
+their `dom` (it lives in the Poly that uses the atom), except opaque ones.
+
+Infinities also appear as constants (masks, max-reduction identities) and are handled by a
+few absorbing rules; anything else involving them is unsupported rather than guessed.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -91,6 +102,28 @@ def _flat_args(args):
             yield from _flat_args(x)
 
 
+# -- booleans ----------------------------------------------------------------------------
+
+_BOOLS: dict[tuple, Bool] = {}
+
+
+class Bool(_Interned):
+    """An interned boolean term: const, cmp (poly REL 0), not, and, or, xor, sym."""
+
+    __slots__ = ("kind", "args", "syms", "_hash")
+
+    def __new__(cls, kind: str, args: tuple):
+        b = _BOOLS.get((kind, args))
+        return b if b is not None else _intern(cls, _BOOLS, kind, args)
+
+    def __repr__(self) -> str:
+        if self.kind == "const":
+            return str(self.args[0])
+        if self.kind == "cmp":
+            return f"({self.args[1]!r} {self.args[0]} 0)"
+        return f"{self.kind}({', '.join(map(repr, self.args))})"
+
+
 def _num(c) -> Num:
     """Exact rational for a Python/numpy number (floats convert exactly)."""
     if isinstance(c, (int, Fraction)) and not isinstance(c, bool):
@@ -122,24 +155,31 @@ def _norm(c: Num) -> Num:
 
 
 class Poly:
-    """sum of coeff * monomial; immutable. `inf` is +1/-1 for the constants +inf/-inf."""
+    """sum of coeff * monomial; immutable. `inf` is +1/-1 for the constants +inf/-inf.
+    `dom` says where the value is what the terms say (elsewhere: some non-finite float)."""
 
-    __slots__ = ("terms", "inf", "_hash", "_syms")
+    __slots__ = ("terms", "inf", "dom", "_hash", "_syms")
 
-    def __init__(self, terms: dict, inf: int = 0):
+    def __init__(self, terms: dict, inf: int = 0, dom: Bool | None = None):
         self.terms = terms
         self.inf = inf
+        self.dom = TRUE if dom is None else dom
         self._hash = None
         self._syms = None
 
     # -- identity ---------------------------------------------------------------------
     def __hash__(self) -> int:
         if self._hash is None:
-            self._hash = hash((frozenset(self.terms.items()), self.inf))
+            self._hash = hash((frozenset(self.terms.items()), self.inf, self.dom))
         return self._hash
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Poly) and self.inf == other.inf and self.terms == other.terms
+        return (
+            isinstance(other, Poly)
+            and self.inf == other.inf
+            and self.dom is other.dom
+            and self.terms == other.terms
+        )
 
     @property
     def syms(self) -> frozenset:
@@ -148,6 +188,8 @@ class Poly:
             for m in self.terms:
                 for aid, _ in m:
                     s |= ATOM_BY_ID[aid].syms
+            if self.dom is not TRUE:
+                s |= self.dom.syms
             self._syms = s
         return self._syms
 
@@ -158,6 +200,10 @@ class Poly:
         return self.terms.get((), 0)
 
     def __repr__(self) -> str:
+        if self.dom is FALSE:
+            return "undefined"
+        if self.dom is not TRUE:
+            return f"({value(self)!r} where {self.dom!r})"
         if self.inf:
             return "inf" if self.inf > 0 else "-inf"
         if not self.terms:
@@ -169,10 +215,49 @@ class Poly:
         return " + ".join(parts)
 
 
+TRUE = Bool("const", (True,))
+FALSE = Bool("const", (False,))
 ZERO = Poly({})
 ONE = Poly({(): 1})
 POS_INF = Poly({}, 1)
 NEG_INF = Poly({}, -1)
+UNDEFINED = Poly({}, 0, FALSE)  # a non-finite value of unknown kind (NaN, 0/0, log(-1), ...)
+
+
+def value(p: Poly) -> Poly:
+    """p's terms without its definedness condition (what atoms store as arguments)."""
+    return p if p.dom is TRUE else Poly(p.terms, p.inf)
+
+
+def with_dom(p: Poly, d: Bool) -> Poly:
+    """p, defined only where d also holds."""
+    if d is TRUE:
+        return p
+    d = logical_and(p.dom, d)
+    if d is FALSE:
+        return UNDEFINED
+    return p if d is p.dom else Poly(p.terms, p.inf, d)
+
+
+def _dom2(p: Poly, q: Poly) -> Bool:
+    if q.dom is TRUE or p.dom is q.dom:
+        return p.dom
+    if p.dom is TRUE:
+        return q.dom
+    return logical_and(p.dom, q.dom)
+
+
+def _dom_all(items) -> Bool:
+    d = TRUE
+    for p in items:
+        if p.dom is not TRUE and p.dom is not d:
+            d = logical_and(d, p.dom)
+    return d
+
+
+def is_defined(p: Poly) -> bool:
+    """Whether p is defined for every value of its symbols (no condition at all)."""
+    return p.dom is TRUE
 
 
 def const(c) -> Poly:
@@ -182,7 +267,7 @@ def const(c) -> Poly:
     if f is not None and math.isinf(f):
         return POS_INF if f > 0 else NEG_INF
     if f is not None and math.isnan(f):
-        raise Unsupported("NaN constant in a symbolic computation")
+        return UNDEFINED
     c = _num(c)
     return Poly({(): c}) if c != 0 else ZERO
 
@@ -191,12 +276,57 @@ def atom_poly(a: Atom) -> Poly:
     return Poly({((a.id, 1),): 1})
 
 
-def symbol(name: str, index: tuple = ()) -> Poly:
+class Key:
+    """The identity of a family of symbols: a kind ("input", "cut", ...), a number (the
+    argument number, the spec value id, ...) and the element type (integer symbols range
+    over their type). The name is for printing only. No program text is a Key, so no name
+    in a program can collide with one."""
+
+    __slots__ = ("kind", "number", "dtype", "name", "_hash")
+
+    def __init__(self, kind: str, number, dtype: str | None = None, name: str = ""):
+        self.kind, self.number, self.dtype, self.name = kind, number, dtype, name
+        self._hash = hash((Key, kind, number, dtype, name))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Key) and (
+            (self.kind, self.number, self.dtype, self.name)
+            == (other.kind, other.number, other.dtype, other.name)
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return self.name or f"{self.kind}{self.number}"
+
+    @property
+    def int_range(self) -> tuple[int, int] | None:
+        """The values an integer symbol ranges over (None: a real symbol)."""
+        return dtype_range(self.dtype)
+
+
+def dtype_range(dtype: str | None) -> tuple[int, int] | None:
+    """The machine range of an integer element type as MLIR spells it (i1: 0..1), as the
+    concrete interpreter holds it (TensorType.numpy_dtype); None for other types."""
+    from .ir import TensorType
+
+    if dtype is None or not re.fullmatch(r"[su]?i\d+|index", dtype):
+        return None
+    t = TensorType((), dtype)
+    if t.is_bool:
+        return (0, 1)
+    info = np.iinfo(t.numpy_dtype)
+    return (int(info.min), int(info.max))
+
+
+def symbol(name, index: tuple = ()) -> Poly:
     return atom_poly(Atom("sym", (name, tuple(int(i) for i in index))))
 
 
-def symbol_array(name: str, shape: tuple) -> np.ndarray:
-    """An object array of fresh symbols `name[index]`, one per element."""
+def symbol_array(name, shape: tuple) -> np.ndarray:
+    """An object array of fresh symbols `name[index]`, one per element (`name`: a string
+    or a Key)."""
     out = np.empty(shape, dtype=object)
     for idx in np.ndindex(*shape):
         out[idx] = symbol(name, idx)
@@ -259,14 +389,15 @@ def _mono_mul(a: Mono, b: Mono) -> Mono:
 
 
 def add(p: Poly, q: Poly) -> Poly:
+    dom = _dom2(p, q)
     if p.inf or q.inf:
         if p.inf and q.inf and p.inf != q.inf:
-            raise Unsupported("inf - inf in a symbolic computation")
-        return p if p.inf else q
+            return UNDEFINED  # inf - inf is NaN
+        return with_dom(value(p if p.inf else q), dom)
     if not p.terms:
-        return q
+        return with_dom(q, p.dom)
     if not q.terms:
-        return p
+        return with_dom(p, q.dom)
     if len(p.terms) < len(q.terms):
         p, q = q, p
     d = dict(p.terms)
@@ -276,19 +407,19 @@ def add(p: Poly, q: Poly) -> Poly:
             d[m] = _norm(c2)
         else:
             del d[m]
-    return Poly(d)
+    return Poly(d, 0, dom) if dom is not FALSE else UNDEFINED
 
 
 def scale(p: Poly, c: Num) -> Poly:
     if p.inf:
         if c == 0:
-            raise Unsupported("0 * inf in a symbolic computation")
-        return POS_INF if (p.inf > 0) == (c > 0) else NEG_INF
+            return UNDEFINED  # 0 * inf is NaN
+        return with_dom(POS_INF if (p.inf > 0) == (c > 0) else NEG_INF, p.dom)
     if c == 0:
-        return ZERO
+        return with_dom(ZERO, p.dom)  # 0 * NaN is NaN
     if c == 1:
         return p
-    return Poly({m: _norm(v * c) for m, v in p.terms.items()})
+    return Poly({m: _norm(v * c) for m, v in p.terms.items()}, 0, p.dom)
 
 
 def neg(p: Poly) -> Poly:
@@ -300,22 +431,24 @@ def sub(p: Poly, q: Poly) -> Poly:
 
 
 def mul(p: Poly, q: Poly) -> Poly:
+    dom = _dom2(p, q)
     if p.inf or q.inf:
         other = q if p.inf else p
         if not other.is_const():
             raise Unsupported("inf times a non-constant in a symbolic computation")
         inf = p if p.inf else q
-        return (
-            scale(inf, other.const_value())
+        out = (
+            scale(value(inf), other.const_value())
             if not other.inf
             else (POS_INF if p.inf == q.inf else NEG_INF)
         )
+        return with_dom(out, dom)
     if not p.terms or not q.terms:
-        return ZERO
+        return with_dom(ZERO, dom)
     if len(p.terms) == 1 and () in p.terms:
-        return scale(q, p.terms[()])
+        return with_dom(scale(q, p.terms[()]), p.dom)
     if len(q.terms) == 1 and () in q.terms:
-        return scale(p, q.terms[()])
+        return with_dom(scale(p, q.terms[()]), q.dom)
     d: dict = {}
     for m1, c1 in p.terms.items():
         for m2, c2 in q.terms.items():
@@ -325,42 +458,56 @@ def mul(p: Poly, q: Poly) -> Poly:
                 d[m] = c
             else:
                 del d[m]
-    return Poly({m: _norm(c) for m, c in d.items()})
+    return Poly({m: _norm(c) for m, c in d.items()}, 0, dom)
 
 
 def sum_of(items) -> Poly:
     """n-ary sum (one dictionary accumulation instead of n-1 binary adds)."""
     d: dict = {}
     inf = 0
+    dom = TRUE
+    nan = False
     for p in items:
         p = lift(p)
+        if p.dom is not TRUE and p.dom is not dom:
+            dom = logical_and(dom, p.dom)
         if p.inf:
             if inf and inf != p.inf:
-                raise Unsupported("inf - inf in a symbolic computation")
+                nan = True  # inf - inf is NaN
             inf = p.inf
             continue
         for m, c in p.terms.items():
             d[m] = d.get(m, 0) + c
+    if nan or dom is FALSE:
+        return UNDEFINED
     if inf:
-        return POS_INF if inf > 0 else NEG_INF
-    return Poly({m: _norm(c) for m, c in d.items() if c})
+        return with_dom(POS_INF if inf > 0 else NEG_INF, dom)
+    return Poly({m: _norm(c) for m, c in d.items() if c}, 0, dom)
 
 
 def dot(xs, ys) -> Poly:
     """sum_i xs[i] * ys[i], accumulated in one dictionary."""
     d: dict = {}
+    dom = TRUE
     for x, y in zip(xs, ys, strict=True):
         x, y = lift(x), lift(y)
         if x.inf or y.inf:
             return sum_of(mul(a, b) for a, b in zip(map(lift, xs), map(lift, ys), strict=True))
+        for p in (x, y):
+            if p.dom is not TRUE and p.dom is not dom:
+                dom = logical_and(dom, p.dom)
         for m1, c1 in x.terms.items():
             for m2, c2 in y.terms.items():
                 m = _mono_mul(m1, m2)
                 d[m] = d.get(m, 0) + c1 * c2
-    return Poly({m: _norm(c) for m, c in d.items() if c})
+    if dom is FALSE:
+        return UNDEFINED
+    return Poly({m: _norm(c) for m, c in d.items() if c}, 0, dom)
 
 
 def power_int(p: Poly, n: int) -> Poly:
+    if n == 0:
+        return ONE  # pow(x, 0) is 1 for every x, NaN included
     if n < 0:
         return power_int(inverse(p), -n)
     r = ONE
@@ -380,17 +527,52 @@ def leading(p: Poly) -> tuple[Mono, Num]:
 
 
 def inverse(p: Poly) -> Poly:
-    """1/p: constants and single monomials invert exactly, others become an `inv` atom."""
+    """1/p: constants and single monomials invert exactly, others become an `inv` atom;
+    defined where p is defined and non-zero (1/inf = 0 maps a non-finite value back)."""
+    if p.dom is not TRUE:
+        return _guarded("inv", (p,), lambda v: inverse(v[0]))
     if p.inf:
         return ZERO
     if not p.terms:
-        raise Unsupported("division by zero in a symbolic computation")
+        return UNDEFINED  # 1/0 is inf, 0/0 NaN
     if len(p.terms) == 1:
         ((m, c),) = p.terms.items()
-        return Poly({tuple((a, -e) for a, e in m): _norm(Fraction(1) / c)})
+        out = Poly({tuple((a, -e) for a, e in m): _norm(Fraction(1) / c)})
+        return out if not m else with_dom(out, _nonzero(p))
     m, c = leading(p)
     unit = scale(p, _norm(Fraction(1) / c))
-    return scale(atom_poly(Atom("inv", (unit,))), _norm(Fraction(1) / c))
+    out = scale(atom_poly(Atom("inv", (unit,))), _norm(Fraction(1) / c))
+    return with_dom(out, _nonzero(p))
+
+
+def _nonzero(p: Poly) -> Bool:
+    return logical_not(_cmp("==", value(p)))
+
+
+# -- operations applied where their operands are defined -------------------------------
+
+_opaque_ids = itertools.count()
+
+
+def _guarded(kind: str, args: tuple, apply) -> Poly:
+    """`apply` on the operands' values where all are defined; elsewhere a fresh opaque value
+    (this application's own: a non-finite operand may map to anything, e.g. exp(-inf) = 0,
+    and two applications to equal terms may see different non-finite floats)."""
+    dom = _dom_all(args)
+    vals = [value(a) for a in args]
+    known = apply(vals)
+    uid = next(_opaque_ids)
+    unknown = atom_poly(Atom("opaque", (uid, kind, tuple(args))))
+    unknown = Poly(unknown.terms, 0, Bool("opaque", (uid, "fin", (unknown,))))
+    return select(dom, known, unknown)
+
+
+def _guarded_bool(kind: str, args: tuple, apply) -> Bool:
+    """A predicate of operands that may be undefined (see `_guarded`)."""
+    dom = _dom_all(args)
+    known = apply([value(a) for a in args])
+    unknown = Bool("opaque", (next(_opaque_ids), kind, tuple(args)))
+    return logical_or(logical_and(dom, known), logical_and(logical_not(dom), unknown))
 
 
 def div(p: Poly, q: Poly) -> Poly:
@@ -399,28 +581,59 @@ def div(p: Poly, q: Poly) -> Poly:
 
 # -- opaque functions ------------------------------------------------------------------
 
-_FOLD = {
-    "exp": math.exp,
-    "expm1": math.expm1,
-    "log": math.log,
-    "log1p": math.log1p,
-    "tanh": math.tanh,
-    "sqrt": math.sqrt,
-    "rsqrt": lambda v: 1.0 / math.sqrt(v),
-    "sin": math.sin,
-    "cos": math.cos,
-    "tan": math.tan,
-    "erf": math.erf,
-    "logistic": lambda v: 1.0 / (1.0 + math.exp(-v)),
-    "cbrt": lambda v: math.copysign(abs(v) ** (1 / 3), v),
-    "floor": math.floor,
-    "ceil": math.ceil,
-    "sign": lambda v: float((v > 0) - (v < 0)),
-}
+# functions whose result is non-finite whenever their argument is (inf and NaN in, non-finite
+# out); the others (exp(-inf) = 0, tanh(inf) = 1, rsqrt(inf) = 0, ...) are `_guarded`
+_STRICT = frozenset(
+    (
+        "log",
+        "log1p",
+        "sqrt",
+        "sin",
+        "cos",
+        "tan",
+        "cbrt",
+        "floor",
+        "ceil",
+        "round_nearest_afz",
+        "round_nearest_even",
+        "lgamma",
+        "digamma",
+        "erf_inv",
+    )
+)
+
+
+def _fn_domain(name: str, v: Poly) -> Bool:
+    """Where a math function of a finite real argument is finite."""
+    if name == "log":
+        return _cmp(">", v)  # log(0) = -inf, log(-1) = NaN
+    if name == "log1p":
+        return _cmp(">", add(v, ONE))
+    if name == "sqrt":
+        return _cmp(">=", v)
+    if name == "rsqrt":
+        return _cmp(">", v)
+    if name == "erf_inv":
+        return logical_and(_cmp(">", add(v, ONE)), _cmp(">", sub(ONE, v)))
+    if name in ("lgamma", "digamma"):  # poles at 0, -1, -2, ...
+        return logical_or(_cmp(">", v), Bool("finite_at", (name, v)))
+    return TRUE
+
+
+def _fold(name: str, c: Num) -> Poly:
+    """A math function of a constant, in float64 (NaN: undefined; +-inf: the constant)."""
+    from .algebra import UNARY
+
+    with np.errstate(all="ignore"):
+        v = float(np.asarray(UNARY[name](np.float64(float(c)))).reshape(()))
+    return const(v)
 
 
 def fn(name: str, p: Poly) -> Poly:
-    """An opaque math function of a canonical argument (constant arguments fold in float64)."""
+    """An opaque math function of a canonical argument (constant arguments fold in float64),
+    defined where its argument is defined and in the function's domain."""
+    if p.dom is not TRUE and name not in _STRICT:
+        return _guarded(name, (p,), lambda v: fn(name, v[0]))
     if p.inf:
         if name == "exp":
             return ZERO if p.inf < 0 else POS_INF
@@ -429,18 +642,76 @@ def fn(name: str, p: Poly) -> Poly:
         if name == "logistic":
             return ZERO if p.inf < 0 else ONE
         raise Unsupported(f"{name}(inf) in a symbolic computation")
-    if p.is_const() and name in _FOLD:
-        return const(_FOLD[name](float(p.const_value())))
-    return atom_poly(Atom("fn", (name, p)))
+    v = value(p)
+    if p.is_const():
+        return with_dom(_fold(name, p.const_value()), p.dom)
+    return with_dom(atom_poly(Atom("fn", (name, v))), logical_and(p.dom, _fn_domain(name, v)))
+
+
+def power(x: Poly, y: Poly) -> Poly:
+    """x ** y for a non-constant or fractional exponent: an opaque `pow` atom, defined for
+    x > 0, for x = 0 with y >= 0, and for x < 0 with an integer y (else inf or NaN)."""
+    if x.dom is not TRUE or y.dom is not TRUE:  # pow(NaN, 0) = 1
+        return _guarded("pow", (x, y), lambda v: power(v[0], v[1]))
+    dom = logical_or(
+        _cmp(">", x),
+        logical_or(
+            logical_and(_cmp("==", x), _cmp(">=", y)),
+            logical_and(_cmp(">", neg(x)), Bool("finite_at", ("integer", y))),
+        ),
+    )
+    return with_dom(atom_poly(Atom("pow", (x, y))), dom)
+
+
+def atan2(y: Poly, x: Poly) -> Poly:
+    """atan2(y, x): finite for finite arguments (atan2(1, inf) = 0: guarded)."""
+    if x.dom is not TRUE or y.dom is not TRUE:
+        return _guarded("atan2", (y, x), lambda v: atan2(v[0], v[1]))
+    return atom_poly(Atom("atan2", (y, x)))
+
+
+def is_finite(p) -> Bool:
+    """Whether p is a finite number: where it is defined, unless its value may itself be an
+    infinity (a select of a -inf mask, ...), which is left opaque."""
+    p = lift(p)
+    if p.inf:
+        return FALSE
+    if _may_be_infinite(p):
+        return Bool("opaque", (next(_opaque_ids), "is_finite", (p,)))
+    return p.dom
+
+
+_MAY_INF: dict[int, bool] = {}
+
+
+def _may_be_infinite(p: Poly) -> bool:
+    """Whether p's value (where defined) may be an infinity: some atom has an inf branch."""
+    if p.inf:
+        return True
+    return any(_atom_may_be_infinite(aid) for m in p.terms for aid, _ in m)
+
+
+def _atom_may_be_infinite(aid: int) -> bool:
+    hit = _MAY_INF.get(aid)
+    if hit is None:
+        a = ATOM_BY_ID[aid]
+        if a.kind in ("sym", "opaque", "wrap"):
+            hit = False
+        else:
+            hit = any(isinstance(x, Poly) and _may_be_infinite(x) for x in _flat_args(a.args))
+        _MAY_INF[aid] = hit
+    return hit
 
 
 def maximum(items, is_max: bool = True) -> Poly:
     """AC-normalised max (or min): flattened, deduplicated, constants folded."""
     kind = "max" if is_max else "min"
+    items = [lift(p) for p in items]
+    if any(p.dom is not TRUE for p in items):  # max(-inf, x) = x: guarded
+        return _guarded(kind, tuple(items), lambda v: maximum(v, is_max))
     args: set = set()
     consts: list = []
     for p in items:
-        p = lift(p)
         a = as_atom(p)
         if a is not None and a.kind == kind:
             args |= a.args[0]
@@ -474,32 +745,6 @@ def _const_extreme(consts, is_max):
     return (max if is_max else min)(consts, key=key)
 
 
-# -- booleans ----------------------------------------------------------------------------
-
-_BOOLS: dict[tuple, Bool] = {}
-
-
-class Bool(_Interned):
-    """An interned boolean term: const, cmp (poly REL 0), not, and, or, xor, sym."""
-
-    __slots__ = ("kind", "args", "syms", "_hash")
-
-    def __new__(cls, kind: str, args: tuple):
-        b = _BOOLS.get((kind, args))
-        return b if b is not None else _intern(cls, _BOOLS, kind, args)
-
-    def __repr__(self) -> str:
-        if self.kind == "const":
-            return str(self.args[0])
-        if self.kind == "cmp":
-            return f"({self.args[1]!r} {self.args[0]} 0)"
-        return f"{self.kind}({', '.join(map(repr, self.args))})"
-
-
-TRUE = Bool("const", (True,))
-FALSE = Bool("const", (False,))
-
-
 def bconst(v) -> Bool:
     return TRUE if bool(v) else FALSE
 
@@ -513,6 +758,10 @@ def _unit(p: Poly) -> tuple[Poly, Num]:
 
 def compare(direction: str, x, y) -> Bool:
     x, y = lift(x), lift(y)
+    if x.dom is not TRUE or y.dom is not TRUE:  # inf > 0 but not NaN > 0: guarded
+        return _guarded_bool(
+            f"compare {direction}", (x, y), lambda v: compare(direction, v[0], v[1])
+        )
     if x.inf or y.inf:
         if x.is_const() or x.inf:
             if y.is_const() or y.inf:
@@ -555,10 +804,118 @@ def _cmp(rel: str, d: Poly) -> Bool:
     if d.is_const():
         v = d.const_value()
         return bconst(v > 0 if rel == ">" else v >= 0 if rel == ">=" else v == 0)
+    s = sign(d)  # facts that hold wherever d is defined (exp > 0, squares >= 0, ...)
+    if s:
+        if rel == "==" and abs(s) == 2:
+            return FALSE
+        if rel == ">" and s < 0 or rel == ">=" and s == -2:
+            return FALSE
+        if rel == ">" and s == 2 or rel == ">=" and s > 0:
+            return TRUE
     u, _ = _unit(d)
     if rel == "==" and leading(u)[1] < 0:
         u = neg(u)
     return Bool("cmp", (rel, u))
+
+
+# -- signs: facts that hold wherever a term is defined -----------------------------------
+# 2: > 0, 1: >= 0, 0: unknown, -1: <= 0, -2: < 0
+
+_ATOM_SIGN: dict[int, int] = {}
+
+
+def note_sign(p: Poly, s: int) -> None:
+    """Record the sign of a symbol (a cut-point: the sign its definition has)."""
+    a = as_atom(p)
+    if a is not None and s:
+        _ATOM_SIGN[a.id] = s
+
+
+def sign(p: Poly) -> int:
+    """A sign that p has wherever it is defined, from its structure (0: unknown)."""
+    if p.inf or not p.terms:
+        return 0
+    lo, hi = 2, -2  # the weakest and strongest monomial signs seen
+    for m, c in p.terms.items():
+        s = _mono_sign(m, c)
+        if s == 0:
+            return 0
+        lo, hi = min(lo, s), max(hi, s)
+    if lo > 0:  # every monomial >= 0
+        return 2 if hi == 2 else 1
+    if hi < 0:
+        return -2 if lo == -2 else -1
+    return 0
+
+
+def _mono_sign(m: Mono, c: Num) -> int:
+    negative = c < 0
+    strict = True
+    for aid, e in m:
+        a = _atom_sign(aid)
+        if e % 2 == 0:
+            a = 2 if abs(a) == 2 else 1
+        elif e < 0 and a:
+            a = 2 if a > 0 else -2  # 1/t with t >= 0, where defined: t > 0
+        if a == 0:
+            return 0
+        strict = strict and abs(a) == 2
+        negative ^= a < 0
+    return (-1 if negative else 1) * (2 if strict else 1)
+
+
+def _atom_sign(aid: int) -> int:
+    s = _ATOM_SIGN.get(aid)
+    if s is not None:
+        return s
+    a = ATOM_BY_ID[aid]
+    k, args = a.kind, a.args
+    s = 0
+    if k == "fn":
+        name = args[0]
+        if name in ("exp", "rsqrt", "logistic"):
+            s = 2
+        elif name == "sqrt":
+            s = 1
+        elif name in ("tanh", "erf", "sign"):
+            s = max(-1, min(1, sign(args[1])))
+    elif k == "inv":
+        t = sign(args[0])
+        s = 2 if t > 0 else -2 if t < 0 else 0
+    elif k in ("max", "min"):
+        signs = [sign(x) for x in args[0]]
+        if k == "max":
+            if any(x == 2 for x in signs):
+                s = 2
+            elif any(x >= 1 for x in signs) or _is_abs(args[0]):
+                s = 1
+            elif all(x == -2 for x in signs):
+                s = -2
+            elif all(x <= -1 for x in signs):
+                s = -1
+        else:
+            if any(x == -2 for x in signs):
+                s = -2
+            elif any(x <= -1 for x in signs):
+                s = -1
+            elif all(x == 2 for x in signs):
+                s = 2
+            elif all(x >= 1 for x in signs):
+                s = 1
+    elif k == "select":
+        x, y = sign(args[1]), sign(args[2])
+        if x > 0 and y > 0:
+            s = min(x, y)
+        elif x < 0 and y < 0:
+            s = max(x, y)
+    if k != "sym":
+        _ATOM_SIGN[aid] = s
+    return s
+
+
+def _is_abs(args) -> bool:
+    items = list(args)
+    return len(items) == 2 and add(value(items[0]), value(items[1])) == ZERO
 
 
 def logical_not(b: Bool) -> Bool:
@@ -582,6 +939,8 @@ def logical_or(a: Bool, b: Bool) -> Bool:
 
 def _junction(kind: str, a: Bool, b: Bool) -> Bool:
     unit, absorb = (TRUE, FALSE) if kind == "and" else (FALSE, TRUE)
+    if a is b:
+        return a
     items: set = set()
     for x in (a, b):
         if x is absorb:
@@ -592,6 +951,8 @@ def _junction(kind: str, a: Bool, b: Bool) -> Bool:
             items |= x.args[0]
         else:
             items.add(x)
+    if len(items) <= 8 and any(logical_not(x) in items for x in items):
+        return absorb  # c and not c / c or not c
     if not items:
         return unit
     if len(items) == 1:
@@ -610,16 +971,24 @@ def logical_xor(a: Bool, b: Bool) -> Bool:
 
 
 def select(c: Bool, x: Poly, y: Poly) -> Poly:
+    """c ? x : y, defined where the chosen branch is (the other one may divide by zero)."""
     if c.kind == "const":
         return x if c.args[0] else y
     if x == y:
         return x
+    if x.dom is y.dom:
+        dom = x.dom
+    else:
+        dom = logical_or(logical_and(c, x.dom), logical_and(logical_not(c), y.dom))
+    x, y = value(x), value(y)
+    if x == y:
+        return with_dom(x, dom)
     if c.kind == "not":
         c, x, y = c.args[0], y, x
     if c.kind == "cmp" and c.args[0] == ">=":
         # q >= 0 is not(-q > 0): keep one form so equal selects share one atom
         c, x, y = _cmp(">", neg(c.args[1])), y, x
-    return atom_poly(Atom("select", (c, x, y)))
+    return with_dom(atom_poly(Atom("select", (c, x, y))), dom)
 
 
 # -- lifting -----------------------------------------------------------------------------
@@ -639,7 +1008,7 @@ def lift_bool(x) -> Bool:
     if isinstance(x, Bool):
         return x
     if isinstance(x, Poly):
-        return logical_not(_cmp("==", x))
+        return compare("NE", x, ZERO)
     if isinstance(x, np.ndarray):
         return lift_bool(x.reshape(())[()])
     return bconst(x)
@@ -663,11 +1032,18 @@ def substitute(p, mapping: dict[int, Poly], memo: dict | None = None, limit: int
     keys = mapping.keys()
     if isinstance(p, Bool):
         return _subst_bool(p, mapping, memo)
-    if p.inf or p.syms.isdisjoint(keys):
+    if p.syms.isdisjoint(keys):
         return p
     hit = memo.get(("p", id(p)))
     if hit is not None and hit[0] is p:
         return hit[1]
+    # the value from the substituted factors' values; definedness from p's own condition,
+    # which already holds every condition its factors (symbols included) brought along
+    dom = _subst_bool(p.dom, mapping, memo) if p.dom is not TRUE else TRUE
+    if p.inf:
+        out = with_dom(value(p), dom)
+        memo[("p", id(p))] = (p, out)
+        return out
     acc: dict = {}
     inf_parts = []
     for m, c in p.terms.items():
@@ -694,7 +1070,8 @@ def substitute(p, mapping: dict[int, Poly], memo: dict | None = None, limit: int
             raise TermTooLarge(f"expanded term has more than {cap} monomials")
     out = Poly({mm: _norm(v) for mm, v in acc.items() if v})
     if inf_parts:
-        out = sum_of([out] + inf_parts)
+        out = value(sum_of([out] + inf_parts))
+    out = with_dom(out, dom)
     memo[("p", id(p))] = (p, out)
     return out
 
@@ -710,7 +1087,7 @@ def _factor(touched: tuple, mapping, memo) -> Poly:
         pk = ("pow", aid, e)
         f = memo.get(pk)
         if f is None:
-            f = power_int(_subst_atom(ATOM_BY_ID[aid], mapping, memo), e)
+            f = value(power_int(value(_subst_atom(ATOM_BY_ID[aid], mapping, memo)), e))
             memo[pk] = f
         out = mul(out, f)
     memo[key] = out
@@ -744,6 +1121,13 @@ def _subst_atom(a: Atom, mapping, memo) -> Poly:
         out = atom_poly(
             Atom("atan2", (substitute(args[0], mapping, memo), substitute(args[1], mapping, memo)))
         )
+    elif k == "opaque":
+        uid, what, xs = args
+        out = atom_poly(
+            Atom("opaque", (uid, what, tuple(substitute(x, mapping, memo) for x in xs)))
+        )
+    elif k == "wrap":
+        out = wrap(substitute(args[0], mapping, memo), args[1], args[2])
     else:
         raise Unsupported(f"cannot substitute into atom kind {k}")
     memo[("a", a.id)] = out
@@ -765,6 +1149,11 @@ def _subst_bool(b: Bool, mapping, memo) -> Bool:
         for x in items[1:]:
             out = f(out, x)
         return out
+    if k == "opaque":
+        uid, what, xs = args
+        return Bool("opaque", (uid, what, tuple(substitute(x, mapping, memo) for x in xs)))
+    if k == "finite_at":
+        return Bool("finite_at", (args[0], substitute(args[1], mapping, memo)))
     return b
 
 
@@ -779,6 +1168,8 @@ def evaluate(p, env: dict[int, float], memo: dict | None = None) -> float:
 def evaluate_with_scale(p: Poly, env, memo: dict | None = None) -> tuple[float, float]:
     """Value of p and the sum of its monomials' magnitudes (a scale for relative tolerances)."""
     memo = {} if memo is None else memo
+    if p.dom is not TRUE and not _eval_bool(p.dom, env, memo):
+        return math.nan, math.inf
     if p.inf:
         return math.inf * p.inf, math.inf
     total = scale = np.float64(0.0)
@@ -821,6 +1212,10 @@ def _eval_atom(a: Atom, env, memo) -> float:
             )
     elif k == "atan2":
         v = math.atan2(evaluate(args[0], env, memo), evaluate(args[1], env, memo))
+    elif k == "opaque":
+        v = _eval_opaque(args[1], [evaluate(x, env, memo) for x in args[2]])
+    elif k == "wrap":
+        v = float(_eval_wrap(a, env, memo))
     else:
         raise Unsupported(f"cannot evaluate atom kind {k}")
     memo[a.id] = v
@@ -836,6 +1231,19 @@ def _eval_bool(b: Bool, env, memo) -> bool:
         return v > 0 if args[0] == ">" else v >= 0 if args[0] == ">=" else v == 0
     if k == "not":
         return not _eval_bool(args[0], env, memo)
+    if k == "opaque":  # what the float operation gives (for simulation-guided heuristics)
+        vals = [evaluate(x, env, memo) for x in args[2]]
+        if args[1] in ("fin", "is_finite"):
+            return bool(np.isfinite(vals[0]))
+        return bool(_eval_opaque(args[1], vals))
+    if k == "finite_at" and args[0] == "integer":
+        v = evaluate(args[1], env, memo)
+        return bool(np.isfinite(v) and float(v).is_integer())
+    if k == "finite_at":
+        from .algebra import UNARY
+
+        with np.errstate(all="ignore"):
+            return bool(np.isfinite(UNARY[args[0]](np.float64(evaluate(args[1], env, memo)))))
     vals = [_eval_bool(x, env, memo) for x in args[0]]
     if k == "and":
         return all(vals)
@@ -846,8 +1254,252 @@ def _eval_bool(b: Bool, env, memo) -> bool:
     raise Unsupported(f"cannot evaluate boolean kind {k}")
 
 
+def _eval_opaque(what: str, vals: list):
+    """The float operation an opaque value stands for, on float arguments."""
+    from .algebra import UNARY
+
+    with np.errstate(all="ignore"):
+        x = [np.float64(v) for v in vals]
+        if what == "inv":
+            return float(np.float64(1.0) / x[0])
+        if what in ("max", "min"):
+            return float(np.max(x) if what == "max" else np.min(x))
+        if what.startswith("compare "):
+            return bool(_CMP[what.split()[1]](x[0], x[1]))
+        if what == "pow":
+            return float(np.power(x[0], x[1]))
+        if what == "atan2":
+            return float(np.arctan2(x[0], x[1]))
+        return float(UNARY[what](x[0]))
+
+
 def size(p) -> int:
     """A rough node count, for budgets."""
     if isinstance(p, Bool):
         return 1
     return sum(len(m) + 1 for m in p.terms)
+
+
+# -- machine integers ---------------------------------------------------------------------
+#
+# An integer tensor element is a polynomial with integer coefficients over integer-valued
+# atoms. `wrap(p, bits, signed)` is p reduced modulo 2**bits into the type's range (two's
+# complement), as XLA computes every integer op. Reduction modulo 2**bits is a ring
+# homomorphism, so a ring op may wrap once at its end, and a wrap inside a ring position of
+# another wrap of at most as many bits can be dropped: that keeps normal forms canonical
+# ((a + b) - b is a, a * 2 is a + a).
+
+_RANGES: dict[int, tuple | None] = {}
+_INTEGRAL: dict[int, bool] = {}
+
+
+def int_bounds(bits: int, signed: bool) -> tuple[int, int]:
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+
+
+def wrap_int(v: int, bits: int, signed: bool) -> int:
+    """v modulo 2**bits, in the type's range."""
+    lo = int_bounds(bits, signed)[0]
+    return (v - lo) % (1 << bits) + lo
+
+
+def wrap(p: Poly, bits: int, signed: bool) -> Poly:
+    """p as a machine integer of `bits` bits: p itself when its range fits, else a wrap."""
+    lo, hi = int_bounds(bits, signed)
+    if p.inf:
+        raise Unsupported("an infinite integer")
+    if p.is_const():
+        return const(_wrap_const(p.const_value(), bits, signed))
+    r = int_range(p)
+    if r is not None and lo <= r[0] and r[1] <= hi:
+        return p
+    q = _reduce_mod(p, bits)
+    if q is not p:
+        if q.is_const():
+            return const(_wrap_const(q.const_value(), bits, signed))
+        r = int_range(q)
+        if r is not None and lo <= r[0] and r[1] <= hi:
+            return q
+    return atom_poly(Atom("wrap", (q, bits, signed)))
+
+
+def _wrap_const(c: Num, bits: int, signed: bool) -> int:
+    if isinstance(c, Fraction):
+        raise Unsupported(f"a non-integer value {c} of an integer type")
+    return wrap_int(int(c), bits, signed)
+
+
+def _ring_monomial(m: Mono, c) -> bool:
+    """Whether c * m is an integer-valued product (reducible modulo 2**bits)."""
+    return isinstance(c, int) and all(e > 0 and _integral(ATOM_BY_ID[a]) for a, e in m)
+
+
+def _integral_poly(p: Poly) -> bool:
+    return not p.inf and all(_ring_monomial(m, c) for m, c in p.terms.items())
+
+
+def _integral(a: Atom) -> bool:
+    """Whether an atom is known to take only integer values: an integer input symbol (its
+    Key's type), a wrap, or a select / max / min of integer polynomials."""
+    hit = _INTEGRAL.get(a.id)
+    if hit is None:
+        k, args = a.kind, a.args
+        if k == "sym":
+            hit = isinstance(args[0], Key) and args[0].int_range is not None
+        elif k == "wrap":
+            hit = True
+        elif k == "select":
+            hit = _integral_poly(args[1]) and _integral_poly(args[2])
+        elif k in ("max", "min"):
+            hit = all(_integral_poly(x) for x in args[0])
+        else:
+            hit = False
+        _INTEGRAL[a.id] = hit
+    return hit
+
+
+def _reduce_mod(p: Poly, bits: int) -> Poly:
+    """A polynomial congruent to p modulo 2**bits: wraps of at least `bits` bits in ring
+    positions replaced by their arguments, coefficients reduced to (-2**(bits-1), 2**(bits-1)]."""
+    mod, half = 1 << bits, 1 << (bits - 1)
+
+    def reduced(q: Poly) -> Poly:
+        """q, its coefficients reduced (q itself when none needs it)."""
+        if all(-half < c <= half for c in q.terms.values()):
+            return q
+        d = {}
+        for m, c in q.terms.items():
+            if not -half < c <= half and _ring_monomial(m, c):
+                c = c % mod
+                if c > half:
+                    c -= mod
+            if c:
+                d[m] = c
+        return Poly(d)
+
+    def inlinable(m: Mono, c) -> bool:
+        return any(
+            ATOM_BY_ID[a].kind == "wrap" and ATOM_BY_ID[a].args[1] >= bits for a, _ in m
+        ) and _ring_monomial(m, c)
+
+    while any(inlinable(m, c) for m, c in p.terms.items()):
+        out, rest = ZERO, {}
+        for m, c in p.terms.items():
+            if not inlinable(m, c):
+                rest[m] = c
+                continue
+            term = Poly({(): c})
+            for a, e in m:
+                at = ATOM_BY_ID[a]
+                base = at.args[0] if at.kind == "wrap" and at.args[1] >= bits else atom_poly(at)
+                term = reduced(mul(term, power_int(base, e)))
+            out = add(out, term)
+        p = add(out, Poly(rest))
+    return reduced(p)
+
+
+def int_range(p: Poly) -> tuple | None:
+    """Bounds [lo, hi] of an integer polynomial's values (None when not known)."""
+    if p.inf:
+        return None
+    lo = hi = 0
+    for m, c in p.terms.items():
+        a_lo = a_hi = c
+        for aid, e in m:
+            r = _RANGES.get(aid, _UNKNOWN)
+            if r is _UNKNOWN:
+                r = _atom_range(ATOM_BY_ID[aid])
+            if r is None or e < 0:
+                return None
+            if e != 1:
+                r = _interval_pow(r, e)
+            if a_lo == a_hi:  # a number times an interval
+                a_lo, a_hi = (a_lo * r[0], a_lo * r[1]) if a_lo >= 0 else (a_lo * r[1], a_lo * r[0])
+            else:
+                cands = (a_lo * r[0], a_lo * r[1], a_hi * r[0], a_hi * r[1])
+                a_lo, a_hi = min(cands), max(cands)
+        lo += a_lo
+        hi += a_hi
+    return lo, hi
+
+
+_UNKNOWN = object()
+
+
+def _interval_pow(r: tuple, e: int) -> tuple:
+    lo, hi = r
+    if e % 2 or lo >= 0:
+        return (lo**e, hi**e)  # monotone
+    if hi <= 0:
+        return (hi**e, lo**e)
+    return (0, max(-lo, hi) ** e)
+
+
+def _atom_range(a: Atom) -> tuple | None:
+    if a.id in _RANGES:
+        return _RANGES[a.id]
+    k, args = a.kind, a.args
+    r = None
+    if k == "sym":
+        key = args[0]
+        r = key.int_range if isinstance(key, Key) else None
+    elif k == "wrap":
+        r = int_bounds(args[1], args[2])
+    elif k == "select":
+        x, y = int_range(args[1]), int_range(args[2])
+        if x is not None and y is not None:
+            r = (min(x[0], y[0]), max(x[1], y[1]))
+    elif k in ("max", "min"):
+        rs = [int_range(x) for x in args[0]]
+        if all(x is not None for x in rs):
+            f = max if k == "max" else min
+            r = (f(x[0] for x in rs), f(x[1] for x in rs))
+    _RANGES[a.id] = r
+    return r
+
+
+def evaluate_int(p, env: dict, memo: dict | None = None) -> int:
+    """The exact value of an integer term (a Poly, Bool or number) at `env`."""
+    memo = {} if memo is None else memo
+    if isinstance(p, Bool):
+        return int(_eval_bool(p, env, memo))
+    if isinstance(p, Poly):
+        return _eval_int(p, env, memo)
+    return int(p)
+
+
+def _eval_wrap(a: Atom, env, memo) -> int:
+    p, bits, signed = a.args
+    return wrap_int(_eval_int(p, env, memo), bits, signed)
+
+
+def _eval_int(p: Poly, env, memo) -> int:
+    """The exact integer value of an integer polynomial (float64 would lose low bits)."""
+    total = 0
+    for m, c in p.terms.items():
+        v = c
+        for aid, e in m:
+            v *= _int_atom_value(ATOM_BY_ID[aid], env, memo) ** e
+        total += v
+    return round(total)
+
+
+def _int_atom_value(a: Atom, env, memo):
+    k = a.kind
+    if k == "wrap":
+        key = ("int", a.id)
+        v = memo.get(key)
+        if v is None:
+            v = memo[key] = _eval_wrap(a, env, memo)
+        return v
+    if k == "select":
+        branch = a.args[1] if _eval_bool(a.args[0], env, memo) else a.args[2]
+        return _eval_int(branch, env, memo)
+    if k in ("max", "min"):
+        vals = [_eval_int(x, env, memo) for x in a.args[0]]
+        return max(vals) if k == "max" else min(vals)
+    v = env[a.id] if k == "sym" else _eval_atom(a, env, memo)
+    if isinstance(v, (int, np.integer)):
+        return int(v)
+    f = float(v)
+    return int(f) if f.is_integer() else Fraction(f)

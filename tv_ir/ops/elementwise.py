@@ -43,6 +43,8 @@ def remainder(ctx, x, y):
 
 @op("stablehlo.power")
 def power(ctx, x, y):
+    if ctx.result_type.is_integer and (ctx.alg.is_symbolic(x) or ctx.alg.is_symbolic(y)):
+        return ctx.alg.int_power(x, y, *ctx.operand_types)
     return ctx.alg.power(x, y)
 
 

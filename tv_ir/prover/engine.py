@@ -24,17 +24,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import terms as T
+from ..algebra import NumpyAlgebra
 from ..errors import TvError, Unsupported
 from ..interp import Interpreter
 from ..ir import Module, TensorType
 from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
-from ..spmd import SpmdInterpreter
+from ..spmd import SpmdInterpreter, device_name
 from ..symbolic import SymbolicAlgebra
 from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
 from .placement import Placement
-from .simulate import close, random_inputs, run_traced, run_traced_devices
+from .simulate import (
+    close,
+    compared_constants,
+    guard_inputs,
+    overflowed,
+    random_inputs,
+    run_traced,
+    run_traced_devices,
+)
 
 SIM_RUNS = 2
 # relative difference above which a simulated output difference refutes at once; smaller
@@ -101,20 +110,29 @@ class StageProver:
         t0 = time.perf_counter()
         rng = np.random.default_rng(self.opt.seed)
         inputs = [random_inputs(self.spec.main, rng) for _ in range(SIM_RUNS)]
+        if any(isinstance(t, TensorType) and t.is_integer for t in self.spec.main.arg_types):
+            inputs.append(random_inputs(self.spec.main, rng, extremes=True))  # where ints wrap
         try:
             spec_tr = [run_traced(self.spec, x) for x in inputs]
             impl_tr = [self._run_impl(x) for x in inputs]
         except Unsupported as e:
             return self._unsupported(e)
+        if len(inputs) > SIM_RUNS and any(
+            overflowed(m, tr[-1]) for m, tr in ((self.spec, spec_tr), (self.impl, impl_tr))
+        ):  # the extreme integers overflowed floats: no evidence over the reals
+            inputs, spec_tr, impl_tr = inputs[:SIM_RUNS], spec_tr[:SIM_RUNS], impl_tr[:SIM_RUNS]
         self.stats.seconds["simulate"] = time.perf_counter() - t0
         suspicious = None  # an input whose outputs differ slightly: maybe float64 noise
         for x, s, i in zip(inputs, spec_tr, impl_tr, strict=True):
-            outs = self.place.assemble_outputs(_by_device(i.outputs, self.place.num_devices))
-            pairs = list(zip(s.outputs, outs, strict=True))
+            pairs = self._output_copy_pairs(s, i)
             if not all(close(a, b, CLEAR_DIFFERENCE) for a, b in pairs):
                 return self._refuted(x, "simulation")
             if suspicious is None and not all(close(a, b) for a, b in pairs):
                 suspicious = x
+        refuted = self._guard_runs(rng)
+        if refuted is not None:
+            return refuted
+        self.stats.seconds["simulate"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         if self.opt.time_limit is not None:
             self.deadline = t0 + self.opt.time_limit
@@ -141,6 +159,33 @@ class StageProver:
             if refuted.verdict == NOT_EQUIVALENT:
                 return refuted
         return report
+
+    def _output_copy_pairs(self, spec_trace, impl_trace) -> list:
+        """Every device's copy of every output, beside its block of the spec output."""
+        n = self.place.num_devices
+        copies = self.place.output_copies(_by_device(impl_trace.outputs, n))
+        return [
+            (_block(a, box), b)
+            for a, held in zip(spec_trace.outputs, copies, strict=True)
+            for _, box, b in held
+        ]
+
+    def _guard_runs(self, rng) -> Report | None:
+        """Run both programs on guard-set inputs (zeros, compared constants); a difference
+        there refutes at once. These runs choose no cut-points: their values are often
+        degenerate (all equal), which would match anything."""
+        constants = compared_constants(self.spec, self.impl)
+        for x in guard_inputs(self.spec.main, constants, rng):
+            try:
+                s = run_traced(self.spec, x)
+                i = self._run_impl(x)
+            except Unsupported:
+                return None
+            if not all(close(a, b) for a, b in self._output_copy_pairs(s, i)):
+                refuted = self._refuted(x, "simulation on a guard set")
+                if refuted.verdict == NOT_EQUIVALENT:
+                    return refuted
+        return None
 
     def _run_impl(self, inputs: list):
         p = self.place
@@ -171,13 +216,13 @@ class StageProver:
             if not isinstance(t, TensorType):
                 out.append(None)
                 continue
-            arr = T.symbol_array(name if t.is_float else f"{name}:int", t.shape)
+            # identity: the argument number (never its name); integer ranges: its type
+            arr = T.symbol_array(T.Key("input", i, t.dtype, name), t.shape)
             for idx in np.ndindex(*t.shape):
                 p = arr[idx]
+                self.input_atoms[T.as_atom(p).id] = (i, idx)
                 if t.is_bool:
                     arr[idx] = T.lift_bool(T.compare("NE", p, T.ZERO))
-                else:
-                    self.input_atoms[T.as_atom(p).id] = (i, idx)
             out.append(arr)
         return out
 
@@ -191,9 +236,11 @@ class StageProver:
                 self.spec_order[v.id] = len(self.spec_order)
                 if _cuttable(op, v, [r]):
                     counter[0] += 1
-                    sym = T.symbol_array(f"%{op.short_name}{counter[0]}", v.type.shape)
+                    key = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
+                    sym = T.symbol_array(key, v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
                         self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
+                    _carry_definedness(sym, r)
                     self.defs[v.id] = r
                     self.syms[v.id] = sym
                     out.append(sym)
@@ -313,21 +360,63 @@ class StageProver:
             verdict = EQUIVALENT if outcome.status == "proved" else UNKNOWN
             outputs.append(OutputResult(i, verdict))
             if outcome.status != "proved":
-                failures.append((i, outcome))
+                failures.append((f"output {i}", outcome))
+        failures += self._replica_failures(interp)
         if not failures:
             return self._report(EQUIVALENT, outputs=outputs)
         for _, outcome in failures:
             if outcome.status == "sat" and outcome.model is not None:
-                replay = self._model_inputs(outcome.model, spec_tr)
-                r = refutation(self.spec, self.impl, self.place, replay)
+                replay = self._model_inputs(outcome.model, spec_tr, impl_tr)
+                r = None if replay is None else refutation(self.spec, self.impl, self.place, replay)
                 if r is not None:
                     ce, loc, outs = r
                     return self._report(
                         NOT_EQUIVALENT, counterexample=ce, location=loc, outputs=outs
                     )
-        i, outcome = failures[0]
+                diverged = None if replay is None else self._divergent_replica(replay)
+                if diverged is not None:
+                    return self._report(UNKNOWN, outputs=outputs, reason=diverged)
+        what, outcome = failures[0]
         reason = outcome.reason or "normal forms differ and the solver could not decide"
-        return self._report(UNKNOWN, outputs=outputs, reason=f"output {i}: {reason}")
+        return self._report(UNKNOWN, outputs=outputs, reason=f"{what}: {reason}")
+
+    def _replica_failures(self, interp: SpmdInterpreter) -> list:
+        """Replicated boxes of shard_map results (`SpmdInterpreter.replicas`): every device's
+        copy must be proved equal to the first holder's (which devices that do not compute
+        the box read). [(what, outcome)] for the copies not proved."""
+        out = []
+        n = self.place.num_devices
+        for rep in interp.replicas:
+            for d, copy in zip(rep.devices[1:], rep.values[1:], strict=True):
+                pairs = _element_pairs(copy, rep.values[0])
+                outcome = self._prove_pairs(pairs, OUTPUT_LEVELS, final=True)
+                if outcome.status != "proved":
+                    first = device_name(self.impl, rep.devices[0], n)
+                    what = (
+                        f"{rep.where()} is claimed replicated, but the copy on "
+                        f"{device_name(self.impl, d, n)} is not proved equal to the one on {first}"
+                    )
+                    out.append((what, outcome))
+        return out
+
+    def _divergent_replica(self, inputs: list) -> str | None:
+        """On these inputs, a replicated box whose copies differ although every device's
+        outputs are the spec's (what the program computes then depends on which copy XLA
+        reads): the reason the verdict is unknown."""
+        p = self.place
+        interp = SpmdInterpreter(self.impl, NumpyAlgebra(), p.num_replicas, p.num_partitions)
+        interp.run(p.shard_inputs(inputs))
+        for rep in interp.replicas:
+            for d, copy in zip(rep.devices[1:], rep.values[1:], strict=True):
+                if not close(copy, rep.values[0]):
+                    n = p.num_devices
+                    return (
+                        f"{rep.where()} is claimed replicated, but on a replayed input its copy "
+                        f"on {device_name(self.impl, d, n)} differs from the one on "
+                        f"{device_name(self.impl, rep.devices[0], n)} (every device's outputs "
+                        "equal the spec's, but which copy a device reads is XLA's choice)"
+                    )
+        return None
 
     def _try_cut(self, v, per_device: list, index: TileIndex, impl_tr) -> list:
         """Prove v equal (on every device) to a block of a spec value; then use its symbols."""
@@ -381,6 +470,23 @@ class StageProver:
             pairs += _element_pairs(_trim(piece, box), _block(spec_value, box))
         return pairs
 
+    def _same_conditions(self, x, y, memo: dict):
+        """A pair whose definedness conditions differ, with unproved cut symbols expanded in
+        both conditions: the spec side comes expanded (`spec_view`), while an implementation
+        value replaced by a cut symbol carries that symbol's condition as it was written."""
+        if (
+            isinstance(x, T.Poly)
+            and isinstance(y, T.Poly)
+            and x.dom is not y.dom
+            and (self._has_unproved(x.dom) or self._has_unproved(y.dom))
+        ):
+            x = self._expand_term(x, self._unproved_mapping, memo)
+            y = self._expand_term(y, self._unproved_mapping, memo)
+        return x, y
+
+    def _has_unproved(self, b) -> bool:
+        return any((o := self.owner.get(a)) is not None and o[0] not in self.proved for a in b.syms)
+
     def _check_time(self) -> float | None:
         """Seconds left before the time limit (None: no limit); raises when none are."""
         if self.deadline is None:
@@ -392,7 +498,9 @@ class StageProver:
 
     def _prove_pairs(self, pairs: list, levels: int, final: bool) -> _Outcome:
         self._check_time()
-        work = [_residue(x, y) for x, y in pairs if not _same(x, y)]
+        settle: dict = {}
+        work = [_residue(*self._same_conditions(x, y, settle)) for x, y in pairs if not _same(x, y)]
+        work = [w for w in work if not _work_done(w)]
         if not work:
             self.stats.proved_by_normal_form += 1
             return _Outcome("proved", "normal_form")
@@ -541,7 +649,10 @@ class StageProver:
     def _only_inputs(self, pairs) -> bool:
         return not any(self._has_cut(x) or self._has_cut(y) for x, y in pairs)
 
-    def _model_inputs(self, model: dict[int, float], spec_tr) -> list:
+    def _model_inputs(self, model: dict[int, float], spec_tr, impl_tr) -> list | None:
+        """The inputs a solver model stands for (the first simulation's elsewhere); None when
+        on them either program overflows floats where the simulation did not (floats are
+        reals: integers near their extremes converted to floats are no counterexample)."""
         base = [
             None if a is None else np.array(a, copy=True)
             for a in (spec_tr[0].values[v.id] for v in self.spec.main.args)
@@ -550,7 +661,12 @@ class StageProver:
             where = self.input_atoms.get(aid)
             if where is not None:
                 i, idx = where
-                base[i][idx] = val
+                t = self.spec.main.arg_types[i]
+                base[i][idx] = val if t.is_integer else bool(val) if t.is_bool else float(val)
+        if overflowed(self.spec, run_traced(self.spec, base)) or overflowed(
+            self.impl, self._run_impl(base)
+        ):
+            return None
         return base
 
 
@@ -561,6 +677,21 @@ def _cuttable(op, v, per_device: list) -> bool:
         and v.type.is_float
         and any(_is_sym(r) for r in per_device)
     )
+
+
+def _carry_definedness(sym: np.ndarray, definition) -> None:
+    """A cut symbol is defined where its definition is (where a division by zero made the
+    spec value non-finite, so is the symbol standing for it), and has its definition's
+    sign (a sum of squares stays >= 0 behind its symbol)."""
+    definition = np.asarray(definition)
+    if definition.dtype != object:
+        return
+    for idx in np.ndindex(*sym.shape):
+        d = definition[idx]
+        if isinstance(d, T.Poly):
+            T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
+            if d.dom is not T.TRUE:
+                sym[idx] = T.with_dom(sym[idx], d.dom)
 
 
 def _element_pairs(a, b) -> list:
@@ -598,11 +729,15 @@ def _same(x, y) -> bool:
 
 
 def _residue(x, y):
-    """A numeric pair as one residue x - y (proved when it is 0); booleans stay pairs."""
+    """A numeric pair as one residue x - y (proved when it is 0, where both are defined);
+    booleans, and pairs defined in different places, stay pairs."""
     if isinstance(x, T.Bool) or isinstance(y, T.Bool):
         return (x, y)
     try:
-        d = T.sub(T.lift(x), T.lift(y))
+        x, y = T.lift(x), T.lift(y)
+        if x.dom is not y.dom:
+            return (x, y)
+        d = T.sub(x, y)
     except TvError:
         return (x, y)
     return d
@@ -625,7 +760,7 @@ def _work_size(w) -> int:
 
 
 def _as_pair(w):
-    return (w, T.ZERO) if isinstance(w, T.Poly) else w
+    return (w, T.with_dom(T.ZERO, w.dom)) if isinstance(w, T.Poly) else w
 
 
 def _syms(e) -> frozenset:

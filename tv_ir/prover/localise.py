@@ -23,7 +23,7 @@ from ..ir import Module, Op, TensorType
 from ..layout import Layout
 from ..ops.registry import COLLECTIVES
 from ..report import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
-from .correspond import MOVEMENT_OPS, TileIndex, mesh_groups
+from .correspond import MOVEMENT_OPS, TileIndex, box_index, mesh_groups
 from .simulate import Trace, close, first_difference, run_traced, run_traced_devices
 
 
@@ -31,38 +31,46 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
     """(counterexample, location, per-output results) if `inputs` shows a difference."""
     spec_tr = run_traced(spec, inputs)
     impl_tr = _run_impl(impl, placement, inputs)
-    impl_outs = placement.assemble_outputs(
+    # every device's copy of each output is compared: a replicated output is right only if
+    # each device holding it holds the spec's value
+    copies = placement.output_copies(
         [
             [impl_tr.outputs[k][d] for k in range(len(impl_tr.outputs))]
             for d in range(placement.num_devices)
         ]
     )
     outputs = []
-    differing = None
-    for i, (a, b) in enumerate(zip(spec_tr.outputs, impl_outs, strict=True)):
-        same = close(a, b)
+    found = None  # (output, device, box, that device's copy)
+    for i, (a, held) in enumerate(zip(spec_tr.outputs, copies, strict=True)):
+        bad = next(((d, box, b) for d, box, b in held if not close(_block(a, box), b)), None)
         # one replay proves a difference, not an equality
-        outputs.append(OutputResult(i, "unknown" if same else NOT_EQUIVALENT))
-        if not same and differing is None:
-            differing = i
-    if differing is None:
+        outputs.append(OutputResult(i, "unknown" if bad is None else NOT_EQUIVALENT))
+        if bad is not None and found is None:
+            found = (i, *bad)
+    if found is None:
         return None
-    a = np.asarray(spec_tr.outputs[differing])
-    b = np.asarray(impl_outs[differing])
-    idx = first_difference(a, b) or (0,) * a.ndim
+    differing, copy_device, box, b = found
+    a = _block(spec_tr.outputs[differing], box)
+    b = np.asarray(b)
+    local = first_difference(a, b) or (0,) * a.ndim
+    idx = tuple(lo + j for (lo, _), j in zip(box, local, strict=True))
     with np.errstate(all="ignore"):
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    names = spec.main.arg_names
+    names = [
+        (spec.main.arg_names[k] if k < len(spec.main.arg_names) else None) or f"arg{k}"
+        for k in range(len(inputs))
+    ]
     ce = Counterexample(
+        # an argument's printed name may repeat (pytree paths, locations): then say its number
         inputs={
-            (names[k] if k < len(names) and names[k] else f"arg{k}"): x
-            for k, x in enumerate(inputs)
+            (n if names.count(n) == 1 else f"{n} (arg{k})"): x
+            for k, (n, x) in enumerate(zip(names, inputs, strict=True))
         },
         output=differing,
-        index=tuple(idx),
-        expected=_scalar(a[idx]),
-        actual=_scalar(b[idx]),
-        device=_holder_device(impl, placement, differing, idx),
+        index=idx,
+        expected=_scalar(a[local]),
+        actual=_scalar(b[local]),
+        device=_holder_device(impl, placement, differing, idx, copy_device),
         max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0,
     )
     if ce.device is not None:
@@ -100,21 +108,38 @@ def _other_inputs(inputs: list) -> list:
     return out
 
 
-def _holder_device(impl: Module, placement, output: int, idx) -> int | None:
-    """The device that computed the differing element: for an output returned by a
-    shard_map, the first device whose piece (by the shard_map's out_sharding) holds it;
-    otherwise the first device whose box (by the result's layout) holds it."""
+def _block(array, box):
+    return np.asarray(array)[box_index(box)]
+
+
+def _holder_device(impl: Module, placement, output: int, idx, device: int) -> int | None:
+    """The device that computed the differing element of `device`'s copy of an output: for
+    an output returned by a shard_map, `device` itself if its piece (by the shard_map's
+    out_sharding) holds the element (each device keeps its own copy), else the first device
+    whose piece holds it; otherwise `device`, whose box holds it."""
     if not placement.distributed:
         return None
     layout = _shard_map_layout(impl, output, placement.num_partitions)
-    return _holder(layout or placement.results[output], idx)
+    if layout is None or _holds(layout, device, idx):
+        return device
+    return _holder(layout, idx)
 
 
 def _shard_map_layout(impl: Module, output: int, n: int) -> Layout | None:
-    """How a top-level shard_map assembles an output from its devices' pieces, if it does."""
+    """How a top-level shard_map (or GSPMD `@SPMDShardToFullShape`) assembles an output
+    from its devices' pieces, if it does."""
     value = impl.main.body.results[output]
     op = value.owner
-    if op is None or op.name != "sdy.manual_computation" or not isinstance(value.type, TensorType):
+    if op is None or not isinstance(value.type, TensorType):
+        return None
+    if op.attrs.get("call_target_name") == "SPMDShardToFullShape":
+        text = op.attrs.get("mhlo.sharding")
+        try:
+            lay = Layout.from_hlo_sharding(text, tuple(value.type.shape), n)
+        except (TvError, ValueError):
+            return None
+        return lay if isinstance(lay, Layout) and not lay.manual else None
+    if op.name != "sdy.manual_computation":
         return None
     k = next(i for i, r in enumerate(op.results) if r is value)
     shardings = op.attrs.get("out_shardings") or []
@@ -132,9 +157,13 @@ def _shard_map_layout(impl: Module, output: int, n: int) -> Layout | None:
 def _holder(layout, idx) -> int | None:
     """The first device whose box holds element `idx` of a result."""
     for d in range(layout.num_devices):
-        if all(a <= i < b for i, (a, b) in zip(idx, layout.box(d), strict=True)):
+        if _holds(layout, d, idx):
             return d
     return None
+
+
+def _holds(layout, device: int, idx) -> bool:
+    return all(a <= i < b for i, (a, b) in zip(idx, layout.box(device), strict=True))
 
 
 def mesh_coords(module: Module, device: int, num_partitions: int) -> dict[str, int] | None:

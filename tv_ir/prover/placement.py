@@ -164,8 +164,17 @@ class Placement:
         return out
 
     def assemble_outputs(self, per_device: list[list], add=None) -> list:
+        """Each output's logical value (a replicated box: its first holder's copy)."""
         return [
             lay.assemble([per_device[d][k] for d in range(self.num_devices)], add)
+            for k, lay in enumerate(self.results)
+        ]
+
+    def output_copies(self, per_device: list[list], add=None) -> list[list[tuple]]:
+        """Per output, every copy the devices hold: [(device, box, value)] (`Layout.copies`).
+        An output is right only if every copy equals its box of the spec output."""
+        return [
+            lay.copies([per_device[d][k] for d in range(self.num_devices)], add)
             for k, lay in enumerate(self.results)
         ]
 
@@ -186,7 +195,8 @@ def _split_partial_sums(lay: Layout, k: int, per_device: list[list]) -> None:
         rest = np.array(first, dtype=object)
         for d in group[1:]:
             part = np.full(lay.tile_shape, T.ZERO, dtype=object)
-            part[box] = T.symbol_array(f"partial.arg{k}.dev{d}", shape)
+            key = T.Key("partial", (k, d), _dtype_of(first), f"partial.arg{k}.dev{d}")
+            part[box] = T.symbol_array(key, shape)
             per_device[d][k] = part
             rest[box] = alg.subtract(rest[box], part[box])
         per_device[group[0]][k] = rest
@@ -276,3 +286,14 @@ def _mesh_devices(module: Module) -> int:
     meshes = module.attrs.get("sdy.meshes") or {}
     sizes = [int(np.prod([s for _, s in m.axes])) for m in meshes.values()]
     return max(sizes, default=1)
+
+
+def _dtype_of(arr) -> str | None:
+    """The element type of an array of input symbols (from their Keys)."""
+    from .. import terms as T
+
+    for e in np.asarray(arr).reshape(-1):
+        a = T.as_atom(e) if isinstance(e, T.Poly) else None
+        if a is not None and a.kind == "sym" and isinstance(a.args[0], T.Key):
+            return a.args[0].dtype
+    return None

@@ -18,7 +18,10 @@ from ..ir import Function, Module, TensorType
 RTOL = 1e-9
 
 
-def random_inputs(fn: Function, rng: np.random.Generator) -> list[np.ndarray]:
+def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False) -> list:
+    """Random inputs: floats from a standard normal (representable in f32), integers small
+    (valid indices) or, with `extremes`, anywhere in their type's range with its edges
+    (min, min + 1, -1, 0, 1, max - 1, max) half of the time, where machine integers wrap."""
     out = []
     for t in fn.arg_types:
         if not isinstance(t, TensorType):
@@ -29,10 +32,128 @@ def random_inputs(fn: Function, rng: np.random.Generator) -> list[np.ndarray]:
             a = rng.standard_normal(t.shape).astype(np.float32).astype(np.float64)
         elif t.is_bool:
             a = rng.random(t.shape) < 0.5
+        elif extremes:
+            info = np.iinfo(t.numpy_dtype)
+            edges = [info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max]
+            edges = np.array([v for v in edges if info.min <= v <= info.max], dtype=t.numpy_dtype)
+            anywhere = rng.integers(
+                info.min, info.max, size=t.shape, dtype=t.numpy_dtype, endpoint=True
+            )
+            a = np.where(rng.random(t.shape) < 0.5, rng.choice(edges, size=t.shape), anywhere)
+            a = a.astype(t.numpy_dtype)
         else:
             a = rng.integers(0, 4, size=t.shape).astype(t.numpy_dtype)
         out.append(np.asarray(a))
     return out
+
+
+def compared_constants(*modules: Module, limit: int = 16) -> list[float]:
+    """Finite float constants that the programs compare values against (thresholds,
+    sentinels), so simulation can land on both sides of each guard."""
+    from ..ir import walk
+
+    found: list[float] = []
+    for m in modules:
+        for fn in m.functions.values():
+            for op in walk(fn.body):
+                if op.name != "stablehlo.compare":
+                    continue
+                for v in op.operands:
+                    c = _constant_of(v)
+                    if c is None:
+                        continue
+                    for x in np.unique(c)[:limit]:
+                        if np.isfinite(x) and float(x) not in found:
+                            found.append(float(x))
+    return found[:limit]
+
+
+def _constant_of(v):
+    """The values of a (broadcast) float constant operand, else None."""
+    for _ in range(4):
+        op = v.owner
+        if op is None:
+            return None
+        if op.name == "stablehlo.constant":
+            t = v.type
+            if not isinstance(t, TensorType) or not t.is_float:
+                return None
+            return np.asarray(op.attrs.get("value"), dtype=np.float64).reshape(-1)
+        if op.name not in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert"):
+            return None
+        v = op.operands[0]
+    return None
+
+
+def guard_inputs(fn: Function, constants: list[float], rng: np.random.Generator) -> list[list]:
+    """Inputs on the guard sets random normals miss: everything zero (zero denominators and
+    norms, empty masks), and elements drawn from 0, +-1 and the compared constants with
+    their neighbours (both sides of a threshold, the sentinel itself)."""
+    pool = [0.0, 1.0, -1.0]
+    for c in constants:
+        pool += [c, c + 1.0, c - 1.0, -c]
+    pool = np.array(sorted(set(pool)), dtype=np.float32).astype(np.float64)
+    zeros, mixed = [], []
+    for t in fn.arg_types:
+        if not isinstance(t, TensorType):
+            zeros.append(None)
+            mixed.append(None)
+            continue
+        zeros.append(np.zeros(t.shape, dtype=np.float64 if t.is_float else t.numpy_dtype))
+        if t.is_float:
+            pick = rng.random(t.shape) < 0.5
+            a = np.where(
+                pick,
+                rng.choice(pool, size=t.shape),
+                rng.standard_normal(t.shape).astype(np.float32).astype(np.float64),
+            )
+        elif t.is_bool:
+            a = rng.random(t.shape) < 0.5
+        else:
+            a = rng.integers(0, 4, size=t.shape).astype(t.numpy_dtype)
+        mixed.append(np.asarray(a))
+    return [zeros, mixed]
+
+
+# ops that are total and finite over the reals on finite operands: an infinity they produce
+# from finite operands is float overflow (a division by zero or log(0) is not: see dom)
+_TOTAL = frozenset(
+    "stablehlo." + n
+    for n in (
+        "add subtract multiply exponential exponential_minus_one power dot_general dot "
+        "reduce convert cosine sine tanh logistic negate abs maximum minimum "
+        "broadcast_in_dim reshape transpose all_reduce reduce_scatter"
+    ).split()
+)
+
+
+def overflowed(module: Module, trace) -> bool:
+    """Whether a run overflowed floats: an op that is total over the reals produced an
+    infinity from finite operands (integers near their extremes converted to floats and
+    exponentiated, say). Floats are reals, so such a run is no evidence about the programs;
+    a division by zero or a square root of a negative number is (docs/equivalence.md)."""
+    for op in module.main.body.ops:
+        if op.name not in _TOTAL:
+            continue
+        for v in op.results:
+            out = trace.values.get(v.id)
+            if out is None:
+                continue
+            outs = out if isinstance(out, list) else [out]
+            for d, r in enumerate(outs):
+                r = np.asarray(r)
+                if r.dtype.kind != "f" or np.all(np.isfinite(r)) or not np.any(np.isinf(r)):
+                    continue
+                ins = []
+                for x in op.operands:
+                    a = trace.values.get(x.id)
+                    ins.append(a[d] if isinstance(a, list) else a)
+                if all(
+                    a is not None and (np.asarray(a).dtype.kind != "f" or np.all(np.isfinite(a)))
+                    for a in ins
+                ):
+                    return True
+    return False
 
 
 @dataclass
@@ -81,7 +202,9 @@ def run_traced_devices(
 
 
 def close(a, b, rtol: float = RTOL) -> bool:
-    """Equal up to float64 noise; infinities and NaNs must coincide exactly."""
+    """Equal up to float64 noise. Non-finite values must be in the same places; which
+    non-finite value each side holds (+inf, -inf, NaN) is not compared (the claim of
+    docs/equivalence.md: reals have no signed zero, so 1/x at x = 0 has no one sign)."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return False
@@ -92,10 +215,6 @@ def close(a, b, rtol: float = RTOL) -> bool:
     fa, fb = np.isfinite(a), np.isfinite(b)
     if not np.array_equal(fa, fb):
         return False
-    if not np.all(fa):
-        na, nb = np.isnan(a), np.isnan(b)
-        if not np.array_equal(na, nb) or not np.array_equal(a[~fa & ~na], b[~fb & ~nb]):
-            return False
     if not np.any(fa):
         return True
     scale = max(1.0, float(np.max(np.abs(a[fa]))), float(np.max(np.abs(b[fb]))))
@@ -115,8 +234,6 @@ def first_difference(a, b, rtol: float = RTOL) -> tuple[int, ...] | None:
             1.0, float(np.max(np.abs(a[fin]), initial=0)), float(np.max(np.abs(b[fin]), initial=0))
         )
         with np.errstate(all="ignore"):
-            diff = np.where(
-                fin, np.abs(a - b) > rtol * scale, ~((a == b) | (np.isnan(a) & np.isnan(b)))
-            )
+            diff = np.where(fin, np.abs(a - b) > rtol * scale, fa != np.isfinite(b))
     idx = np.argwhere(diff)
     return tuple(int(i) for i in idx[0]) if len(idx) else None

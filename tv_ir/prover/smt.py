@@ -1,11 +1,13 @@
 """Z3 behind one module: decide what normal forms leave open.
 
 Terms become Z3 Real expressions. Opaque functions are uninterpreted, with the axioms that
-make common identities provable (exp > 0, sqrt(x)^2 = x, rsqrt(x)^2 * x = 1, ...);
-denominators get the side condition `!= 0`, sqrt/rsqrt/log arguments the condition that
-they are in the function's domain. A query asks whether some pair differs under those
-conditions: unsat proves all pairs equal; sat gives a model (to be replayed concretely
-before anyone calls it a counterexample); anything else is unknown.
+make common identities provable (exp > 0, sqrt(x)^2 = x where x >= 0, ...). Each term's
+definedness condition (`Poly.dom`) is encoded beside its value: a pair differs where one
+side is defined and the other is not, or both are defined with different values (both
+undefined: both non-finite, not compared; see docs/equivalence.md). Nothing about a
+denominator or a domain is assumed globally. unsat proves all pairs equal; sat gives a
+model (to be replayed concretely before anyone calls it a counterexample); anything else is
+unknown.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class _Encoder:
         self.side: list = []
         self.funcs: dict[str, z3.FuncDeclRef] = {}
         self.symbols: dict[int, z3.ArithRef] = {}
+        self.ints: set[int] = set()  # atom ids of integer symbols
         self.bools: dict = {}
 
     def fn(self, name: str, arity: int = 1):
@@ -52,8 +55,7 @@ class _Encoder:
             factors = []
             for aid, e in m:
                 base = self.atom(T.ATOM_BY_ID[aid])
-                if e < 0:
-                    self.side.append(base != 0)
+                if e < 0:  # where base = 0 the term is undefined (its dom says so)
                     factors.append(1 / (base ** (-e)) if e != -1 else 1 / base)
                 else:
                     factors.append(base**e if e != 1 else base)
@@ -72,14 +74,9 @@ class _Encoder:
             return hit
         k, args = a.kind, a.args
         if k == "sym":
-            e = z3.Real(f"{args[0]}{list(args[1])}")
-            self.symbols[a.id] = e
-            if str(args[0]).endswith(":int"):  # an integer input (see engine._input_symbols)
-                self.side.append(z3.IsInt(e))
+            e = self._symbol(a)
         elif k == "inv":
-            d = self.poly(args[0])
-            self.side.append(d != 0)
-            e = 1 / d
+            e = 1 / self.poly(args[0])
         elif k == "fn":
             e = self._function(args[0], self.poly(args[1]))
         elif k in ("max", "min"):
@@ -91,10 +88,38 @@ class _Encoder:
             e = z3.If(self.boolean(args[0]), self.poly(args[1]), self.poly(args[2]))
         elif k in ("pow", "atan2"):
             e = self.fn(k, 2)(self.poly(args[0]), self.poly(args[1]))
+        elif k == "opaque":  # one float operation's result on a non-finite operand
+            e = z3.Real(f"opaque{args[0]}")
+        elif k == "wrap":
+            e = self._wrap(a)
         else:
             raise ValueError(f"cannot encode atom kind {k}")
         self.atoms[a.id] = e
         return e
+
+    def _symbol(self, a: T.Atom):
+        """A symbol's variable, named by its atom id (printed names may repeat); an integer
+        symbol (its Key's element type) is an Int within its type's range."""
+        key, index = a.args
+        name = f"{key}{list(index) if index else ''}!{a.id}"
+        r = key.int_range if isinstance(key, T.Key) else None
+        if r is None:
+            e = z3.Real(name)
+        else:
+            v = z3.Int(name)
+            self.ints.add(a.id)
+            self.side += [v >= r[0], v <= r[1]]
+            e = z3.ToReal(v)
+        self.symbols[a.id] = e
+        return e
+
+    def _wrap(self, a: T.Atom):
+        """p reduced modulo 2**bits into the range: p == w + k * 2**bits, lo <= w <= hi."""
+        p, bits, signed = a.args
+        lo, hi = T.int_bounds(bits, signed)
+        w, k = z3.Int(f"wrap!{a.id}"), z3.Int(f"wrap_k!{a.id}")
+        self.side += [w >= lo, w <= hi, z3.ToReal(w + k * (1 << bits)) == self.poly(p)]
+        return z3.ToReal(w)
 
     def _function(self, name: str, x):
         f = self.fn(name)
@@ -102,16 +127,23 @@ class _Encoder:
         if name == "exp":
             self.side.append(y > 0)
         elif name == "sqrt":
-            self.side += [x >= 0, y >= 0, y * y == x]
+            self.side.append(z3.Implies(x >= 0, z3.And(y >= 0, y * y == x)))
         elif name == "rsqrt":
-            self.side += [x > 0, y > 0, y * y * x == 1]
-        elif name in ("log", "log1p"):
-            self.side.append(x > (0 if name == "log" else -1))
+            self.side.append(z3.Implies(x > 0, z3.And(y > 0, y * y * x == 1)))
         elif name == "tanh":
             self.side += [y > -1, y < 1]
         elif name == "logistic":
             self.side += [y > 0, y < 1]
         return y
+
+    def differ(self, a: T.Poly, b: T.Poly):
+        """Where a and b differ: one defined and not the other, or both with other values."""
+        if a.dom is b.dom:
+            if a.dom is T.TRUE:
+                return self.poly(a) != self.poly(b)
+            return z3.And(self.boolean(a.dom), self.poly(a) != self.poly(b))
+        da, db = self.boolean(a.dom), self.boolean(b.dom)
+        return z3.Or(da != db, z3.And(da, self.poly(a) != self.poly(b)))
 
     def boolean(self, b: T.Bool):
         k, args = b.kind, b.args
@@ -122,6 +154,16 @@ class _Encoder:
             return p > 0 if args[0] == ">" else p >= 0 if args[0] == ">=" else p == 0
         if k == "not":
             return z3.Not(self.boolean(args[0]))
+        if k == "opaque":
+            return z3.Bool(f"opaque{args[0]}_{args[1]}")
+        if k == "finite_at":
+            if args[0] == "integer":
+                return z3.IsInt(self.poly(args[1]))
+            f = self.funcs.get(f"finite_at_{args[0]}")
+            if f is None:
+                f = z3.Function(f"tv_finite_at_{args[0]}", z3.RealSort(), z3.BoolSort())
+                self.funcs[f"finite_at_{args[0]}"] = f
+            return f(self.poly(args[1]))
         items = [self.boolean(x) for x in args[0]]
         if k == "and":
             return z3.And(items)
@@ -144,7 +186,7 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
             if isinstance(a, T.Bool) or isinstance(b, T.Bool):
                 diffs.append(enc.boolean(T.lift_bool(a)) != enc.boolean(T.lift_bool(b)))
             else:
-                diffs.append(enc.poly(T.lift(a)) != enc.poly(T.lift(b)))
+                diffs.append(enc.differ(T.lift(a), T.lift(b)))
     except (ValueError, z3.Z3Exception) as e:
         return SmtResult("unknown", reason=f"not encodable in SMT: {e}")
     s = z3.Solver()
@@ -159,9 +201,16 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
         model = {}
         for aid, e in enc.symbols.items():
             v = m.eval(e, model_completion=True)
-            model[aid] = _to_float(v)
+            model[aid] = _to_int(v) if aid in enc.ints else _to_float(v)
         return SmtResult("sat", model)
     return SmtResult("unknown", reason=f"z3: {s.reason_unknown()}")
+
+
+def _to_int(v) -> int:
+    """An integer symbol's model value, exactly (int64 values do not survive float64)."""
+    if z3.is_rational_value(v) and v.denominator_as_long() == 1:
+        return v.numerator_as_long()
+    return round(_to_float(v))
 
 
 def _to_float(v) -> float:

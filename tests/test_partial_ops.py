@@ -1,0 +1,164 @@
+"""Guarded partial operations: a division, sqrt, rsqrt or log is defined only where its
+operand is in the function's domain, and only where its value can reach an output.
+
+Each pair below differs only on a guard set (x == 0, |v| == 0, an empty mask, a threshold);
+random inputs never land there. Each `not_equivalent` is replayed on the programs; each
+`equivalent` pair agrees everywhere, including where the guarded value is non-finite.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from tv_ir.frontends.jax import verify
+
+V = np.linspace(-1, 1, 4, dtype=np.float32)
+S = np.float32(0.5)
+
+
+def _verdict(fn, spec, *args):
+    r = verify(fn, *args, spec=spec, timeout=20)
+    return r
+
+
+# -- pairs that differ only on a guard set: must be refuted ------------------------------
+def guarded_div_0(x, y):
+    return jnp.where(x == 0, 0.0, y / x)
+
+
+def guarded_div_1(x, y):
+    return jnp.where(x == 0, 1.0, y / x)
+
+
+def safe_normalise(c):
+    def f(v):
+        n2 = jnp.sum(v * v)
+        return jnp.where(n2 == 0, c, v * jax_rsqrt(n2))
+
+    return f
+
+
+def jax_rsqrt(x):
+    import jax.lax as lax
+
+    return lax.rsqrt(x)
+
+
+def masked_mean(default):
+    def f(x, m):
+        count = jnp.sum(m.astype(jnp.float32))
+        total = jnp.sum(jnp.where(m, x, 0.0))
+        return jnp.where(count == 0, default, total / count)
+
+    return f
+
+
+def sqrt_guard(past):
+    def f(x):
+        return jnp.where(x > 10, past, jnp.sqrt(10 - x))
+
+    return f
+
+
+def skip_nonfinite_step(p, x):
+    g = 1.0 / x
+    return jnp.where(jnp.isfinite(g), p - g, p)
+
+
+def unguarded_step(p, x):
+    return p - 1.0 / x
+
+
+def x_times_inverse(x):
+    return x * (1.0 / x)
+
+
+def one(x):
+    return x - x + 1.0  # uses x, so jit keeps the argument
+
+
+def log_guard(default):
+    def f(x):
+        return jnp.where(x <= 0, default, jnp.log(jnp.where(x <= 0, 1.0, x)))
+
+    return f
+
+
+REFUTED = [
+    ("div fallback 0 vs 1", guarded_div_0, guarded_div_1, (V, V)),
+    ("safe normalise 0 vs 1", safe_normalise(0.0), safe_normalise(1.0), (V,)),
+    ("masked mean default 0 vs 1", masked_mean(0.0), masked_mean(1.0), (V, V > 0)),
+    ("sqrt guard past threshold", sqrt_guard(0.0), sqrt_guard(1.0), (V,)),
+    ("is_finite skip vs none", skip_nonfinite_step, unguarded_step, (V, V)),
+    ("x * (1/x) vs 1", x_times_inverse, one, (V,)),
+    ("log guard default", log_guard(0.0), log_guard(-1.0), (V,)),
+]
+
+
+@pytest.mark.parametrize("name,spec,fn,args", REFUTED, ids=[r[0] for r in REFUTED])
+def test_difference_on_a_guard_set_is_refuted(name, spec, fn, args) -> None:
+    r = _verdict(fn, spec, *args)
+    assert r.verdict == "not_equivalent", (name, r.verdict, r.reason)
+    assert r.counterexample is not None
+
+
+# -- pairs equal everywhere (where defined, and undefined in the same places) ------------
+def double_where(x, y):
+    safe = jnp.where(x == 0, 1.0, x)
+    return jnp.where(x == 0, 0.0, y / safe)
+
+
+def guarded_div_flipped(x, y):
+    return jnp.where(x != 0, y / x, 0.0)
+
+
+def skip_step_rewritten(p, x):
+    g = 1.0 / x
+    ok = jnp.isfinite(g)
+    return p - jnp.where(ok, g, 0.0)
+
+
+def div_plain(x, y):
+    return y / x
+
+
+def div_times_inverse(x, y):
+    return y * (1.0 / x)
+
+
+def log_clip(x):
+    return jnp.log(jnp.maximum(x, 1e-6))
+
+
+def log_clip_rewritten(x):
+    return jnp.log(jnp.clip(x, 1e-6, None))
+
+
+PROVED = [
+    ("double where", guarded_div_0, double_where, (V, V)),
+    ("where flipped", guarded_div_0, guarded_div_flipped, (V, V)),
+    ("is_finite skip rewritten", skip_nonfinite_step, skip_step_rewritten, (V, V)),
+    ("y/x as y*(1/x)", div_plain, div_times_inverse, (V, V)),
+    ("log of a clipped value", log_clip, log_clip_rewritten, (V,)),
+]
+
+
+@pytest.mark.parametrize("name,spec,fn,args", PROVED, ids=[p[0] for p in PROVED])
+def test_equal_guarded_programs_are_proved(name, spec, fn, args) -> None:
+    r = _verdict(fn, spec, *args)
+    assert r.verdict == "equivalent", (name, r.verdict, r.reason)
+
+
+def test_undefined_on_one_side_only_is_refuted() -> None:
+    # y / x is non-finite at x == 0; the guarded version is 0 there
+    r = _verdict(guarded_div_0, div_plain, V, V)
+    assert r.verdict == "not_equivalent"
+    ce = r.counterexample
+    assert ce is not None
+
+
+def test_both_undefined_at_the_same_inputs_is_equivalent() -> None:
+    # 1/x and x/x**2: both non-finite exactly at x == 0, equal elsewhere
+    r = _verdict(lambda x: x / (x * x), lambda x: 1.0 / x, V)
+    assert r.verdict == "equivalent", r.reason

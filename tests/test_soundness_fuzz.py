@@ -1,0 +1,203 @@
+"""Soundness fuzzing: random program pairs that differ only on guard sets (a denominator's
+zero, a threshold's boundary, a non-finite value skipped by `isfinite`), or not at all.
+
+Each pair is verified by tv and, independently, run by XLA on CPU (float64) over a grid of
+inputs that covers the guard sets. tv must never say `equivalent` when XLA shows a
+difference (under tv's claim: finite values equal, non-finite values in the same places),
+and every `not_equivalent` counterexample must show a difference on XLA too.
+
+CI runs a few dozen examples; `TV_FUZZ_EXAMPLES=2000 ./dev test tests/test_soundness_fuzz.py`
+runs a long campaign (`-s` prints the tally).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tv_ir.frontends.jax import verify
+
+EXAMPLES = int(os.environ.get("TV_FUZZ_EXAMPLES", "60"))
+POOL = [0.0, 1.0, -1.0, 2.0, 0.5, -3.0]
+CONSTS = [0.0, 1.0, -1.0, 2.0, 0.5]
+TALLY: Counter = Counter()
+
+
+# -- expressions -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class E:
+    op: str
+    args: tuple = ()
+    value: float = 0.0  # constants
+    cmp: str = ""  # where: the comparison
+
+    def __call__(self, x, y):
+        a = [e(x, y) for e in self.args]
+        o = self.op
+        if o == "x":
+            return x
+        if o == "y":
+            return y
+        if o == "c":
+            return jnp.full_like(x, self.value)
+        if o in ("+", "-", "*", "/"):
+            return {"+": jnp.add, "-": jnp.subtract, "*": jnp.multiply, "/": jnp.divide}[o](*a)
+        if o in ("sqrt", "rsqrt", "log", "tanh", "abs", "neg"):
+            f = {
+                "sqrt": jnp.sqrt,
+                "rsqrt": jax.lax.rsqrt,
+                "log": jnp.log,
+                "tanh": jnp.tanh,
+                "abs": jnp.abs,
+                "neg": jnp.negative,
+            }[o]
+            return f(a[0])
+        if o == "max":
+            return jnp.maximum(a[0], a[1])
+        if o == "where":  # where(args[0] CMP value, args[1], args[2])
+            c = {"==": jnp.equal, ">": jnp.greater, ">=": jnp.greater_equal, "<": jnp.less}[
+                self.cmp
+            ](a[0], self.value)
+            return jnp.where(c, a[1], a[2])
+        if o == "finite":  # where(isfinite(args[0]), args[1], args[2])
+            return jnp.where(jnp.isfinite(a[0]), a[1], a[2])
+        raise AssertionError(o)
+
+    def __str__(self) -> str:
+        if self.op in ("x", "y"):
+            return self.op
+        if self.op == "c":
+            return repr(self.value)
+        if self.op == "where":
+            a = self.args
+            return f"where({a[0]} {self.cmp} {self.value}, {a[1]}, {a[2]})"
+        return f"{self.op}({', '.join(map(str, self.args))})"
+
+
+def exprs(depth: int):
+    leaf = st.one_of(
+        st.sampled_from([E("x"), E("y")]),
+        st.sampled_from(CONSTS).map(lambda v: E("c", value=v)),
+    )
+    if depth == 0:
+        return leaf
+    sub = exprs(depth - 1)
+    return st.one_of(
+        leaf,
+        st.tuples(st.sampled_from(["+", "-", "*", "/", "max"]), sub, sub).map(
+            lambda t: E(t[0], (t[1], t[2]))
+        ),
+        st.tuples(st.sampled_from(["sqrt", "rsqrt", "log", "tanh", "abs", "neg"]), sub).map(
+            lambda t: E(t[0], (t[1],))
+        ),
+        st.tuples(
+            st.sampled_from(["==", ">", ">=", "<"]), st.sampled_from(CONSTS), sub, sub, sub
+        ).map(lambda t: E("where", (t[2], t[3], t[4]), value=t[1], cmp=t[0])),
+        st.tuples(sub, sub, sub).map(lambda t: E("finite", t)),
+    )
+
+
+def mutations(e: E):
+    """Variants of e that differ from it at most on a guard set (or nowhere)."""
+    out = []
+    if e.op == "/":
+        a, b = e.args
+        for k in CONSTS:
+            out.append(E("where", (b, E("c", value=k), e), value=0.0, cmp="=="))
+        out.append(E("*", (a, E("/", (E("c", value=1.0), b)))))
+    if e.op == "where":
+        flips = {">": ">=", ">=": ">", "==": ">=", "<": "=="}
+        out.append(E("where", e.args, value=e.value, cmp=flips[e.cmp]))
+        for i in (1, 2):
+            for k in CONSTS:
+                args = list(e.args)
+                args[i] = E("c", value=k)
+                out.append(E("where", tuple(args), value=e.value, cmp=e.cmp))
+    if e.op == "finite":
+        out.append(e.args[1])
+        out.append(E("finite", (e.args[0], e.args[1], E("c", value=0.0))))
+    if e.op in ("sqrt", "log", "rsqrt"):
+        out.append(E("where", (e.args[0], E("c", value=0.0), e), value=0.0, cmp="=="))
+    for i, a in enumerate(e.args):
+        for m in mutations(a):
+            args = list(e.args)
+            args[i] = m
+            out.append(E(e.op, tuple(args), e.value, e.cmp))
+    return out
+
+
+@st.composite
+def pairs(draw):
+    spec = draw(exprs(3))
+    ms = mutations(spec)
+    if not ms:
+        return spec, spec
+    return spec, draw(st.sampled_from(ms))
+
+
+# -- the oracle: XLA on CPU in float64 over a grid covering the guard sets ------------------
+GRID = np.array(list(itertools.product(POOL, POOL)), dtype=np.float64)
+
+
+def program(e: E):
+    """e as a function of (x, y) that uses both arguments (jit drops unused ones)."""
+
+    def f(x, y):
+        return jnp.where(x == x, jnp.where(y == y, e(x, y), 0.0), 0.0)
+
+    return f
+
+
+def _xla(e: E, x, y) -> np.ndarray:
+    with jax.enable_x64(True):
+        out = jax.jit(program(e))(np.asarray(x, np.float64), np.asarray(y, np.float64))
+        return np.asarray(out, dtype=np.float64)
+
+
+def _differ(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    fa, fb = np.isfinite(a), np.isfinite(b)
+    with np.errstate(all="ignore"):
+        far = np.abs(a - b) > 1e-9 * np.maximum(1.0, np.maximum(np.abs(a), np.abs(b)))
+    return (fa != fb) | (fa & fb & far)
+
+
+def _xla_difference(spec: E, impl: E, x, y) -> bool:
+    return bool(np.any(_differ(_xla(spec, x, y), _xla(impl, x, y))))
+
+
+ARGS = (np.zeros(3, np.float32), np.zeros(3, np.float32))
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("TV_FUZZ_EXAMPLES"),
+    suppress_health_check=list(HealthCheck),
+)
+@given(pairs())
+def test_no_false_equivalent_on_guard_sets(pair) -> None:
+    spec, impl = pair
+    r = verify(program(impl), *ARGS, spec=program(spec), timeout=5)
+    differs = _xla_difference(spec, impl, GRID[:, 0], GRID[:, 1])
+    TALLY[(r.verdict, "differs on XLA" if differs else "same on the grid")] += 1
+    if r.verdict == "equivalent":
+        assert not differs, f"false equivalent: spec {spec}, impl {impl}"
+    if r.verdict == "not_equivalent":
+        ce = r.counterexample
+        x, y = (np.asarray(v, np.float64).reshape(-1) for v in ce.inputs.values())
+        assert _xla_difference(spec, impl, x, y), f"refutation not shown by XLA: {spec} / {impl}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _print_tally():
+    yield
+    if TALLY:
+        print("\nsoundness fuzz:", dict(TALLY))
