@@ -169,7 +169,9 @@ def test_time_limit_bounds_the_whole_proof(files: Path) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     out = json.loads(r.stdout)
     assert out["verdict"] == "unknown" and "time limit of 0.001 s" in out["reason"]
-    # refutations found by simulation need no proof time
+    # the limit covers the whole run (import and simulation too), refutations included
     r = tv("check", "--time-limit", "0.001", "twice.mlir", "thrice.mlir", cwd=files)
+    assert r.returncode == 2 and "time limit of 0.001 s" in r.stdout, r.stdout + r.stderr
+    r = tv("check", "--time-limit", "60", "twice.mlir", "thrice.mlir", cwd=files)
     assert r.returncode == 1, r.stdout + r.stderr
     assert tv("check", "--time-limit", "60", spec, impl).returncode == 0

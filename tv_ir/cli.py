@@ -1,12 +1,13 @@
 """The `tv` command: `tv check SPEC IMPL`, `tv partition [--shardy P] MODULE`, `tv demo`.
 
 Exit codes: 0 equivalent, 1 not equivalent, 2 unknown or unsupported (never 0 without a
-proof), 3 bad input (one line on stderr, no traceback).
+proof), 3 bad input (one line on stderr, no traceback), 4 internal error (a bug in tv).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import traceback
@@ -16,6 +17,14 @@ from .errors import BadInput, TvError
 from .report import EXIT_CODES
 
 EXIT_BAD_INPUT = 3
+EXIT_INTERNAL_ERROR = 4
+EXIT_HELP = """exit codes:
+  0  equivalent: proved for all real inputs
+  1  not_equivalent: a counterexample was found and replayed
+  2  unknown: not decided (unsupported op, solver timeout, time limit); never a pass
+  3  bad input: unreadable file, malformed IR, mismatched signatures (one line on stderr)
+  4  internal error: a bug in tv (one line on stderr; TV_DEBUG=1 for a traceback)
+"""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,9 +35,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tv", description="Prove a StableHLO program equal to its specification.")
+    p = _Parser(
+        prog="tv",
+        description="Prove a StableHLO program equal to its specification.",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    c = sub.add_parser("check", help="prove IMPL equal to SPEC, or show where they differ")
+    c = sub.add_parser(
+        "check",
+        help="prove IMPL equal to SPEC, or show where they differ",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     c.add_argument("spec", help="specification: .mlir (StableHLO text), .mlirbc or .hlo (HLO text)")
     c.add_argument("impl", help="implementation, in any of the same forms")
     _common(c)
@@ -36,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         "partition",
         help="partition an annotated module (XLA's SPMD partitioner, or Shardy's passes) and "
         "verify the per-device program against the module's own meaning",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pt.add_argument("module", help="pre-partition StableHLO text with sdy/mhlo shardings")
     pt.add_argument(
@@ -77,8 +98,8 @@ def _common(p):
         type=float,
         default=None,
         metavar="S",
-        help="seconds for the whole proof; when they run out the verdict is unknown "
-        "(default: no limit)",
+        help="seconds for the whole run (import, simulation, proof); when they run out the "
+        "verdict is unknown (default: no limit)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for simulation inputs")
 
@@ -177,22 +198,36 @@ def main(argv: list[str] | None = None) -> int:
             return _run_partition(args)
         return _run_check(args.spec, args.impl, args)
     except BadInput as e:
-        print(f"tv: error: {e}", file=sys.stderr)
+        print(f"tv: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except TvError as e:
-        print(f"tv: unknown: {e}", file=sys.stderr)
-        return e.exit_code
     except KeyboardInterrupt:
         print("tv: interrupted", file=sys.stderr)
         return 2
+    except TvError as e:
+        if e.exit_code == EXIT_INTERNAL_ERROR:
+            return _internal_error(e, args, f"{_one_line(e)}")
+        print(f"tv: unknown: {_one_line(e)}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"verdict": "unknown", "reason": _one_line(e)}))
+        return e.exit_code
     except Exception as e:  # a bug in tv: never a verdict, never exit 0
-        if os.environ.get("TV_DEBUG"):
-            traceback.print_exc()
-        print(
-            f"tv: internal error: {type(e).__name__}: {e} (set TV_DEBUG=1 for a traceback)",
-            file=sys.stderr,
-        )
-        return 2
+        return _internal_error(e, args, f"{type(e).__name__}: {_one_line(e)}")
+
+
+def _one_line(e: BaseException, limit: int = 500) -> str:
+    """An error message on one line, cut to `limit` characters."""
+    msg = " ".join(str(e).split())
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _internal_error(e: BaseException, args, msg: str) -> int:
+    """A bug in tv: exit 4 (never a verdict); `--json` prints `"verdict": "error"`."""
+    if os.environ.get("TV_DEBUG"):
+        traceback.print_exception(e)
+    print(f"tv: internal error: {msg} (set TV_DEBUG=1 for a traceback)", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"verdict": "error", "internal_error": True, "message": msg}))
+    return EXIT_INTERNAL_ERROR
 
 
 if __name__ == "__main__":

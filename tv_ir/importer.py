@@ -86,7 +86,9 @@ def parse_mlir(source: str | bytes | os.PathLike):
     from jaxlib.mlir import ir
 
     data, name = read_source(source)
+    hlo_config = {}
     if isinstance(data, str) and data.lstrip().startswith("HloModule"):
+        hlo_config = _hlo_module_config(data)
         data = hlo_text_to_stablehlo_bytecode(data, name)
     if isinstance(data, bytes) and not data.startswith(_BYTECODE_MAGIC):
         raise BadInput(f"{name}: not a StableHLO/MLIR or HLO file (binary content)")
@@ -99,9 +101,33 @@ def parse_mlir(source: str | bytes | os.PathLike):
         except Exception as e:  # MLIRError: keep the first diagnostic line
             msg = _first_diagnostic(str(e)).replace('"-":', "line ")
             raise BadInput(f"{name}: malformed IR: {msg}") from None
-        if not m.operation.verify():
-            raise BadInput(f"{name}: IR does not verify")
+        try:  # parsing verifies too; this catches what conversions may have left
+            ok = m.operation.verify()
+        except Exception as e:  # MLIRError with the verifier's diagnostics
+            ok, why = False, _first_diagnostic(str(e))
+        else:
+            why = "IR does not verify"
+        if not ok:
+            raise BadInput(f"{name}: invalid IR: {why}")
+        _keep_hlo_config(m, hlo_config)
     return m, name
+
+
+def _hlo_module_config(text: str) -> dict[str, int]:
+    """`num_partitions` from an HLO module's header line (its conversion to StableHLO drops
+    it; per-device programs need it to know their devices)."""
+    header = text.lstrip().split("\n", 1)[0]
+    m = re.search(r"\bnum_partitions=(\d+)", header)
+    return {"mhlo.num_partitions": int(m.group(1))} if m else {}
+
+
+def _keep_hlo_config(m, config: dict[str, int]) -> None:
+    from jaxlib.mlir import ir
+
+    i32 = ir.IntegerType.get_signless(32)
+    for key, value in config.items():
+        if key not in m.operation.attributes:
+            m.operation.attributes[key] = ir.IntegerAttr.get(i32, value)
 
 
 _EMPTY_A2A_GROUPS = re.compile(
@@ -188,7 +214,44 @@ def load(source: str | bytes | os.PathLike | Any) -> Module:
         module = _Converter(name).module(mlir_module)
     if not module.functions:
         raise BadInput(f"{name}: module has no functions")
+    verify_spec_constraints(module, name)
     return module
+
+
+def _compare_types(dtype: str) -> tuple[str, ...]:
+    """The `compare_type`s the StableHLO spec allows for an element type (C3 of compare)."""
+    if dtype == "i1" or dtype.startswith("ui"):
+        return ("UNSIGNED",)
+    if dtype.startswith("i"):
+        return ("SIGNED",)
+    if dtype.startswith("complex"):
+        return ("FLOAT",)
+    return ("FLOAT", "TOTALORDER")
+
+
+def verify_spec_constraints(module: Module, name: str) -> None:
+    """Refuse IR that breaks a StableHLO spec constraint jaxlib's MLIR verifier does not check
+    but XLA's does: reading it some other way would verify a program XLA never runs.
+
+    - `stablehlo.compare`: `compare_type` SIGNED for signed integers, UNSIGNED for unsigned
+      integers and booleans, FLOAT or TOTALORDER for floats (XLA's HLO verifier).
+    """
+    stack = [fn.body for fn in module.functions.values()]
+    while stack:
+        block = stack.pop()
+        for op in block.ops:
+            stack.extend(r.block for r in op.regions)
+            if op.name != "stablehlo.compare" or "compare_type" not in op.attrs:
+                continue
+            kind = str(getattr(op.attrs["compare_type"], "value", op.attrs["compare_type"]))
+            t = op.operands[0].type
+            allowed = _compare_types(getattr(t, "dtype", ""))
+            if kind not in allowed:
+                raise BadInput(
+                    f"{name}: invalid IR: stablehlo.compare at {op.loc} compares {t} as "
+                    f"{kind} (the StableHLO spec and XLA's verifier require "
+                    f"{' or '.join(allowed)} for {getattr(t, 'dtype', t)})"
+                )
 
 
 def _reparse(m):
@@ -514,20 +577,15 @@ def _dense_to_numpy(a) -> np.ndarray:
 
     t = ir.ShapedType(a.type)
     et = str(t.element_type)
-    if et in ("bf16", "f16") or et.startswith("f8"):
-        # numpy cannot read these buffers directly: go through the printed form via ml_dtypes
-        import ml_dtypes
-
-        dt = {"bf16": ml_dtypes.bfloat16, "f16": np.float16}.get(et)
-        if dt is None:
-            dt = getattr(ml_dtypes, {"f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2"}[et])
+    dt = _small_float_dtype(et) if et != "f16" else None
+    if dt is not None:
+        # the bindings cannot hand these buffers to numpy: read the printed form, each
+        # element rounded to the type (the exact value of its bits), then widened
+        shape = tuple(t.shape)
         if a.is_splat:
-            v = _splat_value(a, dt)
-            return np.full(tuple(t.shape), v, dtype=np.float64)
-        raw = np.frombuffer(bytes(memoryview(a)), dtype=dt) if hasattr(a, "__buffer__") else None
-        if raw is None:
-            raw = np.array(a)
-        return np.asarray(raw, dtype=np.float64).reshape(tuple(t.shape))
+            return np.full(shape, _splat_value(a, dt), dtype=np.float64)
+        values = _printed_elements(str(a), dt, int(np.prod(shape, dtype=np.int64)))
+        return values.reshape(shape)
     arr = np.array(a)
     if arr.shape != tuple(t.shape):  # splat
         arr = np.broadcast_to(arr.reshape(-1)[:1].reshape(()), tuple(t.shape)).copy()
@@ -536,15 +594,50 @@ def _dense_to_numpy(a) -> np.ndarray:
     return arr
 
 
-def _splat_value(a, dt):
+def _small_float_dtype(et: str):
+    """The ml_dtypes type of bf16 and the f8/f6/f4 types (None for other types)."""
+    if et != "bf16" and not re.fullmatch(r"f[468]E\d+M\d+\w*", et):
+        return None
+    import ml_dtypes
+
+    name = "bfloat16" if et == "bf16" else "float" + et[1] + "_" + et[2:].lower()
+    dt = getattr(ml_dtypes, name, None)
+    if dt is None:
+        raise BadInput(f"constant of element type {et}: not a type tv can read")
+    return np.dtype(dt)
+
+
+_ELEMENT = re.compile(r"0x[0-9A-Fa-f]+|[-+]?(?:inf|nan)|[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def _printed_elements(text: str, dt: np.dtype, n: int) -> np.ndarray:
+    """The elements of a printed dense attribute (`dense<[[1.5, 2.0], ...]>`, or the hex
+    blob `dense<"0x...">`), as float64 values of type `dt`."""
+    body = text[text.index("dense<") + len("dense<") : text.rindex(">", 0, text.rindex(":"))]
+    body = body.strip()
+    if body.startswith('"0x'):
+        raw = bytes.fromhex(body.strip('"')[2:])
+        values = np.frombuffer(raw, dtype=np.dtype(f"uint{dt.itemsize * 8}")).view(dt)
+    else:
+        values = np.array([_element(tok, dt) for tok in _ELEMENT.findall(body)], dtype=dt)
+    if values.size != n:
+        raise BadInput(f"constant {text[:80]}: read {values.size} elements, expected {n}")
+    return values.astype(np.float64)
+
+
+def _element(tok: str, dt: np.dtype):
+    """One printed element: a decimal (rounded to the type) or hex bits (MLIR prints
+    infinities and NaNs that way)."""
+    if tok.startswith("0x"):
+        return np.array([int(tok, 16)], dtype=f"uint{dt.itemsize * 8}").view(dt)[0]
+    return np.array(float(tok)).astype(dt)
+
+
+def _splat_value(a, dt) -> float:
     text = str(a)
     m = re.search(r"dense<([^>]*)>", text)
     s = m.group(1).strip() if m else "0"
-    if s.startswith("0x"):
-        bits = int(s, 16)
-        width = np.dtype(dt).itemsize * 8
-        return float(np.array([bits], dtype=f"uint{width}").view(dt)[0])
-    return float(s)
+    return float(np.float64(_element(s, np.dtype(dt))))
 
 
 def extract_function(text: str, name: str, num_partitions: int | None = None) -> str:

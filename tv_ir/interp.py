@@ -13,15 +13,16 @@ import numpy as np
 
 from .errors import TvError, Unsupported
 from .ir import Block, Function, Module, Op
+from .limits import check_time
 from .ops import OpContext, lookup
 
 Hook = Callable[[Op, list], list]
 
 
 class InterpreterError(TvError):
-    """An evaluator failed on an op (a bug in tv or an op precondition violated)."""
+    """An evaluator failed on an op: a bug in tv (an internal error, exit 4)."""
 
-    exit_code = 2
+    exit_code = 4
 
 
 class Interpreter:
@@ -49,6 +50,7 @@ class Interpreter:
         for v, a in zip(block.args, args, strict=True):
             env[v.id] = a
         for op in block.ops:
+            check_time()
             results = self.evaluate_op(op)
             if top and self.hook is not None:
                 results = self.hook(op, results)
@@ -146,7 +148,7 @@ def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
         if e.op is None:
             e.op = op.name
         raise
-    except (TvError, MemoryError):
+    except (TvError, MemoryError, RecursionError):
         raise
     except Exception as e:  # an evaluator bug or a violated precondition: name the op
         raise InterpreterError(

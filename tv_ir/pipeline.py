@@ -7,6 +7,17 @@ import time
 from .errors import BadInput, Unsupported
 from .importer import load
 from .ir import Module
+from .limits import (
+    OutOfTime,
+    TooDeep,
+    check_time,
+    deadline,
+    refuse_oversized,
+    run_deep,
+    time_left,
+    time_limit_reason,
+    too_deep_reason,
+)
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .report import UNKNOWN, Report
@@ -22,9 +33,14 @@ def prepare(source, role: str) -> Module:
         return source
     try:
         module = load(source)
+        refuse_oversized(module, module.source)
     except BadInput as e:
         raise BadInput(f"{role}: {e}") from None
-    module = unroll_static_loops(run_pipeline(module))
+    check_time()
+    module = run_pipeline(module)
+    check_time()
+    module = unroll_static_loops(module)
+    check_time()
     # unrolled loop bodies bring their calls to the top level: inline them too
     return run_pipeline(module)
 
@@ -83,7 +99,31 @@ def check(
 
     `impl` may be a per-device program: its argument/result layouts come from `placement`,
     else from its `mhlo.sharding` attributes (single device when it has none).
+    `time_limit` bounds the whole run (import, unrolling, simulation, proof): when it runs
+    out the verdict is unknown.
     """
+    return run_deep(_bounded, _check, time_limit, spec, impl, timeout, seed, progress, placement)
+
+
+def _bounded(run, time_limit, *args) -> Report:
+    """`run(*args)` within the time limit; running out of time, memory or stack depth makes
+    the verdict unknown (never a crash, never a pass)."""
+    t0 = time.perf_counter()
+    with deadline(time_limit):
+        try:
+            return run(*args)
+        except (OutOfTime, TooDeep) as e:
+            reason = str(e)
+        except RecursionError:
+            reason = too_deep_reason()
+        except MemoryError:
+            reason = "out of memory"
+    report = Report(UNKNOWN, reason=reason)
+    report.stats.seconds["total"] = time.perf_counter() - t0
+    return report
+
+
+def _check(spec, impl, timeout, seed, progress, placement) -> Report:
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec")
     impl_m = prepare(impl, "impl")
@@ -96,11 +136,17 @@ def check(
     placement = placement or Placement.from_module(spec_m.main, impl_m)
     check_signatures(spec_m, impl_m, placement)
     t_import = time.perf_counter() - t0
+    left = time_left()  # what import left of the time limit is the prover's
+    if left is not None and left <= 0:
+        raise OutOfTime(time_limit_reason("while importing"))
     try:
-        options = Options(timeout, seed, progress, time_limit)
+        options = Options(timeout, seed, progress, left)
         report = StageProver(spec_m, impl_m, options, placement).run()
     except Unsupported as e:
         report = Report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=str(e))
+    if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
+        # the prover was given what import left of the limit: name the user's limit
+        report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
     report.stats.seconds["import"] = t_import
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
@@ -109,13 +155,51 @@ def check(
 
 
 def _pre_partition(spec: Module, impl: Module) -> bool:
-    """Global shapes, several partitions, and sharding annotations on the arguments."""
+    """Global shapes, several partitions, sharding annotations on the arguments, and no sign
+    of a per-device program (`per_device_evidence`)."""
     n = int(impl.attrs.get("mhlo.num_partitions", 1) or 1)
     if n <= 1 or spec.main.arg_types != impl.main.arg_types:
         return False
     if any(op.name == "sdy.manual_computation" for op in impl.main.body.ops):
         return False
-    return any(("sdy.sharding" in a or "mhlo.sharding" in a) for a in impl.main.arg_attrs)
+    if not any(("sdy.sharding" in a or "mhlo.sharding" in a) for a in impl.main.arg_attrs):
+        return False
+    return per_device_evidence(spec, impl) is None
+
+
+# what only a partitioned (per-device) program holds; a pre-partition module has the
+# program's global view, device-independent (collectives appear there only inside shard_map
+# bodies, which are recognised apart)
+PER_DEVICE_ATTRS = ("mhlo.spmd_output_sharding", "mhlo.spmd_parameters_shardings")
+GSPMD_MANUAL = ("SPMDFullToShardShape", "SPMDShardToFullShape")
+
+
+def per_device_evidence(spec: Module, impl: Module) -> str | None:
+    """Why `impl` must be a per-device program rather than a module to partition (None when
+    nothing says so): results of other shapes than the spec's (a pre-partition module keeps
+    global shapes), XLA's SPMD module attributes, or device-dependent ops
+    (`partition_id`, `replica_id`, collectives) outside shard_map bodies."""
+    from .ops.registry import COLLECTIVES, PROCESS_OPS
+
+    if impl.main.result_types != spec.main.result_types:
+        return "its results have per-device shapes"
+    for key in PER_DEVICE_ATTRS:
+        if key in impl.attrs:
+            return f"it has {key}"
+    found, manual = None, False
+    stack = [fn.body for fn in impl.functions.values()]
+    while stack:
+        block = stack.pop()
+        for op in block.ops:
+            if op.name == "sdy.manual_computation" or (
+                op.name == "stablehlo.custom_call"
+                and op.attrs.get("call_target_name") in GSPMD_MANUAL
+            ):
+                manual = True
+            elif found is None and (op.name in PROCESS_OPS or op.name in COLLECTIVES):
+                found = op.name
+            stack.extend(r.block for r in op.regions)
+    return None if manual or found is None else f"it uses {found}"
 
 
 def _name_mesh(per_device: Module, meshes) -> None:
@@ -135,6 +219,10 @@ def _partitioned(impl, spec_m: Module):
         text, name = read_source(impl)
         if isinstance(text, bytes):
             raise BadInput(f"{name}: pass annotated modules as StableHLO text")
+        if text.lstrip().startswith("HloModule"):  # XLA takes StableHLO: convert it
+            from .importer import parse_mlir
+
+            text = parse_mlir(text)[0].operation.get_asm(enable_debug_info=True)
     parted = partition(text)
     impl_m = prepare(parted.per_device_hlo, "partitioned impl")
     impl_m.source = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
@@ -153,6 +241,12 @@ def partition_and_check(
 ) -> Report:
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
     per-device output equal to the module's own (single-device) semantics."""
+    return run_deep(
+        _bounded, _partition_and_check, time_limit, module, timeout, seed, progress, time_limit
+    )
+
+
+def _partition_and_check(module, timeout, seed, progress, time_limit) -> Report:
     from .importer import read_source
     from .partitioner import partition
 
@@ -187,6 +281,35 @@ def shardy_partition_and_check(
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
     `spec_function`), by default to the function's own global (unsharded) meaning."""
+    return run_deep(
+        _bounded,
+        _shardy_partition_and_check,
+        time_limit,
+        module,
+        function,
+        spec,
+        spec_function,
+        pipeline,
+        halo_exchange,
+        timeout,
+        seed,
+        progress,
+        time_limit,
+    )
+
+
+def _shardy_partition_and_check(
+    module,
+    function,
+    spec,
+    spec_function,
+    pipeline,
+    halo_exchange,
+    timeout,
+    seed,
+    progress,
+    time_limit,
+) -> Report:
     from .importer import read_source
     from .shardy_passes import run_shardy
 

@@ -40,6 +40,7 @@ from .errors import BadInput, Unsupported
 from .interp import Interpreter, InterpreterError, checked_results, run_evaluator
 from .ir import Block, Function, Module, Op, TensorType
 from .layout import Layout
+from .limits import check_time
 from .ops.control import MAX_TRIP_COUNT
 from .ops.registry import COLLECTIVES, GLOBAL_VIEW
 from .process_grid import ProcessGrid
@@ -127,6 +128,7 @@ class SpmdInterpreter:
             for v, x in zip(block.args, a, strict=True):
                 proc.env[v.id] = x
         for op in block.ops:
+            check_time()
             results = self._op(op, top)
             if top and self.hook is not None:
                 results = self.hook(op, results)

@@ -20,6 +20,7 @@ import numpy as np
 from .algebra import NumpyAlgebra
 from .interp import Interpreter
 from .ir import Block, Module, Op, Value
+from .limits import OutOfTime, check_time
 from .ops.registry import COLLECTIVES, GLOBAL_VIEW, PROCESS_OPS
 from .passes.inline_calls import _rename_in_regions, clone_block
 
@@ -70,6 +71,7 @@ def _unrolled(interp: Interpreter, loop: Op, known: dict):
     current = list(loop.operands)
     ops: list[Op] = []
     for _ in range(trips):
+        check_time()
         copy = clone_block(body, {a.id: v for a, v in zip(body.args, current, strict=True)})
         copy = _unroll_block(interp, copy, known)  # nested loops, and folds the counter
         ops.extend(copy.ops)
@@ -81,6 +83,7 @@ def _trip_count(interp: Interpreter, loop: Op, known: dict) -> int | None:
     cond, body = loop.regions[0].block, loop.regions[1].block
     state = [known.get(v.id) for v in loop.operands]
     for trips in range(MAX_TRIPS + 1):
+        check_time()
         go = _evaluate(interp, cond, state, known)[0]
         if go is None:
             return None
@@ -120,6 +123,8 @@ def _try(interp: Interpreter, op: Op, env: dict) -> list:
         interp.env[v.id] = env[v.id]
     try:
         out = interp.evaluate_op(op)
+    except (OutOfTime, RecursionError):
+        raise
     except Exception:  # an op the folder cannot run: its results stay unknown
         return none
     return [x if isinstance(x, np.ndarray) else None for x in out]

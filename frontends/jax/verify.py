@@ -32,7 +32,7 @@ def verify(
 
     `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
     are placed on it. `options`: `timeout` (seconds per solver query), `time_limit` (seconds
-    for the whole proof), `seed`, `progress`.
+    for the whole run), `seed`, `progress`.
     """
     from tv_ir.pipeline import check, partition_and_check, prepare
 

@@ -122,6 +122,9 @@ class Placement:
         A module without them whose program holds `sdy.manual_computation`s (shard_map), or
         GSPMD `@SPMDFullToShardShape` custom calls, runs on every device of its mesh with its
         global arguments and results replicated.
+
+        On several devices every result must carry its `mhlo.sharding`: a result's layout is
+        not guessed (replicated and unreduced copies look alike), it is bad input.
         """
         main = impl.main
         args = [a.get("mhlo.sharding") for a in main.arg_attrs]
@@ -130,7 +133,18 @@ class Placement:
                 return cls.replicated(spec, _mesh_devices(impl))
             return cls.single_device(spec)
         n = int(impl.attrs.get("mhlo.num_partitions", 0)) or _devices_in(args)
-        results = [r.get("mhlo.sharding") or "{replicated}" for r in main.res_attrs]
+        results = [r.get("mhlo.sharding") for r in main.res_attrs]
+        if n > 1:
+            for k, (r, attrs) in enumerate(zip(results, main.res_attrs, strict=True)):
+                if not r:
+                    name = attrs.get("jax.result_info")
+                    what = f"result {k}" + (f" ({name})" if name else "")
+                    raise BadInput(
+                        f"per-device {what} ({main.result_types[k]}) has no mhlo.sharding, so "
+                        f"its layout on the {n} devices is unknown (XLA's HLO dumps do not "
+                        "record result shardings; from Python, pass placement=)"
+                    )
+        results = [r or "{replicated}" for r in results]
         return cls.from_shardings(spec, [a or "{replicated}" for a in args], results, n)
 
     def shard_inputs(self, inputs: list) -> list[list]:
