@@ -201,3 +201,187 @@ def _print_tally():
     yield
     if TALLY:
         print("\nsoundness fuzz:", dict(TALLY))
+
+
+# -- integer extremes ----------------------------------------------------------------------
+INT_POOL = [-(2**31), -(2**31) + 1, -129, -128, -1, 0, 1, 127, 128, 255, 2**31 - 2, 2**31 - 1]
+
+
+@dataclass(frozen=True)
+class IntE:
+    """An int32 expression of (x, y); (i8, u8, i16: a round trip through that type)."""
+
+    op: str
+    args: tuple = ()
+    value: int = 0
+
+    def __call__(self, x, y):
+        a = [e(x, y) for e in self.args]
+        o = self.op
+        if o == "x":
+            return x
+        if o == "y":
+            return y
+        if o == "c":
+            return jnp.full_like(x, self.value)
+        if o in ("+", "-", "*"):
+            return {"+": jnp.add, "-": jnp.subtract, "*": jnp.multiply}[o](*a)
+        if o in ("max", "min"):
+            return (jnp.maximum if o == "max" else jnp.minimum)(*a)
+        if o in ("i8", "u8", "i16"):
+            t = {"i8": jnp.int8, "u8": jnp.uint8, "i16": jnp.int16}[o]
+            return a[0].astype(t).astype(jnp.int32)
+        if o == ">":  # (a > b) as 0/1
+            return (a[0] > a[1]).astype(jnp.int32)
+        if o == "where":
+            return jnp.where(a[0] > a[1], a[2], a[3])
+        raise AssertionError(o)
+
+    def __str__(self) -> str:
+        if self.op in ("x", "y"):
+            return self.op
+        if self.op == "c":
+            return str(self.value)
+        return f"{self.op}({', '.join(map(str, self.args))})"
+
+
+def int_exprs(depth: int):
+    leaf = st.one_of(
+        st.sampled_from([IntE("x"), IntE("y")]),
+        st.sampled_from([0, 1, -1, 2, 127, 2**31 - 1]).map(lambda v: IntE("c", value=v)),
+    )
+    if depth == 0:
+        return leaf
+    sub = int_exprs(depth - 1)
+    return st.one_of(
+        leaf,
+        st.tuples(st.sampled_from(["+", "-", "*", "max", "min", ">"]), sub, sub).map(
+            lambda t: IntE(t[0], (t[1], t[2]))
+        ),
+        st.tuples(st.sampled_from(["i8", "u8", "i16"]), sub).map(lambda t: IntE(t[0], (t[1],))),
+        st.tuples(sub, sub, sub, sub).map(lambda t: IntE("where", t)),
+    )
+
+
+def int_mutations(e: IntE):
+    """Variants of e that agree with it over the unbounded integers (they differ, if at all,
+    only where a machine integer wraps)."""
+    out = [IntE("i8", (e,)), IntE("u8", (e,)), IntE("i16", (e,))]  # a narrowing round trip
+    if e.op == ">":  # a > b  vs  a - b > 0
+        a, b = e.args
+        out.append(IntE(">", (IntE("-", (a, b)), IntE("c", value=0))))
+        out.append(
+            IntE(">", (IntE("+", (a, IntE("c", value=1))), IntE("+", (b, IntE("c", value=1)))))
+        )
+    if e.op == "*":  # a * 2 vs a + a; commuted
+        out.append(IntE("*", (e.args[1], e.args[0])))
+    if e.op in ("i8", "u8", "i16"):
+        out.append(e.args[0])  # the round trip dropped
+    if e.op == "-":
+        a, b = e.args
+        out.append(IntE("+", (a, IntE("*", (b, IntE("c", value=-1))))))
+    for i, a in enumerate(e.args):
+        for m in int_mutations(a)[:4]:
+            args = list(e.args)
+            args[i] = m
+            out.append(IntE(e.op, tuple(args), e.value))
+    return out
+
+
+@st.composite
+def int_pairs(draw):
+    spec = draw(int_exprs(2))
+    return spec, draw(st.sampled_from(int_mutations(spec)))
+
+
+INT_GRID = np.array(list(itertools.product(INT_POOL, INT_POOL)), dtype=np.int64).astype(np.int32)
+INT_ARGS = (np.zeros(3, np.int32), np.zeros(3, np.int32))
+
+
+def int_program(e: IntE):
+    def f(x, y):
+        return e(x, y) + (x - x) + (y - y)  # uses both arguments; x - x is 0 under wrap
+
+    return f
+
+
+def _xla_int(e: IntE, x, y) -> np.ndarray:
+    return np.asarray(jax.jit(int_program(e))(np.asarray(x, np.int32), np.asarray(y, np.int32)))
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("TV_FUZZ_EXAMPLES"),
+    suppress_health_check=list(HealthCheck),
+)
+@given(int_pairs())
+def test_no_false_equivalent_at_integer_extremes(pair) -> None:
+    spec, impl = pair
+    r = verify(int_program(impl), *INT_ARGS, spec=int_program(spec), timeout=5)
+    differs = bool(
+        np.any(_xla_int(spec, INT_GRID[:, 0], INT_GRID[:, 1]) != _xla_int(impl, *INT_GRID.T))
+    )
+    TALLY[("int", r.verdict, "differs on XLA" if differs else "same on the grid")] += 1
+    if r.verdict == "equivalent":
+        assert not differs, f"false equivalent: spec {spec}, impl {impl}"
+    if r.verdict == "not_equivalent":
+        x, y = (np.asarray(v).reshape(-1) for v in r.counterexample.inputs.values())
+        assert np.any(_xla_int(spec, x, y) != _xla_int(impl, x, y)), f"{spec} / {impl}"
+
+
+# -- replica devices -------------------------------------------------------------------------
+BODIES = {
+    "tanh": lambda a: jnp.tanh(a),
+    "square": lambda a: a * a,
+    "affine": lambda a: 2.0 * a + 1.0,
+}
+
+
+@st.composite
+def replica_pairs(draw):
+    """A shard_map whose result is claimed replicated (out_specs=P(), check_vma=False):
+    every device computes the spec's value, except that device `d` adds `delta` (0: a
+    correct program) or uses a psum of quarters (a correct reduction)."""
+    return (
+        draw(st.sampled_from(sorted(BODIES))),
+        draw(st.integers(0, 3)),
+        draw(st.sampled_from([0.0, 0.0, 1.0, 1e-3])),
+        draw(st.booleans()),
+    )
+
+
+@settings(
+    max_examples=max(8, EXAMPLES // 4),
+    deadline=None,
+    derandomize=not os.environ.get("TV_FUZZ_EXAMPLES"),
+    suppress_health_check=list(HealthCheck),
+)
+@given(replica_pairs())
+def test_no_false_equivalent_on_replica_devices(case) -> None:
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    name, d, delta, via_psum = case
+    body = BODIES[name]
+    mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+
+    def local(a):
+        y = jax.lax.psum(body(a) / 4.0, "x") if via_psum else body(a)
+        return jnp.where(jax.lax.axis_index("x") == d, y + delta, y)
+
+    impl = jax.shard_map(local, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False)
+    x = np.linspace(-1, 1, 4, dtype=np.float32)
+    r = verify(impl, x, spec=body, timeout=5)
+    got = jax.jit(impl)(x)
+    want = np.asarray(body(x))
+    differs = any(
+        not np.allclose(np.asarray(s.data), want, rtol=1e-6, atol=1e-6)
+        for s in got.addressable_shards
+    )
+    TALLY[("replica", r.verdict, "differs on XLA" if differs else "same on every device")] += 1
+    if r.verdict == "equivalent":
+        assert not differs, f"false equivalent: {case}"
+    if differs:
+        assert r.verdict == "not_equivalent", (case, r.verdict, r.reason)
+        assert r.counterexample.device == d
