@@ -41,6 +41,7 @@ from .interp import Interpreter, InterpreterError, checked_results, run_evaluato
 from .ir import Block, Function, Module, Op, TensorType
 from .layout import Layout
 from .limits import check_time
+from .mesh_coords import mesh_coords
 from .ops.control import MAX_TRIP_COUNT
 from .ops.registry import COLLECTIVES, GLOBAL_VIEW
 from .process_grid import ProcessGrid
@@ -361,7 +362,6 @@ def _equal_scalar(x, y) -> bool:
 
 def device_name(module: Module, device: int, n: int) -> str:
     """'device 3 (x=3)': a device and its coordinates when the module names a mesh of n."""
-    from .prover.localise import mesh_coords
 
     coords = mesh_coords(module, device, n) or {}
     at = f" ({', '.join(f'{a}={i}' for a, i in coords.items())})" if coords else ""

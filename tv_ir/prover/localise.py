@@ -21,6 +21,7 @@ from ..attrs import SdySharding
 from ..errors import TvError
 from ..ir import Module, Op, TensorType
 from ..layout import Layout
+from ..mesh_coords import mesh_coords
 from ..ops.registry import COLLECTIVES
 from ..report import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
 from .correspond import MOVEMENT_OPS, TileIndex, box_index, mesh_groups
@@ -164,41 +165,6 @@ def _holder(layout, idx) -> int | None:
 
 def _holds(layout, device: int, idx) -> bool:
     return all(a <= i < b for i, (a, b) in zip(idx, layout.box(device), strict=True))
-
-
-def mesh_coords(module: Module, device: int, num_partitions: int) -> dict[str, int] | None:
-    """Coordinates (axis name -> index) of a device on the module's Shardy mesh of
-    `num_partitions` devices, None when it names no such mesh. Devices lie row-major over the
-    mesh axes unless the mesh lists its device ids (a device is its partition id: one
-    replica)."""
-    mesh = _device_mesh(module, num_partitions)
-    if mesh is None or device >= num_partitions:
-        return None
-    ids = list(mesh.device_ids) if mesh.device_ids else list(range(num_partitions))
-    if device not in ids:
-        return None
-    names = [name for name, _ in mesh.axes]
-    sizes = [size for _, size in mesh.axes]
-    pos = np.unravel_index(ids.index(device), sizes) if sizes else ()
-    return {name: int(i) for name, i in zip(names, pos, strict=True)}
-
-
-def _device_mesh(module: Module, n: int):
-    """The mesh of n devices that the program's shard_maps (else its module) use."""
-    meshes = dict(module.attrs.get("sdy.meshes") or {})
-    used = []
-    for op in module.main.body.ops:
-        if op.name == "sdy.manual_computation":
-            for s in list(op.attrs.get("in_shardings") or []) + list(
-                op.attrs.get("out_shardings") or []
-            ):
-                mesh = meshes.get(s.mesh) if isinstance(s.mesh, str) else s.mesh
-                if mesh is not None:
-                    used.append(mesh)
-    for mesh in used + list(meshes.values()):
-        if mesh.axes and int(np.prod([size for _, size in mesh.axes])) == n:
-            return mesh
-    return None
 
 
 def _scalar(x):

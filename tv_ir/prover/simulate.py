@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algebra import NumpyAlgebra
+from ..closeness import RTOL, close  # noqa: F401 (re-exported)
 from ..interp import Interpreter
 from ..ir import Function, Module, TensorType
-
-RTOL = 1e-9
 
 
 def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False) -> list:
@@ -199,26 +198,6 @@ def run_traced_devices(
     outs = interp.run(per_device_inputs)
     trace.outputs = [[outs[d][k] for d in range(n)] for k in range(len(module.main.body.results))]
     return trace
-
-
-def close(a, b, rtol: float = RTOL) -> bool:
-    """Equal up to float64 noise. Non-finite values must be in the same places; which
-    non-finite value each side holds (+inf, -inf, NaN) is not compared (the claim of
-    docs/equivalence.md: reals have no signed zero, so 1/x at x = 0 has no one sign)."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
-        return bool(np.array_equal(a, b))
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    fa, fb = np.isfinite(a), np.isfinite(b)
-    if not np.array_equal(fa, fb):
-        return False
-    if not np.any(fa):
-        return True
-    scale = max(1.0, float(np.max(np.abs(a[fa]))), float(np.max(np.abs(b[fb]))))
-    return bool(np.max(np.abs(a[fa] - b[fb])) <= rtol * scale)
 
 
 def first_difference(a, b, rtol: float = RTOL) -> tuple[int, ...] | None:
