@@ -1061,15 +1061,26 @@ def _is_abs(args) -> bool:
     return len(items) == 2 and add(value(items[0]), value(items[1])) == ZERO
 
 
+_NOT: dict[Bool, Bool] = {}  # negations, both ways (a term's negation is built once)
+
+
 def logical_not(b: Bool) -> Bool:
     if b.kind == "const":
         return bconst(not b.args[0])
     if b.kind == "not":
         return b.args[0]
+    hit = _NOT.get(b)
+    if hit is not None:
+        return hit
     if b.kind == "cmp" and b.args[0] in (">", ">="):
         # not (p > 0)  <=>  -p >= 0 ;  not (p >= 0)  <=>  -p > 0
-        return _cmp(">=" if b.args[0] == ">" else ">", neg(b.args[1]))
-    return Bool("not", (b,))
+        out = _cmp(">=" if b.args[0] == ">" else ">", neg(b.args[1]))
+    else:
+        out = Bool("not", (b,))
+    if out.kind != "const":
+        _NOT[b] = out
+        _NOT[out] = b
+    return out
 
 
 def logical_and(a: Bool, b: Bool) -> Bool:
@@ -1285,6 +1296,13 @@ def _subst_atom(a: Atom, mapping, memo) -> Poly:
 def _subst_bool(b: Bool, mapping, memo) -> Bool:
     if b.syms.isdisjoint(mapping.keys()):
         return b
+    hit = memo.get(("b", b))
+    if hit is None:
+        hit = memo[("b", b)] = _subst_bool_once(b, mapping, memo)
+    return hit
+
+
+def _subst_bool_once(b: Bool, mapping, memo) -> Bool:
     k, args = b.kind, b.args
     if k == "cmp":
         return _cmp(args[0], substitute(args[1], mapping, memo))
