@@ -88,7 +88,7 @@ def guard_inputs(fn: Function, constants: list[float], rng: np.random.Generator)
     """Inputs on the guard sets random normals miss: everything zero (zero denominators and
     norms, empty masks), and elements drawn from 0, +-1 and the compared constants with
     their neighbours (both sides of a threshold, the sentinel itself)."""
-    pool = [0.0, 1.0, -1.0]
+    pool = [0.0, 1.0, -1.0, 0.5, -0.5, 2.0, -2.0]
     for c in constants:
         pool += [c, c + 1.0, c - 1.0, -c]
     pool = np.array(sorted(set(pool)), dtype=np.float32).astype(np.float64)

@@ -24,6 +24,9 @@ MEMORY_MB = 4096
 z3.set_param("memory_max_size", MEMORY_MB)
 
 
+MONOTONE_PAIRS = 24  # applications of one function related pairwise (quadratic in this)
+
+
 @dataclass
 class SmtResult:
     status: str  # "unsat" (proved), "sat", "unknown"
@@ -37,6 +40,7 @@ class _Encoder:
         self.side: list = []
         self.funcs: dict[str, z3.FuncDeclRef] = {}
         self.symbols: dict[int, z3.ArithRef] = {}
+        self.applied: dict[str, list] = {}  # function name -> [(argument, result, domain)]
         self.ints: set[int] = set()  # atom ids of integer symbols
         self.bools: dict = {}
 
@@ -134,7 +138,37 @@ class _Encoder:
             self.side += [y > -1, y < 1]
         elif name == "logistic":
             self.side += [y > 0, y < 1]
+        self._shape_facts(name, x, y)
         return y
+
+    def _shape_facts(self, name: str, x, y) -> None:
+        """Where a monotone function crosses its landmarks (log x < 0 exactly where x < 1,
+        exp x > 1 where x > 0, ...) and that it is increasing between two of its
+        applications: true facts that keep the solver's models close to the real functions,
+        so a model of a guard like `log(2 y) == 0` puts y at 1/2 and replays."""
+        landmarks = {  # name: (domain, the argument where y = value, value)
+            "exp": (None, 0, 1),
+            "expm1": (None, 0, 0),
+            "log": (x > 0, 1, 0),
+            "log1p": (x > -1, 0, 0),
+            "tanh": (None, 0, 0),
+            "erf": (None, 0, 0),
+            "logistic": (None, 0, z3.RealVal("1/2")),
+            "sqrt": (x >= 0, 0, 0),
+        }
+        if name not in landmarks:
+            return
+        dom, at, val = landmarks[name]
+        facts = [
+            (x == at) == (y == val),
+            (x > at) == (y > val),
+        ]
+        self.side.append(z3.Implies(dom, z3.And(facts)) if dom is not None else z3.And(facts))
+        for x2, y2, dom2 in self.applied.setdefault(name, [])[:MONOTONE_PAIRS]:
+            both = [d for d in (dom, dom2) if d is not None]
+            mono = z3.And((x < x2) == (y < y2), (x == x2) == (y == y2))
+            self.side.append(z3.Implies(z3.And(both), mono) if both else mono)
+        self.applied[name].append((x, y, dom))
 
     def differ(self, a: T.Poly, b: T.Poly):
         """Where a and b differ: one defined and not the other, or both with other values."""
