@@ -162,3 +162,21 @@ def test_both_undefined_at_the_same_inputs_is_equivalent() -> None:
     # 1/x and x/x**2: both non-finite exactly at x == 0, equal elsewhere
     r = _verdict(lambda x: x / (x * x), lambda x: 1.0 / x, V)
     assert r.verdict == "equivalent", r.reason
+
+
+# -- constants: exact rationals; math functions of constants fold in float64 (IEEE) ------
+def sqrt_of_minus_one_past(x):
+    return jnp.where(x > 100, jnp.sqrt(0.0 * x - 1.0), x)  # sqrt(-1) is NaN
+
+
+def log_of_minus_one_past(x):
+    return jnp.where(x > 100, jnp.log(0.0 * x - 1.0), x)  # log(-1) is NaN too
+
+
+def test_folded_sqrt_of_a_negative_constant_is_undefined_not_a_crash() -> None:
+    # the branch past x > 100 is NaN on both sides: equivalent
+    r = _verdict(log_of_minus_one_past, sqrt_of_minus_one_past, V)
+    assert r.verdict == "equivalent", r.reason
+    # against the identity, the guard set x > 100 shows the NaN
+    r = _verdict(lambda x: x + 0.0, sqrt_of_minus_one_past, V)
+    assert r.verdict == "not_equivalent", r.reason
