@@ -230,6 +230,11 @@ class SymbolicAlgebra(NumpyAlgebra):
             return super().compare(direction, x, y)
         return _ufunc(lambda a, b: T.compare(direction, a, b), 2)(x, y)
 
+    def compare_total(self, direction: str, x, y):
+        if not _sym(x, y):
+            return super().compare_total(direction, x, y)
+        return _ufunc(lambda a, b: T.compare(direction, a, b, total_order=True), 2)(x, y)
+
     def select(self, pred, on_true, on_false):
         if not _sym(pred, on_true, on_false):
             return super().select(pred, on_true, on_false)

@@ -604,14 +604,16 @@ def _guarded(kind: str, args: tuple, apply) -> Poly:
     return select(maybe_inf, unknown, known)
 
 
-def _guarded_bool(kind: str, args: tuple, apply, on_nan: Bool = FALSE) -> Bool:
+def _guarded_bool(kind: str, args: tuple, apply, on_nan: Bool | None = FALSE) -> Bool:
     """A predicate of operands that may be undefined (see `_guarded`): `on_nan` where an
-    operand is NaN (NaN compares unequal to everything)."""
+    operand is NaN (NaN compares unequal to everything); None: unknown there too (a
+    total-order comparison depends on the NaN's sign bit)."""
     dom = _dom_all(args)
     known = apply([value(a) for a in args])
-    maybe_inf = logical_and(logical_not(dom), _infs_all(args))
-    nan = logical_and(logical_not(dom), logical_not(_infs_all(args)))
-    out = logical_or(logical_and(dom, known), logical_and(nan, on_nan))
+    infs = _infs_all(args) if on_nan is not None else TRUE
+    maybe_inf = logical_and(logical_not(dom), infs)
+    nan = logical_and(logical_not(dom), logical_not(infs))
+    out = logical_or(logical_and(dom, known), logical_and(nan, on_nan or FALSE))
     if maybe_inf is FALSE:
         return out
     unknown = Bool("opaque", (next(_opaque_ids), kind, tuple(args)))
@@ -812,14 +814,16 @@ def _unit(p: Poly) -> tuple[Poly, Num]:
     return scale(p, _norm(Fraction(1) / a)), a
 
 
-def compare(direction: str, x, y) -> Bool:
+def compare(direction: str, x, y, total_order: bool = False) -> Bool:
+    """x REL y over the reals; where an operand is undefined, what IEEE (or, with
+    `total_order`, IEEE totalOrder) says of NaN, and nothing where it may be infinite."""
     x, y = lift(x), lift(y)
     if x.dom is not TRUE or y.dom is not TRUE:  # inf > 0 but not NaN > 0: guarded
         return _guarded_bool(
             f"compare {direction}",
             (x, y),
             lambda v: compare(direction, v[0], v[1]),
-            TRUE if direction == "NE" else FALSE,
+            None if total_order else TRUE if direction == "NE" else FALSE,
         )
     if x.inf or y.inf:
         if x.is_const() or x.inf:
