@@ -28,6 +28,7 @@ from .ir import (
     TupleType,
     Value,
 )
+from .sources import pick_frame
 
 _BYTECODE_MAGIC = b"ML\xefR"
 # XLA's dumps print constants of more than a few elements as `{...}` unless asked not to;
@@ -377,9 +378,13 @@ def convert_type(t):
 
 
 def convert_location(loc, source: str = "-") -> Location:
-    """JAX locations: NameLoc(name stack, CallSiteLoc(NameLoc(fn, FileLineColLoc), caller))."""
+    """JAX locations: NameLoc(name stack, CallSiteLoc(NameLoc(fn, FileLineColLoc), caller)).
+
+    A callsite stack lists frames innermost first; the frame reported is the innermost that
+    is the user's (`tv_ir.sources.pick_frame`): library shims (optax, flax) are skipped when
+    a caller is the user's code, and tv's own files are never named."""
     name = None
-    found: list = []
+    frames: list = []  # (file, line, function), innermost first
 
     def visit(l, fn_name=None):
         nonlocal name
@@ -391,12 +396,9 @@ def convert_location(loc, source: str = "-") -> Location:
             visit(l.child_loc, n)
         elif cls == "CallSiteLoc":
             visit(l.callee, fn_name)
-            if not found:
-                visit(l.caller, fn_name)
+            visit(l.caller, fn_name)
         elif cls == "FileLineColLoc":
-            if not found:
-                fname = source if l.filename in ("-", "") else l.filename
-                found.append((fname, l.start_line, fn_name))
+            frames.append((l.filename, l.start_line, fn_name))
         elif cls == "FusedLoc":
             for x in l.locations:
                 visit(x, fn_name)
@@ -407,8 +409,10 @@ def convert_location(loc, source: str = "-") -> Location:
         visit(loc)
     except Exception:
         return UNKNOWN_LOC
-    if found:
-        f, line, fn = found[0]
+    found = pick_frame(frames)
+    if found is not None:
+        f, line, fn = found
+        f = source if f in ("-", "") else f
         return Location(f, line, name, fn if fn != name else None)
     return Location(None, None, name, None) if name else UNKNOWN_LOC
 

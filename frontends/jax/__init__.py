@@ -4,12 +4,15 @@
     report = verify(sharded_step, params, batch, spec=train_step)
 
 Importing this module asks XLA for 8 host CPU devices (only effective before JAX creates
-its CPU backend), so meshes of up to 8 devices work on a laptop.
+its CPU backend), so meshes of up to 8 devices work on a laptop, and registers tv's own
+files with JAX as not user code (so ops traced through `verify` carry the user's lines).
 """
 
 from tv_ir.partitioner import ensure_host_devices
+from tv_ir.sources import register_with_jax
 
 ensure_host_devices()
+register_with_jax()  # tv's frames are not the user's: JAX records the user's line for ops
 
 from tv_ir.report import Report  # noqa: E402
 

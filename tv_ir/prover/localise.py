@@ -86,8 +86,39 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
     impl_site, matched_spec, blamed = _impl_site(impl, walk, differing)
     loc = Location(impl=impl_site, spec=_spec_site(spec, matched_spec, differing))
     if blamed is not None:
-        loc.related = related_sites(blamed, walk.index_values)
+        loc.related = _body_returns(blamed, impl.main.body.results[differing], walk)
+        loc.related += related_sites(blamed, walk.index_values)
+        loc.related = _distinct(loc.related, loc.impl)[:RELATED_LIMIT]
     return ce, loc, outputs
+
+
+def _body_returns(op, output, walk) -> list[OpSite]:
+    """For a blamed shard_map (it returns a per-device value as whole, or tiles in the wrong
+    places: a missing psum or all_to_all, a wrong shard offset), the body ops computing what
+    it returns toward the differing output, and where their inputs come from: the user's
+    lines inside the body (the shard_map op itself is located where it is called)."""
+    if op.name != "sdy.manual_computation" or not op.regions:
+        return []
+    cone = _cone(output)
+    body = op.regions[0].block.results
+    sites = []
+    for r, v in zip(op.results, body, strict=True):
+        if r.id in cone and v.owner is not None:
+            if v.owner.loc.line is not None:
+                sites.append(_site(v.owner))
+            sites += related_sites(v.owner, walk.index_values)
+    return sites
+
+
+def _distinct(sites: list[OpSite], own: OpSite | None) -> list[OpSite]:
+    """Sites on distinct lines other than `own`'s."""
+    seen = {(own.file, own.line)} if own is not None else set()
+    out = []
+    for s in sites:
+        if (s.file, s.line) not in seen:
+            seen.add((s.file, s.line))
+            out.append(s)
+    return out
 
 
 def _run_impl(impl: Module, placement, inputs: list):
