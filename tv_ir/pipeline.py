@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import z3
+
 from .errors import BadInput, Unsupported
 from .importer import load
 from .ir import Module
@@ -118,6 +120,8 @@ def _bounded(run, time_limit, *args) -> Report:
             reason = too_deep_reason()
         except MemoryError:
             reason = "out of memory"
+        except z3.Z3Exception as e:  # the solver's own failures (smt.py turns them into
+            reason = f"z3 failed: {e}"  # unknown outcomes; this is the backstop)
     report = Report(UNKNOWN, reason=reason)
     report.stats.seconds["total"] = time.perf_counter() - t0
     return report

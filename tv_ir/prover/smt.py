@@ -223,6 +223,15 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
                 diffs.append(enc.differ(T.lift(a), T.lift(b)))
     except (ValueError, z3.Z3Exception) as e:
         return SmtResult("unknown", reason=f"not encodable in SMT: {e}")
+    try:
+        return _solve(enc, diffs, timeout_s)
+    except z3.Z3Exception as e:  # z3's own failures (out of memory, ...): never a traceback
+        return SmtResult("unknown", reason=f"z3 failed: {_z3_message(e)}")
+    except MemoryError:
+        return SmtResult("unknown", reason="z3 failed: out of memory")
+
+
+def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
     s = z3.Solver()
     s.set("timeout", int(timeout_s * 1000))
     s.add(*enc.side)
@@ -238,6 +247,13 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
             model[aid] = _to_int(v) if aid in enc.ints else _to_float(v)
         return SmtResult("sat", model)
     return SmtResult("unknown", reason=f"z3: {s.reason_unknown()}")
+
+
+def _z3_message(e: Exception) -> str:
+    v = getattr(e, "value", None)
+    if isinstance(v, bytes):
+        v = v.decode(errors="replace")
+    return str(v if v is not None else e) or type(e).__name__
 
 
 def _to_int(v) -> int:

@@ -1,0 +1,75 @@
+"""Z3's own failures (out of memory, any Z3Exception from `check()` or from reading a
+model) end as `unknown` with a reason, never as a traceback out of `verify` / `check`."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+import z3
+
+import tv_ir
+
+X = jax.ShapeDtypeStruct((3,), jnp.float32)
+
+
+def lower(f) -> str:
+    return jax.jit(f).lower(X).as_text()
+
+
+def relu_where(x):
+    return jnp.where(x > 0, x, 0.0)
+
+
+def relu_max(x):
+    return jnp.maximum(x, 0.0)
+
+
+def relu_threshold(x):  # differs on (0, 1e-3], which random simulation does not hit
+    return jnp.where(x > 1e-3, x, 0.0)
+
+
+def out_of_memory(*args, **kwargs):
+    raise z3.Z3Exception("out of memory")
+
+
+def test_proof_needing_z3_is_proved_without_the_patch():
+    assert tv_ir.check(lower(relu_where), lower(relu_max)).verdict == "equivalent"
+
+
+def test_out_of_memory_in_check_is_unknown(monkeypatch):
+    monkeypatch.setattr(z3.Solver, "check", out_of_memory)
+    r = tv_ir.check(lower(relu_where), lower(relu_max))
+    assert r.verdict == "unknown", str(r)
+    assert "z3 failed: out of memory" in r.reason
+
+
+def test_out_of_memory_reading_a_model_is_unknown(monkeypatch):
+    assert tv_ir.check(lower(relu_where), lower(relu_threshold)).verdict == "not_equivalent"
+    monkeypatch.setattr(z3.ModelRef, "eval", out_of_memory)
+    r = tv_ir.check(lower(relu_where), lower(relu_threshold))
+    assert r.verdict == "unknown", str(r)
+    assert "z3 failed: out of memory" in r.reason
+
+
+@pytest.mark.parametrize("message", ["out of memory", "canceled", b"max. memory exceeded"])
+def test_any_z3_exception_through_verify_is_unknown(monkeypatch, message):
+    from tv_ir.frontends.jax import verify
+
+    def fail(*args, **kwargs):
+        raise z3.Z3Exception(message)
+
+    monkeypatch.setattr(z3.Solver, "check", fail)
+    r = verify(relu_max, X, spec=relu_where)
+    assert r.verdict == "unknown", str(r)
+    assert r.reason.startswith("output 0: z3 failed: ")
+
+
+def test_backstop_outside_the_solver_wrapper(monkeypatch):
+    """A Z3Exception raised anywhere in the proof (not only inside smt.check_equal)."""
+    from tv_ir.prover import smt
+
+    monkeypatch.setattr(smt, "check_equal", out_of_memory)
+    r = tv_ir.check(lower(relu_where), lower(relu_max))
+    assert r.verdict == "unknown", str(r)
+    assert "z3 failed: out of memory" in r.reason
