@@ -101,6 +101,14 @@ def _common(p):
         help="seconds for the whole run (import, simulation, proof); when they run out the "
         "verdict is unknown (default: no limit)",
     )
+    p.add_argument(
+        "--memory-limit",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="megabytes of resident memory for the process; over it the verdict is unknown, "
+        "naming the op being proved (default: no limit)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for simulation inputs")
 
 
@@ -133,6 +141,7 @@ def _run_check(spec, impl, args) -> int:
         seed=args.seed,
         progress=progress,
         time_limit=args.time_limit,
+        memory_limit=args.memory_limit,
     )
     return _print(report, args, progress)
 
@@ -145,7 +154,12 @@ def _run_partition(args) -> int:
         if args.function or args.spec or args.no_halo_exchange:
             raise BadInput("--function, --spec and --no-halo-exchange need --shardy PIPELINE")
         report = partition_and_check(
-            args.module, args.timeout, args.seed, progress, args.time_limit
+            args.module,
+            args.timeout,
+            args.seed,
+            progress,
+            args.time_limit,
+            memory_limit=args.memory_limit,
         )
     else:
         spec, spec_fn = (args.spec, None) if args.spec else (None, None)
@@ -162,6 +176,7 @@ def _run_partition(args) -> int:
             seed=args.seed,
             progress=progress,
             time_limit=args.time_limit,
+            memory_limit=args.memory_limit,
         )
     return _print(report, args, progress)
 

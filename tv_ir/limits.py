@@ -8,6 +8,12 @@ and nesting depth.
 - **Time** (`deadline`, `check_time`): `--time-limit S` bounds the whole run (import, loop
   unrolling, simulation, proof). Long loops check the clock and raise `OutOfTime`, which
   the pipeline turns into the verdict `unknown`.
+- **Memory** (`memory_budget`, `check_memory`): `--memory-limit MB` bounds the process's
+  resident memory. It is polled (at most every `MEMORY_POLL_SECONDS`) wherever the clock is
+  checked, i.e. between steps of import, simulation and proof, and running over raises
+  `OutOfMemoryBudget` (verdict `unknown`). Not `setrlimit(RLIMIT_AS)`: XLA and tv's deep
+  thread reserve far more address space than they use, so an address-space cap breaks them
+  (threads fail to start) long before memory is short, and it would outlive the call.
 - **Depth** (`run_deep`): programs nest (regions in regions, loops unrolled thousands of
   times, terms built from terms) and tv's walks over them recurse; they run on a thread
   with a large stack and a high recursion limit, so depth is bounded by
@@ -106,15 +112,109 @@ def time_left() -> float | None:
 
 
 def check_time() -> None:
-    """Raise OutOfTime when the deadline has passed (cheap: call it in long loops)."""
+    """Raise OutOfTime when the deadline has passed, OutOfMemoryBudget when the memory limit
+    is (cheap: call it in long loops)."""
     end = _deadline.get()
     if end is not None and time.perf_counter() > end:
         raise OutOfTime(time_limit_reason())
+    check_memory()
 
 
 def time_limit_reason(detail: str = "") -> str:
     limit = _limit.get()
     what = f"time limit of {limit:g} s reached" if limit is not None else "time limit reached"
+    return f"{what}{' ' + detail if detail else ''}"
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+MEMORY_POLL_SECONDS = 0.02
+
+
+class OutOfMemoryBudget(TvError):
+    """The process's resident memory went over the run's memory limit (verdict unknown)."""
+
+    exit_code = 2
+
+
+_memory_mb: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "tv_memory_mb", default=None
+)
+_memory_polled = [0.0]
+
+
+@contextlib.contextmanager
+def memory_budget(mb: float | None):
+    """Bound the resident memory of the process to `mb` megabytes (2^20 bytes) during the
+    enclosed work (None: no bound; nested bounds keep the smallest)."""
+    if mb is None:
+        yield
+        return
+    if not mb > 0:
+        raise BadInput(f"memory limit must be a positive number of MB, not {mb!r}")
+    outer = _memory_mb.get()
+    token = _memory_mb.set(mb if outer is None else min(outer, mb))
+    try:
+        yield
+    finally:
+        _memory_mb.reset(token)
+
+
+def memory_limit() -> float | None:
+    return _memory_mb.get()
+
+
+def rss_mb() -> float:
+    """The process's resident memory now, in MB (its peak where /proc is not available)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * _PAGE_SIZE / 2**20
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+
+
+def _page_size() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4096
+
+
+_PAGE_SIZE = _page_size()
+
+
+def memory_left_mb() -> float | None:
+    """MB left under the memory limit (None: no limit; may be negative)."""
+    mb = _memory_mb.get()
+    return None if mb is None else mb - rss_mb()
+
+
+def check_memory(force: bool = False) -> None:
+    """Raise OutOfMemoryBudget when the process's resident memory is over the limit (polled
+    at most every MEMORY_POLL_SECONDS unless `force`)."""
+    mb = _memory_mb.get()
+    if mb is None:
+        return
+    now = time.perf_counter()
+    if not force and now - _memory_polled[0] < MEMORY_POLL_SECONDS:
+        return
+    _memory_polled[0] = now
+    used = rss_mb()
+    if used > mb:
+        raise OutOfMemoryBudget(memory_limit_reason(used))
+
+
+def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
+    mb = _memory_mb.get()
+    what = f"memory limit of {mb:g} MB reached" if mb is not None else "memory limit reached"
+    if used is not None:
+        what += f" ({used:.0f} MB resident)"
     return f"{what}{' ' + detail if detail else ''}"
 
 

@@ -10,10 +10,12 @@ from .errors import BadInput, Unsupported
 from .importer import load
 from .ir import Module
 from .limits import (
+    OutOfMemoryBudget,
     OutOfTime,
     TooDeep,
     check_time,
     deadline,
+    memory_budget,
     refuse_oversized,
     run_deep,
     time_left,
@@ -96,15 +98,20 @@ def check(
     progress=None,
     placement=None,
     time_limit: float | None = None,
+    memory_limit: float | None = None,
 ) -> Report:
     """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module).
 
     `impl` may be a per-device program: its argument/result layouts come from `placement`,
     else from its `mhlo.sharding` attributes (single device when it has none).
     `time_limit` bounds the whole run (import, unrolling, simulation, proof): when it runs
-    out the verdict is unknown.
+    out the verdict is unknown. `memory_limit` (MB) bounds the process's resident memory,
+    polled between steps: going over it makes the verdict unknown.
     """
-    return run_deep(_bounded, _check, time_limit, spec, impl, timeout, seed, progress, placement)
+    with memory_budget(memory_limit):
+        return run_deep(
+            _bounded, _check, time_limit, spec, impl, timeout, seed, progress, placement
+        )
 
 
 def _bounded(run, time_limit, *args) -> Report:
@@ -114,7 +121,7 @@ def _bounded(run, time_limit, *args) -> Report:
     with deadline(time_limit):
         try:
             return run(*args)
-        except (OutOfTime, TooDeep) as e:
+        except (OutOfTime, TooDeep, OutOfMemoryBudget) as e:
             reason = str(e)
         except RecursionError:
             reason = too_deep_reason()
@@ -242,12 +249,14 @@ def partition_and_check(
     seed: int = 0,
     progress=None,
     time_limit: float | None = None,
+    memory_limit: float | None = None,
 ) -> Report:
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
     per-device output equal to the module's own (single-device) semantics."""
-    return run_deep(
-        _bounded, _partition_and_check, time_limit, module, timeout, seed, progress, time_limit
-    )
+    with memory_budget(memory_limit):
+        return run_deep(
+            _bounded, _partition_and_check, time_limit, module, timeout, seed, progress, time_limit
+        )
 
 
 def _partition_and_check(module, timeout, seed, progress, time_limit) -> Report:
@@ -281,25 +290,27 @@ def shardy_partition_and_check(
     seed: int = 0,
     progress=None,
     time_limit: float | None = None,
+    memory_limit: float | None = None,
 ) -> Report:
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
     `spec_function`), by default to the function's own global (unsharded) meaning."""
-    return run_deep(
-        _bounded,
-        _shardy_partition_and_check,
-        time_limit,
-        module,
-        function,
-        spec,
-        spec_function,
-        pipeline,
-        halo_exchange,
-        timeout,
-        seed,
-        progress,
-        time_limit,
-    )
+    with memory_budget(memory_limit):
+        return run_deep(
+            _bounded,
+            _shardy_partition_and_check,
+            time_limit,
+            module,
+            function,
+            spec,
+            spec_function,
+            pipeline,
+            halo_exchange,
+            timeout,
+            seed,
+            progress,
+            time_limit,
+        )
 
 
 def _shardy_partition_and_check(

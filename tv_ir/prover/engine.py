@@ -28,6 +28,7 @@ from ..algebra import NumpyAlgebra
 from ..errors import TvError, Unsupported
 from ..interp import Interpreter
 from ..ir import Module, TensorType
+from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
 from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
 from ..spmd import SpmdInterpreter, device_name
 from ..symbolic import SymbolicAlgebra
@@ -67,8 +68,9 @@ class Options:
     time_limit: float | None = None  # seconds for the whole proof (None: no limit)
 
 
-class _OutOfTime(Exception):
-    """The proof's time limit ran out (the verdict becomes unknown)."""
+class _OutOfTime(OutOfTime):
+    """The proof's time limit ran out (the verdict becomes unknown). A TvError, so that the
+    interpreters pass it through from a hook inside a shard_map body."""
 
 
 class _Outcome:
@@ -104,6 +106,7 @@ class StageProver:
         self.spec_trace = None
         self.sim_inputs: list = []
         self.deadline: float | None = None
+        self.obligation: tuple | None = None  # (impl op, spec value id): see _now_proving
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -141,17 +144,13 @@ class StageProver:
         except Unsupported as e:
             report = self._unsupported(e)
         except MemoryError:
-            report = self._report(
-                UNKNOWN,
-                reason="out of memory while expanding terms "
-                f"({self.stats.stages} stages proved by then)",
-            )
+            report = self._stopped("out of memory while expanding terms")
+        except OutOfMemoryBudget as e:
+            report = self._stopped(str(e))
         except _OutOfTime:
-            report = self._report(
-                UNKNOWN,
-                reason=f"time limit of {self.opt.time_limit:g} s reached "
-                f"({self.stats.stages} stages proved by then)",
-            )
+            report = self._stopped(f"time limit of {self.opt.time_limit:g} s reached")
+        except OutOfTime as e:  # the run's deadline, seen by the interpreter
+            report = self._stopped(str(e))
         self.stats.seconds["prove"] = time.perf_counter() - t1
         if report.verdict != EQUIVALENT and suspicious is not None:
             # not proved, and the programs differ on this input beyond float64 noise
@@ -355,6 +354,7 @@ class StageProver:
         outputs, failures = [], []
         for i, svid in enumerate(spec_outs):
             per_device = [impl_outs[d][i] for d in range(n)]
+            self._now_proving(self.impl.main.body.results[i].owner, svid, output=i)
             pairs = self._output_pairs(self.place.results[i], per_device, self.spec_view(svid))
             outcome = self._prove_pairs(pairs, OUTPUT_LEVELS, final=True)
             verdict = EQUIVALENT if outcome.status == "proved" else UNKNOWN
@@ -426,6 +426,7 @@ class StageProver:
             pairs = []
             for d, a in enumerate(per_device):
                 pairs += _element_pairs(a, c.block(view, d))
+            self._now_proving(v.owner, c.spec_value)
             outcome = self._prove_pairs(pairs, STAGE_LEVELS, final=False)
             if outcome.status == "proved":
                 self.proved.add(c.spec_value)
@@ -445,6 +446,7 @@ class StageProver:
         for d, a in enumerate(per_device):
             for vid, box in index.tile_matches(runs[d])[:2]:
                 block = np.asarray(self.spec_view(vid))[box_index(box)]
+                self._now_proving(None, vid)
                 outcome = self._prove_pairs(_element_pairs(a, block), STAGE_LEVELS, final=False)
                 if outcome.status == "proved":
                     self.proved.add(vid)
@@ -490,6 +492,7 @@ class StageProver:
 
     def _check_time(self) -> float | None:
         """Seconds left before the time limit (None: no limit); raises when none are."""
+        check_memory()
         if self.deadline is None:
             return None
         left = self.deadline - time.perf_counter()
@@ -569,6 +572,34 @@ class StageProver:
             if res.status == "sat":
                 return _Outcome("sat", model=res.model, reason="the solver found a difference")
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
+
+    # -- what the proof is working on (for reports that stop it midway) ------------------
+    def _now_proving(self, impl_op, spec_vid: int, output: int | None = None) -> None:
+        """Record the current obligation: implementation op `impl_op` (None: the one already
+        recorded) against spec value `spec_vid` (output `output`, when it is one)."""
+        if impl_op is None and self.obligation is not None:
+            impl_op = self.obligation[0]
+        self.obligation = (impl_op, spec_vid, output)
+
+    def _stopped(self, why: str) -> Report:
+        """`unknown`: the proof stopped (time or memory) midway; say where."""
+        where = self._obligation_text()
+        return self._report(
+            UNKNOWN,
+            reason=f"{why} ({self.stats.stages} stages proved by then"
+            + (f"; {where})" if where else ")"),
+        )
+
+    def _obligation_text(self) -> str:
+        """`while proving impl OP at FILE:LINE equal to spec candidate OP at FILE:LINE`."""
+        if self.obligation is None:
+            return ""
+        impl_op, spec_vid, output = self.obligation
+        spec_op = _defining_op(self.spec.main, spec_vid)
+        what = f"output {output}: " if output is not None else ""
+        impl = _describe_op(impl_op) if impl_op is not None else "an implementation value"
+        spec = _describe_op(spec_op) if spec_op is not None else "a spec input"
+        return f"while proving {what}impl {impl} equal to spec candidate {spec}"
 
     def _expand_all(self, pairs, limit: int):
         """Every cut symbol replaced by its definition, down to the inputs (None if too big)."""
@@ -672,6 +703,24 @@ class StageProver:
         ):
             return None
         return base
+
+
+def _describe_op(op) -> str:
+    loc = op.loc
+    where = f"{loc.file}:{loc.line}" if loc.file else "unknown source line"
+    return f"{op.name} at {where}" + (f" ({loc.name})" if loc.name else "")
+
+
+def _defining_op(fn, vid: int):
+    """The op (at any depth of `fn`'s regions) whose result is value `vid`, else None."""
+    stack = [fn.body]
+    while stack:
+        block = stack.pop()
+        for op in block.ops:
+            if any(r.id == vid for r in op.results):
+                return op
+            stack.extend(r.block for r in op.regions)
+    return None
 
 
 def _cuttable(op, v, per_device: list) -> bool:

@@ -22,6 +22,18 @@ from .. import terms as T
 # cap its memory so such a query ends as `unknown` instead of exhausting the machine
 MEMORY_MB = 4096
 z3.set_param("memory_max_size", MEMORY_MB)
+_memory_cap = [MEMORY_MB]
+
+
+def _cap_memory() -> None:
+    """Under a run's memory limit (`--memory-limit`), z3 gets at most what is left of it."""
+    from ..limits import memory_left_mb
+
+    left = memory_left_mb()
+    cap = MEMORY_MB if left is None else int(max(16, min(MEMORY_MB, left)))
+    if cap != _memory_cap[0]:
+        z3.set_param("memory_max_size", cap)
+        _memory_cap[0] = cap
 
 
 MONOTONE_PAIRS = 24  # applications of one function related pairwise (quadratic in this)
@@ -224,6 +236,7 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
     except (ValueError, z3.Z3Exception) as e:
         return SmtResult("unknown", reason=f"not encodable in SMT: {e}")
     try:
+        _cap_memory()
         return _solve(enc, diffs, timeout_s)
     except z3.Z3Exception as e:  # z3's own failures (out of memory, ...): never a traceback
         return SmtResult("unknown", reason=f"z3 failed: {_z3_message(e)}")
