@@ -4,7 +4,8 @@ A correspondence says: on every device d, the implementation's local value equal
 `box[d]` of one spec value (the whole value when replicated). Blocks are the tiles of the
 local shape inside the spec value's shape, so a value sharded along any mesh axes, in any
 device order, or replicated, is found by hashing tiles. The numbers decide; nothing here
-reads sharding annotations.
+reads sharding annotations. A tile matches element by element (`close_elementwise`): a
+masked logit of -0.7 * finfo(float32).max must not make every head's tile match.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .simulate import Trace, close
+from ..closeness import close_elementwise
+from .simulate import Trace
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
 
@@ -161,7 +163,9 @@ class TileIndex:
         for k, vid, box in idx[lo:]:
             if k > key[0] + tol:
                 break
-            if all(close(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)):
+            if all(
+                close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
+            ):
                 out.append((vid, box))
         return out
 
@@ -211,7 +215,9 @@ class TileIndex:
             if not _whole_ratio(c):
                 continue
             if all(
-                close(a, c * np.asarray(self._tile(vid, box, i, local), dtype=np.float64))
+                close_elementwise(
+                    a, c * np.asarray(self._tile(vid, box, i, local), dtype=np.float64)
+                )
                 for i, a in enumerate(arrays)
             ):
                 out.append((vid, box, c))

@@ -2,7 +2,9 @@
 
 Floats are evaluated in float64 (the programs' real-number semantics, up to float64
 rounding). Two arrays *match* when they agree to a relative 1e-9: far below any real
-difference a bug makes, far above float64 noise in these programs.
+difference a bug makes, far above float64 noise in these programs. Outputs are compared at
+the scale of the whole array (`close`); a value and a candidate cut-point element by element
+(`close_elementwise`), so one huge masked element cannot hide the others.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algebra import NumpyAlgebra
-from ..closeness import RTOL, close  # noqa: F401 (re-exported)
+from ..closeness import RTOL, close, close_elementwise  # noqa: F401 (re-exported)
 from ..interp import Interpreter
 from ..ir import Function, Module, TensorType
 
