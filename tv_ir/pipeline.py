@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import z3
-
 from .errors import BadInput, Unsupported
 from .importer import load
 from .ir import Module
@@ -24,6 +22,7 @@ from .limits import (
 )
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
+from .prover.smt import SolverError
 from .report import UNKNOWN, Report
 
 
@@ -127,7 +126,7 @@ def _bounded(run, time_limit, *args) -> Report:
             reason = too_deep_reason()
         except MemoryError:
             reason = "out of memory"
-        except z3.Z3Exception as e:  # the solver's own failures (smt.py turns them into
+        except SolverError as e:  # the solver's own failures (smt.py turns them into
             reason = f"z3 failed: {e}"  # unknown outcomes; this is the backstop)
     report = Report(UNKNOWN, reason=reason)
     report.stats.seconds["total"] = time.perf_counter() - t0

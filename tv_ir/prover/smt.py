@@ -18,6 +18,8 @@ import z3
 
 from .. import terms as T
 
+SolverError = z3.Z3Exception  # z3's own exceptions, for modules that do not import z3
+
 # z3's timeout is not always honoured on nonlinear queries (seen with sqrt and inverses):
 # cap its memory so such a query ends as `unknown` instead of exhausting the machine
 MEMORY_MB = 4096
