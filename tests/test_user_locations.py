@@ -243,3 +243,23 @@ def test_jax_records_the_user_frame_through_tv():
     text = lower(mlp_no_psum, (X, W1, W2), role="fn").text
     assert "lowering.py" not in text
     assert Path(__file__).name in text
+
+
+def test_optax_shim_skipped_for_the_users_line():
+    """The ops of optax's AdamW update are recorded at optax's lines, with the user's call
+    as a caller: the report names the user's line."""
+    optax = pytest.importorskip("optax")
+
+    def step(lr):
+        def train_step(p, g):
+            opt = optax.adamw(lr)
+            updates, _ = opt.update(g, opt.init(p), p)  # LOC: optax update
+            return optax.apply_updates(p, updates)
+
+        return train_step
+
+    v = jax.ShapeDtypeStruct((4,), F32)
+    report = verify(step(2e-3), v, v, spec=step(1e-3))
+    assert report.verdict == "not_equivalent", report.reason
+    for site in (report.location.impl, report.location.spec):
+        assert (site.file, site.line) == (__file__, line_of("LOC: optax update")), str(report)
