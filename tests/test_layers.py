@@ -30,6 +30,8 @@ LAYERS = {
     "tv_ir.unroll": 3,
     "tv_ir.spmd": 3,
     "tv_ir.process_grid": 3,
+    "tv_ir.verdicts": 0,
+    "tv_ir.evaluator": 3,
     "tv_ir.report": 4,
     "tv_ir.report_text": 4,  # result types the prover returns, and their rendering
     "tv_ir.prover": 4,
@@ -101,3 +103,36 @@ def test_imports_point_down() -> None:
 def test_z3_lives_in_one_module() -> None:
     users = [p.name for p in (ROOT / "tv_ir").rglob("*.py") if "import z3" in p.read_text()]
     assert users == ["smt.py"]
+
+
+def test_no_import_cycles() -> None:
+    """No module imports another that imports it back, directly or through others, even
+    inside a function (a lazy import only hides the cycle)."""
+    modules = {name: (path, is_pkg) for name, path, is_pkg in _modules()}
+    graph = {
+        name: {m for m in _imports(name, path, is_pkg) if m in modules and m != name}
+        for name, (path, is_pkg) in modules.items()
+    }
+    # a package's __init__ importing its own submodules is how packages are made: skip it
+    graph = {
+        n: {m for m in deps if not (modules[n][1] and m.startswith(n + "."))}
+        for n, deps in graph.items()
+    }
+    cycles = []
+    state: dict[str, int] = {}
+
+    def visit(n, stack):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                cycles.append(" -> ".join(stack[stack.index(m) :] + [m]))
+            elif m not in state:
+                visit(m, stack)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [])
+    assert not cycles, "\n".join(cycles)

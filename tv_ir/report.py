@@ -8,11 +8,10 @@ from typing import Any
 
 import numpy as np
 
-EQUIVALENT = "equivalent"
-NOT_EQUIVALENT = "not_equivalent"
-UNKNOWN = "unknown"
-EXIT_CODES = {EQUIVALENT: 0, NOT_EQUIVALENT: 1, UNKNOWN: 2}
-SEMANTICS_NOTE = "equal over the reals, up to floating-point reassociation and rounding"
+from .report_text import render
+from .verdicts import EQUIVALENT, EXIT_CODES, NOT_EQUIVALENT, SEMANTICS_NOTE, UNKNOWN
+
+__all__ = ["EQUIVALENT", "EXIT_CODES", "NOT_EQUIVALENT", "SEMANTICS_NOTE", "UNKNOWN"]
 
 
 @dataclass
@@ -124,8 +123,6 @@ class Report:
         return json.dumps(self.to_dict(), default=_jsonable)
 
     def __str__(self) -> str:
-        from .report_text import render
-
         return render(self)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .report import EQUIVALENT, NOT_EQUIVALENT, SEMANTICS_NOTE
+from .verdicts import EQUIVALENT, NOT_EQUIVALENT, SEMANTICS_NOTE
 
 SMALL = 16  # tensors with at most this many elements are printed in full
 

@@ -1,6 +1,6 @@
 """Run one per-device program on every process of a StableHLO process grid, in lockstep (SPMD).
 
-Each process has its own `Interpreter` (its environment, its `Device` in `OpContext.device`),
+Each process has its own `BlockEvaluator` (its environment, its `Device` in `OpContext.device`),
 so ordinary ops (and the regions inside them) run per device through the op table, and
 `partition_id` / `replica_id` fold to constants per device. Collectives run once for all
 devices from `COLLECTIVES` with the `ProcessGrid`. Ops whose regions may hold collectives
@@ -37,7 +37,7 @@ import numpy as np
 
 from .attrs import SdySharding
 from .errors import BadInput, Unsupported
-from .interp import Interpreter, InterpreterError, checked_results, run_evaluator
+from .evaluator import BlockEvaluator, InterpreterError, checked_results, run_evaluator
 from .ir import Block, Function, Module, Op, TensorType
 from .layout import Layout
 from .limits import check_time
@@ -93,7 +93,7 @@ class SpmdInterpreter:
             num_partitions or int(module.attrs.get("mhlo.num_partitions", 1)),
             meshes=module.attrs.get("sdy.meshes"),
         )
-        self.procs = [Interpreter(module, alg, device=d) for d in self.grid.devices]
+        self.procs = [BlockEvaluator(module, alg, device=d) for d in self.grid.devices]
         self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
         self._lockstep = {
             "stablehlo.while": self._while,
@@ -163,7 +163,7 @@ class SpmdInterpreter:
             return [checked_results(op, o) for o in out]
         return [self._on_device(proc, op) for proc in self.procs]
 
-    def _on_device(self, proc: Interpreter, op: Op) -> list:
+    def _on_device(self, proc: BlockEvaluator, op: Op) -> list:
         """An ordinary op on one device; evaluator faults name the device."""
         try:
             return proc.evaluate_op(op)
