@@ -572,10 +572,31 @@ def inverse(p: Poly) -> Poly:
         ((m, c),) = p.terms.items()
         out = Poly({tuple((a, -e) for a, e in m): _norm(Fraction(1) / c)})
         return out if not m else with_dom(out, _nonzero(p), _cmp("==", p))
+    g = _common_factor(p)
+    if g:  # 1/(g * q) = g^-1 * 1/q: a factor every term shares leaves the inv atom
+        q = Poly({_mono_mul(m, tuple((a, -e) for a, e in g)): c for m, c in p.terms.items()})
+        return mul(inverse(Poly({g: 1})), inverse(q))
     m, c = leading(p)
     unit = scale(p, _norm(Fraction(1) / c))
     out = scale(atom_poly(Atom("inv", (unit,))), _norm(Fraction(1) / c))
     return with_dom(out, _nonzero(p), _cmp("==", p))
+
+
+def _common_factor(p: Poly) -> Mono:
+    """The monomial every term of p is a multiple of (atoms to their lowest power)."""
+    monos = list(p.terms)
+    common = dict(monos[0])
+    for m in monos[1:]:
+        powers = dict(m)
+        for a in list(common):
+            e = powers.get(a)
+            if e is None or (e > 0) != (common[a] > 0):
+                del common[a]
+            else:
+                common[a] = min(common[a], e) if e > 0 else max(common[a], e)
+        if not common:
+            return ()
+    return tuple(sorted(common.items()))
 
 
 def _nonzero(p: Poly) -> Bool:
@@ -690,8 +711,50 @@ def fn(name: str, p: Poly) -> Poly:
     v = value(p)
     if p.is_const():
         return with_dom(_fold(name, p.const_value()), p.dom, p.infs)
+    if name == "exp" and (len(v.terms) > 1 or next(iter(v.terms.values())) != 1):
+        return with_dom(_exp_of_sum(v), p.dom, p.infs)
+    if name == "log":
+        split = _log_of_exp_factors(v)
+        if split is not None:
+            return with_dom(split, p.dom, p.infs)
     out = atom_poly(Atom("fn", (name, v)))
     return with_dom(out, logical_and(p.dom, _fn_domain(name, v)), _fn_infs(name, p, v))
+
+
+def _exp_of_sum(v: Poly) -> Poly:
+    """exp(a + k b) = exp(a) * exp(b)^k for whole k: exp(s - max) is exp(s) / exp(max), so
+    a softmax with and without its max subtracted has one normal form. The constant and
+    the fractional multiples stay in one exp atom."""
+    out, rest = ONE, {}
+    for m, c in v.terms.items():
+        if m and (c == int(c)):
+            out = mul(out, power_int(_exp_atom(Poly({m: 1})), int(c)))
+        else:
+            rest[m] = c
+    if rest:
+        r = Poly(rest)
+        out = mul(out, _fold("exp", r.const_value()) if r.is_const() else _exp_atom(r))
+    return value(out)
+
+
+def _exp_atom(v: Poly) -> Poly:
+    return atom_poly(Atom("fn", ("exp", v)))
+
+
+def _log_of_exp_factors(v: Poly) -> Poly | None:
+    """log(exp(a)^k * q) = k a + log q (exp(a) > 0, so the domains agree): a log-sum-exp
+    with and without its max factored out has one normal form. None: no exp factor."""
+    g = _common_factor(v) if len(v.terms) > 1 else next(iter(v.terms))
+    exps = tuple(
+        (a, e) for a, e in g if ATOM_BY_ID[a].kind == "fn" and ATOM_BY_ID[a].args[0] == "exp"
+    )
+    if not exps:
+        return None
+    q = Poly({_mono_mul(m, tuple((a, -e) for a, e in exps)): c for m, c in v.terms.items()})
+    out = fn("log", q)
+    for a, e in exps:
+        out = add(out, scale(ATOM_BY_ID[a].args[1], e))
+    return out
 
 
 def _fn_infs(name: str, p: Poly, v: Poly) -> Bool:

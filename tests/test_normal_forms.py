@@ -1,0 +1,60 @@
+"""Normal forms that real programs need: exp of a sum is a product of exps, a factor shared
+by every term of a denominator leaves the inverse, log of exp factors splits. So a softmax
+with and without its max subtracted (jax.nn.softmax vs the textbook form), and a
+log-softmax written either way, have one normal form."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tv_ir.frontends.jax import verify
+
+from tv_ir import terms as T
+
+S = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+
+x, y = T.symbol("x"), T.symbol("y")
+
+
+def test_exp_of_a_sum_is_a_product() -> None:
+    assert T.fn("exp", T.add(x, y)) == T.mul(T.fn("exp", x), T.fn("exp", y))
+    assert T.fn("exp", T.sub(x, y)) == T.div(T.fn("exp", x), T.fn("exp", y))  # exp > 0
+
+
+def test_shared_factor_leaves_the_inverse() -> None:
+    e = T.fn("exp", x)
+    assert T.value(T.inverse(T.mul(e, T.add(y, T.ONE)))) == T.value(
+        T.mul(T.inverse(e), T.inverse(T.add(y, T.ONE)))
+    )
+
+
+def test_log_of_exp_factors() -> None:
+    assert T.fn("log", T.fn("exp", x)) == x
+    q = T.add(T.fn("exp", y), T.ONE)
+    lhs = T.fn("log", T.mul(T.fn("exp", x), q))
+    assert T.value(lhs) == T.value(T.add(x, T.fn("log", q)))
+
+
+def textbook_softmax(s):
+    e = jnp.exp(s)
+    return e / jnp.sum(e, axis=-1, keepdims=True)
+
+
+def test_jax_softmax_is_the_textbook_softmax() -> None:
+    r = verify(lambda s: jax.nn.softmax(s, axis=-1), S, spec=textbook_softmax)
+    assert r.verdict == "equivalent", r.reason
+
+
+def test_jax_log_softmax_is_log_sum_exp() -> None:
+    r = verify(
+        lambda s: jax.nn.log_softmax(s, axis=-1),
+        S,
+        spec=lambda s: s - jnp.log(jnp.sum(jnp.exp(s), axis=-1, keepdims=True)),
+    )
+    assert r.verdict == "equivalent", r.reason
+
+
+def test_softmax_over_the_wrong_axis_is_refuted() -> None:
+    r = verify(lambda s: jax.nn.softmax(s, axis=0), S, spec=textbook_softmax)
+    assert r.verdict == "not_equivalent"
