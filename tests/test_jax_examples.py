@@ -121,7 +121,7 @@ def test_tokens_data_parallel_proved():
     assert report.verdict == "equivalent", str(report)
 
 
-# lax.scan over the decoder's layers: the loop is unrolled before proving (tv_ir/unroll.py),
+# lax.scan over the decoder's layers: the loop is unrolled before proving (passes/unroll.py),
 # so each layer's values are cut-points (before that, one layer ran out of memory)
 def test_scan_decoder_proved():
     import llama_scan

@@ -27,7 +27,7 @@ LAYERS = {
     "tv_ir.terms": 3,
     "tv_ir.symbolic": 3,
     "tv_ir.interp": 3,
-    "tv_ir.unroll": 3,
+    "tv_ir.passes.unroll": 3,  # evaluates trip counts with the interpreter
     "tv_ir.spmd": 3,
     "tv_ir.process_grid": 3,
     "tv_ir.verdicts": 0,

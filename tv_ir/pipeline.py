@@ -30,7 +30,7 @@ def prepare(source, role: str) -> Module:
     """Import, inline calls, unroll fixed-trip-count loops, merge repeated computations."""
     from tv_ir.passes import run_pipeline
 
-    from .unroll import unroll_static_loops
+    from .passes.unroll import unroll_static_loops
 
     if isinstance(source, Module):
         return source

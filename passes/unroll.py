@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .algebra import NumpyAlgebra
-from .interp import Interpreter
-from .ir import Block, Module, Op, Value
-from .limits import OutOfTime, check_time
-from .ops.registry import COLLECTIVES, GLOBAL_VIEW, PROCESS_OPS
-from .passes.inline_calls import _rename_in_regions, clone_block
+from tv_ir.algebra import NumpyAlgebra
+from tv_ir.interp import Interpreter
+from tv_ir.ir import Block, Module, Op, Value
+from tv_ir.limits import OutOfTime, check_time
+from tv_ir.ops.registry import COLLECTIVES, GLOBAL_VIEW, PROCESS_OPS
+
+from .inline_calls import _rename_in_regions, clone_block
 
 MAX_TRIPS = 4096
 MAX_UNROLLED_OPS = 200_000  # body ops x trip count, per loop
