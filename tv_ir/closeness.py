@@ -14,20 +14,11 @@ def close(a, b, rtol: float = RTOL) -> bool:
     """Equal up to float64 noise. Non-finite values must be in the same places; which
     non-finite value each side holds (+inf, -inf, NaN) is not compared (the claim of
     docs/equivalence.md: reals have no signed zero, so 1/x at x = 0 has no one sign)."""
-    a, b = np.asarray(a), np.asarray(b)
-    if a.shape != b.shape:
-        return False
-    if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
-        return bool(np.array_equal(a, b))
-    a = a.astype(np.float64)
-    b = b.astype(np.float64)
-    fa, fb = np.isfinite(a), np.isfinite(b)
-    if not np.array_equal(fa, fb):
-        return False
-    if not np.any(fa):
-        return True
-    scale = max(1.0, float(np.max(np.abs(a[fa]))), float(np.max(np.abs(b[fb]))))
-    return bool(np.max(np.abs(a[fa] - b[fb])) <= rtol * scale)
+    decided, x, y = _finite_values(a, b)
+    if decided is not None:
+        return decided
+    scale = max(1.0, float(np.max(np.abs(x))), float(np.max(np.abs(y))))
+    return bool(np.max(np.abs(x - y)) <= rtol * scale)
 
 
 def close_elementwise(a, b, rtol: float = RTOL) -> bool:
@@ -36,16 +27,26 @@ def close_elementwise(a, b, rtol: float = RTOL) -> bool:
     places. For matching values to candidates: one huge element (an attention mask of
     -0.7 * finfo(float32).max) must not make every other element "close", as the whole
     array's scale in `close` would."""
+    decided, x, y = _finite_values(a, b)
+    if decided is not None:
+        return decided
+    scale = np.maximum(1.0, np.maximum(np.abs(x), np.abs(y)))
+    return bool(np.all(np.abs(x - y) <= rtol * scale))
+
+
+def _finite_values(a, b):
+    """(verdict, x, y): a verdict when shapes, non-float values or the places of non-finite
+    values decide; otherwise None and the finite values of both, side by side."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
-        return False
+        return False, None, None
     if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
-        return bool(np.array_equal(a, b))
+        return bool(np.array_equal(a, b)), None, None
     a = a.astype(np.float64)
     b = b.astype(np.float64)
     fa, fb = np.isfinite(a), np.isfinite(b)
     if not np.array_equal(fa, fb):
-        return False
-    x, y = a[fa], b[fb]
-    scale = np.maximum(1.0, np.maximum(np.abs(x), np.abs(y)))
-    return bool(np.all(np.abs(x - y) <= rtol * scale))
+        return False, None, None
+    if not np.any(fa):
+        return True, None, None
+    return None, a[fa], b[fb]
