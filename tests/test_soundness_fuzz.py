@@ -29,6 +29,13 @@ EXAMPLES = int(os.environ.get("TV_FUZZ_EXAMPLES", "60"))
 POOL = [0.0, 1.0, -1.0, 2.0, 0.5, -3.0]
 CONSTS = [0.0, 1.0, -1.0, 2.0, 0.5]
 TALLY: Counter = Counter()
+# deterministic in CI; TV_FUZZ_EXAMPLES=N draws new examples each run
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not os.environ.get("TV_FUZZ_EXAMPLES"),
+    suppress_health_check=list(HealthCheck),
+)
 
 
 # -- expressions -------------------------------------------------------------------------
@@ -176,12 +183,7 @@ def _xla_difference(spec: E, impl: E, x, y) -> bool:
 ARGS = (np.zeros(3, np.float32), np.zeros(3, np.float32))
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=not os.environ.get("TV_FUZZ_EXAMPLES"),
-    suppress_health_check=list(HealthCheck),
-)
+@FUZZ
 @given(pairs())
 def test_no_false_equivalent_on_guard_sets(pair) -> None:
     spec, impl = pair
@@ -309,12 +311,7 @@ def _xla_int(e: IntE, x, y) -> np.ndarray:
     return np.asarray(jax.jit(int_program(e))(np.asarray(x, np.int32), np.asarray(y, np.int32)))
 
 
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=not os.environ.get("TV_FUZZ_EXAMPLES"),
-    suppress_health_check=list(HealthCheck),
-)
+@FUZZ
 @given(int_pairs())
 def test_no_false_equivalent_at_integer_extremes(pair) -> None:
     spec, impl = pair
@@ -351,12 +348,7 @@ def replica_pairs(draw):
     )
 
 
-@settings(
-    max_examples=max(8, EXAMPLES // 4),
-    deadline=None,
-    derandomize=not os.environ.get("TV_FUZZ_EXAMPLES"),
-    suppress_health_check=list(HealthCheck),
-)
+@settings(FUZZ, max_examples=max(8, EXAMPLES // 4))
 @given(replica_pairs())
 def test_no_false_equivalent_on_replica_devices(case) -> None:
     from jax.sharding import Mesh
