@@ -31,6 +31,17 @@ W1 = jax.ShapeDtypeStruct((8, 16), F32)
 W2 = jax.ShapeDtypeStruct((16, 8), F32)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _shardy_shard_maps():
+    """JAX's default shard_map form (sdy.manual_computation): importing torch_xla switches
+    JAX to the GSPMD custom-call form for the rest of the process (its jax_workarounds),
+    whose shard_map bodies are not yet named among the related sites."""
+    before = jax.config.jax_use_shardy_partitioner
+    jax.config.update("jax_use_shardy_partitioner", True)
+    yield
+    jax.config.update("jax_use_shardy_partitioner", before)
+
+
 def line_of(tag: str) -> int:
     hits = [
         i for i, ln in enumerate(Path(__file__).read_text().splitlines(), 1) if f"# {tag}" in ln
