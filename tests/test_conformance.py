@@ -1355,3 +1355,54 @@ def composite(draw: Draw) -> Case:
         f"    return %z : {t}\n  }}\n}}\n"
     )
     return Case(text, [x])
+
+
+# ==============================================================================================
+# Normalization
+# ==============================================================================================
+
+
+def _batch_norm_case(draw: Draw, kind: str) -> Case:
+    et = draw(st.sampled_from(["f32", "f32", "f64"]))  # f16 rounds intermediates visibly
+    shp = shape(draw, min_rank=1, max_rank=4)
+    fi = draw(st.integers(0, len(shp) - 1))
+    c = shp[fi]
+    x = values(draw, shp, et, lo=-3, hi=3, special=False)
+    scale = values(draw, (c,), et, lo=-2, hi=2, special=False)
+    offset = values(draw, (c,), et, lo=-2, hi=2, special=False)
+    mean = values(draw, (c,), et, lo=-1, hi=1, special=False)
+    var = values(draw, (c,), et, lo=0.25, hi=3, special=False)
+    eps = draw(st.sampled_from(["1.000000e-05", "1.000000e-03", "0.000000e+00", "1.000000e-01"]))
+    if eps.startswith("0") and kind != "inference":
+        assume(len(shp) > 1 and int(np.prod(shp)) > c)  # a variance of one element is 0
+    t, tc = ttype(shp, et), ttype((c,), et)
+    attrs = f"epsilon = {eps} : f32, feature_index = {fi} : i64"
+    if kind == "training":
+        args = [x, scale, offset]
+        body = (
+            f'    %0:3 = "stablehlo.batch_norm_training"(%a0, %a1, %a2) {{{attrs}}}'
+            f" : ({t}, {tc}, {tc}) -> ({t}, {tc}, {tc})\n"
+            f"    return %0#0, %0#1, %0#2 : {t}, {tc}, {tc}"
+        )
+        return Case(module(args, [t, tc, tc], body), args)
+    if kind == "inference":
+        args = [x, scale, offset, mean, var]
+        body = (
+            f'    %0 = "stablehlo.batch_norm_inference"(%a0, %a1, %a2, %a3, %a4) {{{attrs}}}'
+            f" : ({t}, {tc}, {tc}, {tc}, {tc}) -> {t}\n    return %0 : {t}"
+        )
+        return Case(module(args, [t], body), args)
+    g = values(draw, shp, et, lo=-2, hi=2, special=False)
+    args = [x, scale, mean, var, g]
+    body = (
+        f'    %0:3 = "stablehlo.batch_norm_grad"(%a0, %a1, %a2, %a3, %a4) {{{attrs}}}'
+        f" : ({t}, {tc}, {tc}, {tc}, {t}) -> ({t}, {tc}, {tc})\n"
+        f"    return %0#0, %0#1, %0#2 : {t}, {tc}, {tc}"
+    )
+    return Case(module(args, [t, tc, tc], body), args)
+
+
+for _kind in ["training", "inference", "grad"]:
+    record(f"stablehlo.batch_norm_{_kind}", name=f"batch_norm_{_kind}", rtol=2e-3, atol=2e-3)(
+        partial(_batch_norm_case, kind=_kind)
+    )

@@ -1,0 +1,45 @@
+"""Ops defined by decomposition (batch norm, torch_xla's custom calls, top_k,
+rng_bit_generator): the prover sees them as the ordinary terms of their definitions, so a
+hand-written equivalent is proved and a wrong one refuted."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+import tv_ir
+
+T4, T1 = "tensor<4x3x2xf32>", "tensor<3xf32>"
+
+
+def _batch_norm_training(eps: str = "9.99999974E-6") -> str:
+    types = f"({T4}, {T1}, {T1})"
+    attrs = f"{{epsilon = {eps} : f32, feature_index = 1 : i64}}"
+    return f"""module {{
+  func.func public @main(%a0: {T4}, %a1: {T1}, %a2: {T1}) -> {types} {{
+    %0:3 = "stablehlo.batch_norm_training"(%a0, %a1, %a2) {attrs} : {types} -> {types}
+    return %0#0, %0#1, %0#2 : {T4}, {T1}, {T1}
+  }}
+}}"""
+
+
+def _hand_batch_norm(eps):
+    def f(x, s, o):
+        m = x.mean(axis=(0, 2))
+        c = x - m[None, :, None]
+        v = (c**2).mean(axis=(0, 2))
+        y = c * jax.lax.rsqrt(v[None, :, None] + np.float32(eps))
+        return y * s[None, :, None] + o[None, :, None], m, v
+
+    x, s = np.zeros((4, 3, 2), np.float32), np.zeros((3,), np.float32)
+    return jax.jit(f).lower(x, s, s).as_text()
+
+
+def test_batch_norm_training_is_its_decomposition() -> None:
+    report = tv_ir.check(_batch_norm_training(), _hand_batch_norm(1e-5))
+    assert report.verdict == "equivalent", report
+
+
+def test_batch_norm_training_wrong_epsilon_refuted() -> None:
+    report = tv_ir.check(_batch_norm_training(), _hand_batch_norm(1e-3))
+    assert report.verdict == "not_equivalent", report
