@@ -1406,3 +1406,19 @@ for _kind in ["training", "inference", "grad"]:
     record(f"stablehlo.batch_norm_{_kind}", name=f"batch_norm_{_kind}", rtol=2e-3, atol=2e-3)(
         partial(_batch_norm_case, kind=_kind)
     )
+
+
+@record(rtol=1e-3, atol=1e-4)  # no registered op: the importer rewrites them to CHLO
+def mhlo_custom_calls(draw: Draw) -> Case:
+    # what XLA's HLO -> StableHLO conversion (torch_xla's export) writes for HLO math ops
+    # StableHLO lacks: `custom_call @mhlo.erf` is exact GELU's erf
+    name = draw(st.sampled_from(["erf", "tan", "asin", "acos", "acosh", "asinh", "atanh", "sinh"]))
+    lo, hi = CHLO_LEGALIZED.get(f"chlo.{name}", (-3, 3))
+    et = draw(st.sampled_from(["f32", "f64"]))
+    x = values(draw, shape(draw), et, lo=lo, hi=hi)
+    t = ttype(x.shape, et)
+    body = (
+        f"    %0 = stablehlo.custom_call @mhlo.{name}(%a0) {{mhlo.attributes = {{}}, "
+        f"mhlo.version = 1 : i64}} : ({t}) -> {t}\n    return %0 : {t}"
+    )
+    return Case(module([x], [t], body), [x])

@@ -43,3 +43,29 @@ def test_batch_norm_training_is_its_decomposition() -> None:
 def test_batch_norm_training_wrong_epsilon_refuted() -> None:
     report = tv_ir.check(_batch_norm_training(), _hand_batch_norm(1e-3))
     assert report.verdict == "not_equivalent", report
+
+
+def _custom_call(target: str, attrs: str = "mhlo.attributes = {}, mhlo.version = 1 : i64") -> str:
+    t = "tensor<5xf32>"
+    return f"""module {{
+  func.func public @main(%a0: {t}) -> {t} {{
+    %0 = stablehlo.custom_call @{target}(%a0) {{{attrs}}} : ({t}) -> {t}
+    return %0 : {t}
+  }}
+}}"""
+
+
+def test_mhlo_erf_custom_call_is_erf() -> None:
+    x = np.zeros(5, np.float32)
+    spec = jax.jit(jax.lax.erf).lower(x).as_text()
+    assert tv_ir.check(spec, _custom_call("mhlo.erf")).verdict == "equivalent"
+    assert tv_ir.check(spec, _custom_call("mhlo.tan")).verdict == "not_equivalent"
+
+
+def test_unknown_custom_calls_stay_unknown() -> None:
+    x = np.zeros(5, np.float32)
+    spec = jax.jit(jax.lax.erf).lower(x).as_text()
+    odd = _custom_call("mhlo.erf", "mhlo.attributes = {k = 1 : i64}, mhlo.version = 1 : i64")
+    for impl in [odd, _custom_call("mhlo.atan"), _custom_call("my_erf", "")]:
+        report = tv_ir.check(spec, impl)
+        assert report.verdict == "unknown" and report.unsupported, report

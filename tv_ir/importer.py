@@ -37,6 +37,13 @@ _TERMINATORS = {"stablehlo.return", "func.return", "sdy.return", "mhlo.return"}
 # CHLO ops the op table defines directly (decomposing them would turn a math function into a
 # polynomial approximation, which the prover could only treat as an opaque polynomial).
 CHLO_NATIVE = {"chlo.erf", "chlo.tan", "chlo.erf_inv", "chlo.lgamma", "chlo.digamma"}
+# `custom_call @mhlo.<op>`: how XLA's HLO -> StableHLO conversion (torch_xla's export, HLO
+# text) spells an HLO math op that StableHLO lacks; each is the CHLO op of the same name
+# (XLA:CPU runs them as such: tests/test_conformance.py, record mhlo_custom_calls)
+MHLO_CUSTOM_CALL_AS_CHLO = {
+    f"mhlo.{n}": f"chlo.{n}"
+    for n in ("erf", "tan", "asin", "acos", "acosh", "asinh", "atanh", "sinh", "cosh")
+}
 
 _context = None
 
@@ -174,6 +181,7 @@ def _legalize(m) -> None:
     """Legacy ops to current ones; CHLO to StableHLO where tv has no direct definition."""
     from jaxlib.mlir.passmanager import PassManager
 
+    _mhlo_custom_calls_to_chlo(m.operation)
     names = set()
     _collect_op_names(m.operation, names)
     passes = []
@@ -191,6 +199,38 @@ def _legalize(m) -> None:
     if passes:
         with m.context:
             PassManager.parse("builtin.module(" + ",".join(passes) + ")").run(m.operation)
+
+
+def _mhlo_custom_calls_to_chlo(op) -> None:
+    """Replace each one-operand `custom_call @mhlo.<op>` without attributes (see
+    MHLO_CUSTOM_CALL_AS_CHLO) by the CHLO op; anything else stays a custom_call (unknown)."""
+    from jaxlib.mlir import ir
+
+    for r in op.regions:
+        for b in r.blocks:
+            for o in list(b.operations):
+                o = o.operation
+                if o.name != "stablehlo.custom_call":
+                    _mhlo_custom_calls_to_chlo(o)
+                    continue
+                target = ir.StringAttr(o.attributes["call_target_name"]).value
+                chlo = MHLO_CUSTOM_CALL_AS_CHLO.get(target)
+                extra = (
+                    o.attributes["mhlo.attributes"] if "mhlo.attributes" in o.attributes else None
+                )
+                if (
+                    chlo is None
+                    or len(o.operands) != 1
+                    or len(o.results) != 1
+                    or (extra is not None and len(ir.DictAttr(extra)) != 0)
+                ):
+                    continue
+                with ir.InsertionPoint(o), o.location:
+                    new = ir.Operation.create(
+                        chlo, results=[o.results[0].type], operands=[o.operands[0]]
+                    )
+                o.results[0].replace_all_uses_with(new.results[0])
+                o.erase()
 
 
 def _collect_op_names(op, names: set) -> None:
