@@ -1422,3 +1422,34 @@ def mhlo_custom_calls(draw: Draw) -> Case:
         f"mhlo.version = 1 : i64}} : ({t}) -> {t}\n    return %0 : {t}"
     )
     return Case(module([x], [t], body), [x])
+
+
+def _topk_operand(draw: Draw, ets=("f32", "f32", "f64", "i32", "i64", "ui8", "bf16")) -> np.ndarray:
+    et = draw(st.sampled_from(ets))
+    x = values(draw, shape(draw, min_rank=1, hi=6), et, lo=-3, hi=3)
+    if et in FLOATS:  # ties, -0.0, NaN, infinities
+        x = np.where(np.isfinite(x), np.round(x), x).astype(NP[et])
+    return x
+
+
+@record("mhlo.topk", examples=25)
+def mhlo_topk(draw: Draw) -> Case:
+    # HLO's TopK as torch_xla's export writes it (the importer makes it `mhlo.topk`)
+    x = _topk_operand(draw)
+    k = draw(st.integers(0, x.shape[-1]))
+    largest = draw(st.sampled_from(["", ", largest = true"]))  # XLA:CPU cannot run false
+    out = x.shape[:-1] + (k,)
+    t, tv, ti = ttype(x.shape, x.dtype), ttype(out, x.dtype), ttype(out, "i32")
+    body = (
+        f"    %0:2 = stablehlo.custom_call @mhlo.topk(%a0) {{mhlo.attributes = "
+        f"{{k = {k} : i64{largest}}}, mhlo.version = 1 : i64}} : ({t}) -> ({tv}, {ti})\n"
+        f"    return %0#0, %0#1 : {tv}, {ti}"
+    )
+    return Case(module([x], [tv, ti], body), [x])
+
+
+@record(examples=15)  # no registered op: chlo-legalize-to-stablehlo's sort and slices
+def chlo_top_k(draw: Draw) -> Case:
+    x = _topk_operand(draw, ("f32", "i32", "bf16"))  # lower() traces without x64
+    k = draw(st.integers(0, x.shape[-1]))
+    return Case(lower(lambda x: lax.top_k(x, k), x), [x])

@@ -69,3 +69,29 @@ def test_unknown_custom_calls_stay_unknown() -> None:
     for impl in [odd, _custom_call("mhlo.atan"), _custom_call("my_erf", "")]:
         report = tv_ir.check(spec, impl)
         assert report.verdict == "unknown" and report.unsupported, report
+
+
+def _topk_custom_call(k: int, attrs: str = "") -> str:
+    t, tv, ti = "tensor<3x6xf32>", f"tensor<3x{k}xf32>", f"tensor<3x{k}xi32>"
+    return f"""module {{
+  func.func public @main(%a0: {t}) -> ({tv}, {ti}) {{
+    %0:2 = stablehlo.custom_call @mhlo.topk(%a0) {{mhlo.attributes = {{k = {k} : i64{attrs}}}, mhlo.version = 1 : i64}} : ({t}) -> ({tv}, {ti})
+    return %0#0, %0#1 : {tv}, {ti}
+  }}
+}}"""  # noqa: E501
+
+
+def test_mhlo_topk_is_jax_top_k() -> None:
+    x = np.zeros((3, 6), np.float32)
+    spec = jax.jit(lambda x: jax.lax.top_k(x, 2)).lower(x).as_text()
+    report = tv_ir.check(spec, _topk_custom_call(2))
+    assert report.verdict == "equivalent", report
+    swapped = jax.jit(lambda x: tuple(a[:, ::-1] for a in jax.lax.top_k(x, 2))).lower(x).as_text()
+    assert tv_ir.check(swapped, _topk_custom_call(2)).verdict == "not_equivalent"
+
+
+def test_mhlo_topk_smallest_is_unknown() -> None:
+    x = np.zeros((3, 6), np.float32)
+    spec = jax.jit(lambda x: jax.lax.top_k(x, 2)).lower(x).as_text()
+    report = tv_ir.check(spec, _topk_custom_call(2, ", largest = false"))
+    assert report.verdict == "unknown", report
