@@ -1453,3 +1453,41 @@ def chlo_top_k(draw: Draw) -> Case:
     x = _topk_operand(draw, ("f32", "i32", "bf16"))  # lower() traces without x64
     k = draw(st.integers(0, x.shape[-1]))
     return Case(lower(lambda x: lax.top_k(x, k), x), [x])
+
+
+# ==============================================================================================
+# Random bits
+# ==============================================================================================
+
+
+@record("stablehlo.rng_bit_generator", examples=25)
+def rng_bit_generator(draw: Draw) -> Case:
+    # XLA's generators bit for bit: DEFAULT (Philox on CPU), PHILOX with a 2- or 3-word
+    # state, THREE_FRY; counters next to 2**64 (carries); 8 to 64-bit results
+    algorithm = draw(st.sampled_from(["DEFAULT", "PHILOX", "THREE_FRY"]))
+    words = 2 if algorithm == "THREE_FRY" else draw(st.sampled_from([2, 3]))
+    state = rng(draw).integers(0, 2**64, size=words, dtype=np.uint64, endpoint=False)
+    if draw(st.booleans()):
+        state[1] = np.uint64(2**64 - draw(st.integers(1, 3)))
+    et = draw(st.sampled_from(["ui32", "ui32", "ui64", "ui8", "ui16"]))
+    shp = shape(draw, max_rank=3, hi=5)
+    ts, t = ttype((words,), "ui64"), ttype(shp, et)
+    body = (
+        f"    %0, %1 = stablehlo.rng_bit_generator %a0, algorithm = {algorithm}"
+        f" : ({ts}) -> ({ts}, {t})\n    return %0, %1 : {ts}, {t}"
+    )
+    return Case(module([state], [ts, t], body), [state])
+
+
+@record("stablehlo.rng_bit_generator", name="rng_uniform_jax", examples=10)
+def rng_uniform_jax(draw: Draw) -> Case:
+    # jax.random with the "rbg" implementation: rng_bit_generator under uniform floats
+    shp = shape(draw, min_rank=1, hi=5)
+    seed = draw(st.integers(0, 2**31 - 1))
+
+    def f(x):
+        key = jax.random.key(seed, impl="rbg")
+        return x * jax.random.uniform(key, x.shape) + jax.random.bernoulli(key, 0.3, x.shape)
+
+    x = values(draw, shp, "f32", special=False)
+    return Case(lower(f, x), [x])

@@ -95,3 +95,29 @@ def test_mhlo_topk_smallest_is_unknown() -> None:
     spec = jax.jit(lambda x: jax.lax.top_k(x, 2)).lower(x).as_text()
     report = tv_ir.check(spec, _topk_custom_call(2, ", largest = false"))
     assert report.verdict == "unknown", report
+
+
+def _dropout(seed: int, rate: float):
+    def f(x):
+        keep = jax.random.bernoulli(jax.random.key(seed, impl="rbg"), 1 - rate, x.shape)
+        return jax.numpy.where(keep, x / (1 - rate), 0)
+
+    return jax.jit(f).lower(np.zeros((4, 8), np.float32)).as_text()
+
+
+def test_rng_bit_generator_dropout() -> None:
+    # the bits are XLA's (a known seed): the same mask is proved, another seed refuted
+    assert tv_ir.check(_dropout(3, 0.25), _dropout(3, 0.25)).verdict == "equivalent"
+    assert tv_ir.check(_dropout(3, 0.25), _dropout(4, 0.25)).verdict == "not_equivalent"
+
+
+def test_rng_bit_generator_of_an_input_is_unknown() -> None:
+    text = """module {
+  func.func public @main(%a0: tensor<2xui64>) -> tensor<4xui32> {
+    %0, %1 = stablehlo.rng_bit_generator %a0, algorithm = DEFAULT : (tensor<2xui64>) -> (tensor<2xui64>, tensor<4xui32>)
+    return %1 : tensor<4xui32>
+  }
+}"""  # noqa: E501
+    report = tv_ir.check(text, text)
+    assert report.verdict == "unknown", report
+    assert "stablehlo.rng_bit_generator" in report.unsupported

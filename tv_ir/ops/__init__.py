@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     elementwise,
     indexing,
     normalization,
+    random,
     reduction,
     shape,
     sharding,
