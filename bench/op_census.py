@@ -54,17 +54,11 @@ UNSUPPORTED_WHY = {
     "complex": "complex numbers: not modelled",
     "imag": "complex numbers: not modelled",
     "fft": "complex numbers: not modelled",
-    "dynamic_broadcast_in_dim": "dynamic shapes: not refined to static ones yet",
-    "dynamic_conv": "dynamic shapes: not refined to static ones yet",
-    "dynamic_gather": "dynamic shapes: not refined to static ones yet",
-    "dynamic_iota": "dynamic shapes: not refined to static ones yet",
-    "dynamic_pad": "dynamic shapes: not refined to static ones yet",
-    "dynamic_reshape": "dynamic shapes: not refined to static ones yet",
+    "dynamic_conv": "XLA cannot translate it to HLO: no reference to check it against",
     "infeed": "host I/O: values from outside the program",
     "outfeed": "host I/O: side effects",
     "recv": "host / cross-program communication",
     "send": "host / cross-program communication",
-    "map": "not implemented yet (deprecated in the spec; jax does not emit it)",
     "rng": "deprecated in the spec; its distributions are implementation-defined",
     "uniform_quantize": "quantized types: not modelled",
     "uniform_dequantize": "quantized types: not modelled",
@@ -74,6 +68,12 @@ UNSUPPORTED_WHY = {
 SUPPORTED_NOTE = {
     "custom_call": "targets `Sharding`, `SPMDFullToShardShape`, `SPMDShardToFullShape`, "
     "`mhlo.topk` and the `mhlo.<math op>` targets; any other target is unknown",
+    **{
+        f"dynamic_{n}": "shape operands known, equal to the static result type"
+        for n in ("broadcast_in_dim", "iota", "reshape")
+    },
+    "dynamic_pad": "padding operands known",
+    "dynamic_gather": "slice sizes known",
     "rng_bit_generator": "XLA's generators bit for bit; a known state, unsigned results",
     "bitcast_convert": "values that do not depend on the inputs",
     "real": "real operands",

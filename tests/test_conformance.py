@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -1491,3 +1492,95 @@ def rng_uniform_jax(draw: Draw) -> Case:
 
     x = values(draw, shp, "f32", special=False)
     return Case(lower(f, x), [x])
+
+
+# ==============================================================================================
+# Dynamic-shape ops with known shapes, and map
+# ==============================================================================================
+
+
+def _i64s(name: str, vals, it: str = "i64") -> str:
+    v = ", ".join(str(int(x)) for x in vals)
+    return f"    %{name} = stablehlo.constant dense<[{v}]> : tensor<{len(vals)}x{it}>\n"
+
+
+@record("stablehlo.dynamic_iota", "stablehlo.dynamic_reshape", "stablehlo.dynamic_broadcast_in_dim")
+def dynamic_shapes(draw: Draw) -> Case:
+    et = draw(st.sampled_from(["f32", "i32"]))
+    it = draw(st.sampled_from(["i64", "i32"]))
+    shp = shape(draw, min_rank=1)
+    x = values(draw, shp, et, special=False)
+    t = ttype(shp, et)
+    dim = draw(st.integers(0, len(shp) - 1))
+    flat = ttype((x.size,), et)
+    lead = draw(st.integers(1, 3))
+    big = ttype((lead, x.size), et)
+    body = (
+        _i64s("s", shp, it)
+        + _i64s("f", [x.size], it)
+        + _i64s("b", [lead, x.size], it)
+        + f"    %0 = stablehlo.dynamic_iota %s, dim = {dim} : (tensor<{len(shp)}x{it}>) -> {t}\n"
+        f"    %1 = stablehlo.add %0, %a0 : {t}\n"
+        f"    %2 = stablehlo.dynamic_reshape %1, %f : ({t}, tensor<1x{it}>) -> {flat}\n"
+        f"    %3 = stablehlo.dynamic_broadcast_in_dim %2, %b, dims = [1]"
+        f" : ({flat}, tensor<2x{it}>) -> {big}\n"
+        f"    return %3 : {big}"
+    )
+    return Case(module([x], [big], body), [x])
+
+
+@record("stablehlo.dynamic_pad")
+def dynamic_pad(draw: Draw) -> Case:
+    et = draw(st.sampled_from(["f32", "i32"]))
+    x = values(draw, shape(draw, min_rank=1), et, special=False)
+    v = values(draw, (), et, special=False)
+    lo = [draw(st.integers(-1, 2)) for _ in x.shape]
+    hi = [draw(st.integers(-1, 2)) for _ in x.shape]
+    interior = [draw(st.integers(0, 2)) for _ in x.shape]
+    out = [
+        n + max(n - 1, 0) * i + a + b for n, a, b, i in zip(x.shape, lo, hi, interior, strict=True)
+    ]
+    assume(all(o >= 0 for o in out))
+    t, to, tp = ttype(x.shape, et), ttype(out, et), f"tensor<{x.ndim}xi64>"
+    body = (
+        _i64s("l", lo)
+        + _i64s("h", hi)
+        + _i64s("i", interior)
+        + f"    %0 = stablehlo.dynamic_pad %a0, %a1, %l, %h, %i"
+        f" : ({t}, tensor<{et}>, {tp}, {tp}, {tp}) -> {to}\n    return %0 : {to}"
+    )
+    return Case(module([x, v], [to], body), [x, v])
+
+
+@record("stablehlo.dynamic_gather", examples=20)
+def dynamic_gather(draw: Draw) -> Case:
+    # the gather record's programs, slice sizes as an operand
+    case = gather(draw)
+    m = re.search(r"slice_sizes = array<i64: ([\d, ]*)>", case.text)
+    sizes = [int(s) for s in m.group(1).split(",")] if m.group(1).strip() else []
+    text = case.text.replace(", " + m.group(0), "")
+    text = text.replace('"stablehlo.gather"(%a0, %a1)', '"stablehlo.dynamic_gather"(%a0, %a1, %ss)')
+    text = re.sub(
+        r"\) -> (tensor<[^>]*>)\n", rf", tensor<{len(sizes)}xi64>) -> \1\n", text, count=1
+    )
+    text = text.replace("    %0 = ", _i64s("ss", sizes) + "    %0 = ", 1)
+    return Case(text, case.args)
+
+
+@record("stablehlo.map")
+def map_(draw: Draw) -> Case:
+    et = draw(st.sampled_from(["f32", "i32"]))
+    shp = shape(draw)
+    x, y = values(draw, shp, et, special=False), values(draw, shp, et, special=False)
+    t, s = ttype(shp, et), f"tensor<{et}>"
+    combine = draw(st.sampled_from(["multiply", "maximum", "subtract"]))
+    body = (
+        f'    %0 = "stablehlo.map"(%a0, %a1) ({{\n'
+        f"    ^bb0(%x: {s}, %y: {s}):\n"
+        f"      %m = stablehlo.{combine} %x, %y : {s}\n"
+        f"      %r = stablehlo.add %m, %x : {s}\n"
+        f"      stablehlo.return %r : {s}\n"
+        f"    }}) {{dimensions = {arr(range(len(shp)))}}} : ({t}, {t}) -> {t}\n"
+        f"    return %0 : {t}"
+    )
+    return Case(module([x, y], [t], body), [x, y])

@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     collectives,
     control,
+    dynamic,
     elementwise,
     indexing,
     normalization,
