@@ -1584,3 +1584,45 @@ def map_(draw: Draw) -> Case:
         f"    return %0 : {t}"
     )
     return Case(module([x, y], [t], body), [x, y])
+
+
+# ==============================================================================================
+# Linear algebra
+# ==============================================================================================
+
+
+@record("stablehlo.cholesky", rtol=1e-3, atol=1e-3)
+def cholesky(draw: Draw) -> Case:
+    n = draw(st.integers(1, 4))
+    batch = shape(draw, max_rank=2, hi=2)
+    m = values(draw, (*batch, n, n), "f64", lo=-1, hi=1, special=False)
+    spd = m @ np.swapaxes(m, -1, -2) + n * np.eye(n)  # well conditioned
+    kind = draw(st.sampled_from(["spd", "spd", "raw"]))  # raw: often not positive definite
+    x = (spd if kind == "spd" else m * 3).astype(np.float32)
+    lower = draw(st.booleans())
+    t = ttype(x.shape, "f32")
+    body = (
+        f'    %0 = "stablehlo.cholesky"(%a0) {{lower = {str(lower).lower()}}} : ({t}) -> {t}\n'
+        f"    return %0 : {t}"
+    )
+    return Case(module([x], [t], body), [x])
+
+
+@record("stablehlo.triangular_solve", rtol=1e-3, atol=1e-3, examples=20)
+def triangular_solve(draw: Draw) -> Case:
+    n, k = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    batch = shape(draw, max_rank=1, hi=2)
+    left = draw(st.booleans())
+    a = values(draw, (*batch, n, n), "f32", lo=-1, hi=1, special=False)
+    a = (a + np.eye(n, dtype=np.float32) * 3 * rng(draw).choice([-1, 1], size=n)).astype(np.float32)
+    b = values(draw, (*batch, n, k) if left else (*batch, k, n), "f32", special=False)
+    lower, unit = draw(st.booleans()), draw(st.booleans())
+    tr = draw(st.sampled_from(["NO_TRANSPOSE", "TRANSPOSE", "ADJOINT"]))
+    ta, tb = ttype(a.shape, "f32"), ttype(b.shape, "f32")
+    body = (
+        f'    %0 = "stablehlo.triangular_solve"(%a0, %a1) {{left_side = {str(left).lower()}, '
+        f"lower = {str(lower).lower()}, unit_diagonal = {str(unit).lower()}, "
+        f"transpose_a = #stablehlo<transpose {tr}>}} : ({ta}, {tb}) -> {tb}\n"
+        f"    return %0 : {tb}"
+    )
+    return Case(module([a, b], [tb], body), [a, b])

@@ -121,3 +121,27 @@ def test_rng_bit_generator_of_an_input_is_unknown() -> None:
     report = tv_ir.check(text, text)
     assert report.verdict == "unknown", report
     assert "stablehlo.rng_bit_generator" in report.unsupported
+
+
+_TRSM = """module {
+  func.func public @main(%a0: tensor<3x3xf32>, %a1: tensor<3x2xf32>) -> tensor<3x2xf32> {
+    %0 = "stablehlo.triangular_solve"(%a0, %a1) {left_side = true, lower = true, unit_diagonal = false, transpose_a = #stablehlo<transpose NO_TRANSPOSE>} : (tensor<3x3xf32>, tensor<3x2xf32>) -> tensor<3x2xf32>
+    return %0 : tensor<3x2xf32>
+  }
+}"""  # noqa: E501
+
+
+def _substitution(wrong: bool):
+    def f(a, b):
+        x0 = b[0] / a[0, 0]
+        x1 = (b[1] - a[1, 0] * x0) / a[1, 1]
+        x2 = (b[2] - a[2, 0] * x0 - (a[1, 2] if wrong else a[2, 1]) * x1) / a[2, 2]
+        return jax.numpy.stack([x0, x1, x2])
+
+    return jax.jit(f).lower(np.eye(3, dtype=np.float32), np.ones((3, 2), np.float32)).as_text()
+
+
+def test_triangular_solve_is_forward_substitution() -> None:
+    assert tv_ir.check(_TRSM, _substitution(False)).verdict == "equivalent"
+    # reading the upper triangle is refuted
+    assert tv_ir.check(_TRSM, _substitution(True)).verdict == "not_equivalent"

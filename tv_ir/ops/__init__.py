@@ -6,6 +6,7 @@ from . import (  # noqa: F401
     dynamic,
     elementwise,
     indexing,
+    linalg,
     normalization,
     random,
     reduction,
