@@ -145,3 +145,30 @@ def test_triangular_solve_is_forward_substitution() -> None:
     assert tv_ir.check(_TRSM, _substitution(False)).verdict == "equivalent"
     # reading the upper triangle is refuted
     assert tv_ir.check(_TRSM, _substitution(True)).verdict == "not_equivalent"
+
+
+def test_expand_batch_norm_computes_what_the_ops_do() -> None:
+    # the pass (passes/expand_batch_norm.py) against the evaluators, on the conformance
+    # records' programs: every kind, feature index, epsilon and element type they draw
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from test_conformance import _batch_norm_case, _widen
+
+    from tv_ir.interp import evaluate
+    from tv_ir.ir import walk
+    from tv_ir.passes import expand_batch_norm
+
+    @settings(max_examples=30, deadline=None)
+    @given(st.data(), st.sampled_from(["training", "inference", "grad"]))
+    def run(data, kind) -> None:
+        case = _batch_norm_case(data.draw, kind)
+        args = [_widen(a) for a in case.args]
+        whole = evaluate(tv_ir.load(case.text), args)
+        expanded = expand_batch_norm.run(tv_ir.load(case.text))
+        assert not any(
+            op.name.startswith("stablehlo.batch_norm") for op in walk(expanded.main.body)
+        )
+        for w, e in zip(whole, evaluate(expanded, args), strict=True):
+            np.testing.assert_allclose(np.asarray(e), np.asarray(w), rtol=1e-12, atol=1e-12)
+
+    run()
