@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -1355,3 +1356,273 @@ def composite(draw: Draw) -> Case:
         f"    return %z : {t}\n  }}\n}}\n"
     )
     return Case(text, [x])
+
+
+# ==============================================================================================
+# Normalization
+# ==============================================================================================
+
+
+def _batch_norm_case(draw: Draw, kind: str) -> Case:
+    et = draw(st.sampled_from(["f32", "f32", "f64"]))  # f16 rounds intermediates visibly
+    shp = shape(draw, min_rank=1, max_rank=4)
+    fi = draw(st.integers(0, len(shp) - 1))
+    c = shp[fi]
+    x = values(draw, shp, et, lo=-3, hi=3, special=False)
+    scale = values(draw, (c,), et, lo=-2, hi=2, special=False)
+    offset = values(draw, (c,), et, lo=-2, hi=2, special=False)
+    mean = values(draw, (c,), et, lo=-1, hi=1, special=False)
+    var = values(draw, (c,), et, lo=0.25, hi=3, special=False)
+    eps = draw(st.sampled_from(["1.000000e-05", "1.000000e-03", "0.000000e+00", "1.000000e-01"]))
+    if eps.startswith("0") and kind != "inference":
+        assume(len(shp) > 1 and int(np.prod(shp)) > c)  # a variance of one element is 0
+    t, tc = ttype(shp, et), ttype((c,), et)
+    attrs = f"epsilon = {eps} : f32, feature_index = {fi} : i64"
+    if kind == "training":
+        args = [x, scale, offset]
+        body = (
+            f'    %0:3 = "stablehlo.batch_norm_training"(%a0, %a1, %a2) {{{attrs}}}'
+            f" : ({t}, {tc}, {tc}) -> ({t}, {tc}, {tc})\n"
+            f"    return %0#0, %0#1, %0#2 : {t}, {tc}, {tc}"
+        )
+        return Case(module(args, [t, tc, tc], body), args)
+    if kind == "inference":
+        args = [x, scale, offset, mean, var]
+        body = (
+            f'    %0 = "stablehlo.batch_norm_inference"(%a0, %a1, %a2, %a3, %a4) {{{attrs}}}'
+            f" : ({t}, {tc}, {tc}, {tc}, {tc}) -> {t}\n    return %0 : {t}"
+        )
+        return Case(module(args, [t], body), args)
+    g = values(draw, shp, et, lo=-2, hi=2, special=False)
+    args = [x, scale, mean, var, g]
+    body = (
+        f'    %0:3 = "stablehlo.batch_norm_grad"(%a0, %a1, %a2, %a3, %a4) {{{attrs}}}'
+        f" : ({t}, {tc}, {tc}, {tc}, {t}) -> ({t}, {tc}, {tc})\n"
+        f"    return %0#0, %0#1, %0#2 : {t}, {tc}, {tc}"
+    )
+    return Case(module(args, [t, tc, tc], body), args)
+
+
+for _kind in ["training", "inference", "grad"]:
+    record(f"stablehlo.batch_norm_{_kind}", name=f"batch_norm_{_kind}", rtol=2e-3, atol=2e-3)(
+        partial(_batch_norm_case, kind=_kind)
+    )
+
+
+@record(rtol=1e-3, atol=1e-4)  # no registered op: the importer rewrites them to CHLO
+def mhlo_custom_calls(draw: Draw) -> Case:
+    # what XLA's HLO -> StableHLO conversion (torch_xla's export) writes for HLO math ops
+    # StableHLO lacks: `custom_call @mhlo.erf` is exact GELU's erf
+    name = draw(st.sampled_from(["erf", "tan", "asin", "acos", "acosh", "asinh", "atanh", "sinh"]))
+    lo, hi = CHLO_LEGALIZED.get(f"chlo.{name}", (-3, 3))
+    et = draw(st.sampled_from(["f32", "f64"]))
+    x = values(draw, shape(draw), et, lo=lo, hi=hi)
+    t = ttype(x.shape, et)
+    body = (
+        f"    %0 = stablehlo.custom_call @mhlo.{name}(%a0) {{mhlo.attributes = {{}}, "
+        f"mhlo.version = 1 : i64}} : ({t}) -> {t}\n    return %0 : {t}"
+    )
+    return Case(module([x], [t], body), [x])
+
+
+def _topk_operand(draw: Draw, ets=("f32", "f32", "f64", "i32", "i64", "ui8", "bf16")) -> np.ndarray:
+    et = draw(st.sampled_from(ets))
+    x = values(draw, shape(draw, min_rank=1, hi=6), et, lo=-3, hi=3)
+    if et in FLOATS:  # ties, -0.0, NaN, infinities
+        x = np.where(np.isfinite(x), np.round(x), x).astype(NP[et])
+    return x
+
+
+@record("mhlo.topk", examples=25)
+def mhlo_topk(draw: Draw) -> Case:
+    # HLO's TopK as torch_xla's export writes it (the importer makes it `mhlo.topk`)
+    x = _topk_operand(draw)
+    k = draw(st.integers(0, x.shape[-1]))
+    largest = draw(st.sampled_from(["", ", largest = true"]))  # XLA:CPU cannot run false
+    out = x.shape[:-1] + (k,)
+    t, tv, ti = ttype(x.shape, x.dtype), ttype(out, x.dtype), ttype(out, "i32")
+    body = (
+        f"    %0:2 = stablehlo.custom_call @mhlo.topk(%a0) {{mhlo.attributes = "
+        f"{{k = {k} : i64{largest}}}, mhlo.version = 1 : i64}} : ({t}) -> ({tv}, {ti})\n"
+        f"    return %0#0, %0#1 : {tv}, {ti}"
+    )
+    return Case(module([x], [tv, ti], body), [x])
+
+
+@record(examples=15)  # no registered op: chlo-legalize-to-stablehlo's sort and slices
+def chlo_top_k(draw: Draw) -> Case:
+    x = _topk_operand(draw, ("f32", "i32", "bf16"))  # lower() traces without x64
+    k = draw(st.integers(0, x.shape[-1]))
+    return Case(lower(lambda x: lax.top_k(x, k), x), [x])
+
+
+# ==============================================================================================
+# Random bits
+# ==============================================================================================
+
+
+@record("stablehlo.rng_bit_generator", examples=25)
+def rng_bit_generator(draw: Draw) -> Case:
+    # XLA's generators bit for bit: DEFAULT (Philox on CPU), PHILOX with a 2- or 3-word
+    # state, THREE_FRY; counters next to 2**64 (carries); 8 to 64-bit results
+    algorithm = draw(st.sampled_from(["DEFAULT", "PHILOX", "THREE_FRY"]))
+    words = 2 if algorithm == "THREE_FRY" else draw(st.sampled_from([2, 3]))
+    state = rng(draw).integers(0, 2**64, size=words, dtype=np.uint64, endpoint=False)
+    if draw(st.booleans()):
+        state[1] = np.uint64(2**64 - draw(st.integers(1, 3)))
+    et = draw(st.sampled_from(["ui32", "ui32", "ui64", "ui8", "ui16"]))
+    shp = shape(draw, max_rank=3, hi=5)
+    ts, t = ttype((words,), "ui64"), ttype(shp, et)
+    body = (
+        f"    %0, %1 = stablehlo.rng_bit_generator %a0, algorithm = {algorithm}"
+        f" : ({ts}) -> ({ts}, {t})\n    return %0, %1 : {ts}, {t}"
+    )
+    return Case(module([state], [ts, t], body), [state])
+
+
+@record("stablehlo.rng_bit_generator", name="rng_uniform_jax", examples=10)
+def rng_uniform_jax(draw: Draw) -> Case:
+    # jax.random with the "rbg" implementation: rng_bit_generator under uniform floats
+    shp = shape(draw, min_rank=1, hi=5)
+    seed = draw(st.integers(0, 2**31 - 1))
+
+    def f(x):
+        key = jax.random.key(seed, impl="rbg")
+        return x * jax.random.uniform(key, x.shape) + jax.random.bernoulli(key, 0.3, x.shape)
+
+    x = values(draw, shp, "f32", special=False)
+    return Case(lower(f, x), [x])
+
+
+# ==============================================================================================
+# Dynamic-shape ops with known shapes, and map
+# ==============================================================================================
+
+
+def _i64s(name: str, vals, it: str = "i64") -> str:
+    v = ", ".join(str(int(x)) for x in vals)
+    return f"    %{name} = stablehlo.constant dense<[{v}]> : tensor<{len(vals)}x{it}>\n"
+
+
+@record("stablehlo.dynamic_iota", "stablehlo.dynamic_reshape", "stablehlo.dynamic_broadcast_in_dim")
+def dynamic_shapes(draw: Draw) -> Case:
+    et = draw(st.sampled_from(["f32", "i32"]))
+    it = draw(st.sampled_from(["i64", "i32"]))
+    shp = shape(draw, min_rank=1)
+    x = values(draw, shp, et, special=False)
+    t = ttype(shp, et)
+    dim = draw(st.integers(0, len(shp) - 1))
+    flat = ttype((x.size,), et)
+    lead = draw(st.integers(1, 3))
+    big = ttype((lead, x.size), et)
+    body = (
+        _i64s("s", shp, it)
+        + _i64s("f", [x.size], it)
+        + _i64s("b", [lead, x.size], it)
+        + f"    %0 = stablehlo.dynamic_iota %s, dim = {dim} : (tensor<{len(shp)}x{it}>) -> {t}\n"
+        f"    %1 = stablehlo.add %0, %a0 : {t}\n"
+        f"    %2 = stablehlo.dynamic_reshape %1, %f : ({t}, tensor<1x{it}>) -> {flat}\n"
+        f"    %3 = stablehlo.dynamic_broadcast_in_dim %2, %b, dims = [1]"
+        f" : ({flat}, tensor<2x{it}>) -> {big}\n"
+        f"    return %3 : {big}"
+    )
+    return Case(module([x], [big], body), [x])
+
+
+@record("stablehlo.dynamic_pad")
+def dynamic_pad(draw: Draw) -> Case:
+    et = draw(st.sampled_from(["f32", "i32"]))
+    x = values(draw, shape(draw, min_rank=1), et, special=False)
+    v = values(draw, (), et, special=False)
+    lo = [draw(st.integers(-1, 2)) for _ in x.shape]
+    hi = [draw(st.integers(-1, 2)) for _ in x.shape]
+    interior = [draw(st.integers(0, 2)) for _ in x.shape]
+    out = [
+        n + max(n - 1, 0) * i + a + b for n, a, b, i in zip(x.shape, lo, hi, interior, strict=True)
+    ]
+    assume(all(o >= 0 for o in out))
+    t, to, tp = ttype(x.shape, et), ttype(out, et), f"tensor<{x.ndim}xi64>"
+    body = (
+        _i64s("l", lo)
+        + _i64s("h", hi)
+        + _i64s("i", interior)
+        + f"    %0 = stablehlo.dynamic_pad %a0, %a1, %l, %h, %i"
+        f" : ({t}, tensor<{et}>, {tp}, {tp}, {tp}) -> {to}\n    return %0 : {to}"
+    )
+    return Case(module([x, v], [to], body), [x, v])
+
+
+@record("stablehlo.dynamic_gather", examples=20)
+def dynamic_gather(draw: Draw) -> Case:
+    # the gather record's programs, slice sizes as an operand
+    case = gather(draw)
+    m = re.search(r"slice_sizes = array<i64: ([\d, ]*)>", case.text)
+    sizes = [int(s) for s in m.group(1).split(",")] if m.group(1).strip() else []
+    text = case.text.replace(", " + m.group(0), "")
+    text = text.replace('"stablehlo.gather"(%a0, %a1)', '"stablehlo.dynamic_gather"(%a0, %a1, %ss)')
+    text = re.sub(
+        r"\) -> (tensor<[^>]*>)\n", rf", tensor<{len(sizes)}xi64>) -> \1\n", text, count=1
+    )
+    text = text.replace("    %0 = ", _i64s("ss", sizes) + "    %0 = ", 1)
+    return Case(text, case.args)
+
+
+@record("stablehlo.map")
+def map_(draw: Draw) -> Case:
+    et = draw(st.sampled_from(["f32", "i32"]))
+    shp = shape(draw)
+    x, y = values(draw, shp, et, special=False), values(draw, shp, et, special=False)
+    t, s = ttype(shp, et), f"tensor<{et}>"
+    combine = draw(st.sampled_from(["multiply", "maximum", "subtract"]))
+    body = (
+        f'    %0 = "stablehlo.map"(%a0, %a1) ({{\n'
+        f"    ^bb0(%x: {s}, %y: {s}):\n"
+        f"      %m = stablehlo.{combine} %x, %y : {s}\n"
+        f"      %r = stablehlo.add %m, %x : {s}\n"
+        f"      stablehlo.return %r : {s}\n"
+        f"    }}) {{dimensions = {arr(range(len(shp)))}}} : ({t}, {t}) -> {t}\n"
+        f"    return %0 : {t}"
+    )
+    return Case(module([x, y], [t], body), [x, y])
+
+
+# ==============================================================================================
+# Linear algebra
+# ==============================================================================================
+
+
+@record("stablehlo.cholesky", rtol=1e-3, atol=1e-3)
+def cholesky(draw: Draw) -> Case:
+    n = draw(st.integers(1, 4))
+    batch = shape(draw, max_rank=2, hi=2)
+    m = values(draw, (*batch, n, n), "f64", lo=-1, hi=1, special=False)
+    spd = m @ np.swapaxes(m, -1, -2) + n * np.eye(n)  # well conditioned
+    kind = draw(st.sampled_from(["spd", "spd", "raw"]))  # raw: often not positive definite
+    x = (spd if kind == "spd" else m * 3).astype(np.float32)
+    lower = draw(st.booleans())
+    t = ttype(x.shape, "f32")
+    body = (
+        f'    %0 = "stablehlo.cholesky"(%a0) {{lower = {str(lower).lower()}}} : ({t}) -> {t}\n'
+        f"    return %0 : {t}"
+    )
+    return Case(module([x], [t], body), [x])
+
+
+@record("stablehlo.triangular_solve", rtol=1e-3, atol=1e-3, examples=20)
+def triangular_solve(draw: Draw) -> Case:
+    n, k = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    batch = shape(draw, max_rank=1, hi=2)
+    left = draw(st.booleans())
+    a = values(draw, (*batch, n, n), "f32", lo=-1, hi=1, special=False)
+    a = (a + np.eye(n, dtype=np.float32) * 3 * rng(draw).choice([-1, 1], size=n)).astype(np.float32)
+    b = values(draw, (*batch, n, k) if left else (*batch, k, n), "f32", special=False)
+    lower, unit = draw(st.booleans()), draw(st.booleans())
+    tr = draw(st.sampled_from(["NO_TRANSPOSE", "TRANSPOSE", "ADJOINT"]))
+    ta, tb = ttype(a.shape, "f32"), ttype(b.shape, "f32")
+    body = (
+        f'    %0 = "stablehlo.triangular_solve"(%a0, %a1) {{left_side = {str(left).lower()}, '
+        f"lower = {str(lower).lower()}, unit_diagonal = {str(unit).lower()}, "
+        f"transpose_a = #stablehlo<transpose {tr}>}} : ({ta}, {tb}) -> {tb}\n"
+        f"    return %0 : {tb}"
+    )
+    return Case(module([a, b], [tb], body), [a, b])

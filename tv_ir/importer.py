@@ -38,6 +38,15 @@ _TERMINATORS = {"stablehlo.return", "func.return", "sdy.return", "mhlo.return"}
 # CHLO ops the op table defines directly (decomposing them would turn a math function into a
 # polynomial approximation, which the prover could only treat as an opaque polynomial).
 CHLO_NATIVE = {"chlo.erf", "chlo.tan", "chlo.erf_inv", "chlo.lgamma", "chlo.digamma"}
+# `custom_call @mhlo.<op>`: how XLA's HLO -> StableHLO conversion (torch_xla's export)
+# spells an HLO op that StableHLO lacks, its attributes in `mhlo.attributes`. The math ops
+# are the CHLO op of the same name, TopK is `mhlo.topk` (what HLO text imports to); XLA:CPU
+# runs them as such (tests/test_conformance.py, records mhlo_custom_calls, mhlo_topk)
+# (target -> (op, the attributes it may carry))
+MHLO_CUSTOM_CALLS = {
+    f"mhlo.{n}": (f"chlo.{n}", frozenset())
+    for n in ("erf", "tan", "asin", "acos", "acosh", "asinh", "atanh", "sinh", "cosh")
+} | {"mhlo.topk": ("mhlo.topk", frozenset({"k", "largest"}))}
 
 _context = None
 
@@ -175,6 +184,7 @@ def _legalize(m) -> None:
     """Legacy ops to current ones; CHLO to StableHLO where tv has no direct definition."""
     from jaxlib.mlir.passmanager import PassManager
 
+    _mhlo_custom_calls_to_ops(m.operation)
     names = set()
     _collect_op_names(m.operation, names)
     passes = []
@@ -192,6 +202,42 @@ def _legalize(m) -> None:
     if passes:
         with m.context:
             PassManager.parse("builtin.module(" + ",".join(passes) + ")").run(m.operation)
+
+
+def _mhlo_custom_calls_to_ops(op) -> None:
+    """Replace each `custom_call @mhlo.<op>` of MHLO_CUSTOM_CALLS by the op it stands for,
+    with its `mhlo.attributes` as the op's attributes (the op's verifier checks them); any
+    other custom_call, or one with attributes beyond the known ones, stays (unknown)."""
+    from jaxlib.mlir import ir
+
+    for r in op.regions:
+        for b in r.blocks:
+            for o in list(b.operations):
+                o = o.operation
+                if o.name != "stablehlo.custom_call":
+                    _mhlo_custom_calls_to_ops(o)
+                    continue
+                target = ir.StringAttr(o.attributes["call_target_name"]).value
+                if target not in MHLO_CUSTOM_CALLS or len(o.operands) != 1:
+                    continue
+                name, allowed = MHLO_CUSTOM_CALLS[target]
+                attrs = {}
+                if "mhlo.attributes" in o.attributes:
+                    d = ir.DictAttr(o.attributes["mhlo.attributes"])
+                    attrs = {d[i].name: d[i].attr for i in range(len(d))}
+                if not set(attrs) <= allowed:  # an attribute tv does not know the meaning of
+                    continue
+                with ir.InsertionPoint(o), o.location:
+                    new = ir.Operation.create(
+                        name,
+                        results=[r.type for r in o.results],
+                        operands=[o.operands[0]],
+                        attributes=attrs,
+                    )
+                    new.verify()  # attributes it does not take, wrong types: MLIRError
+                for old, repl in zip(o.results, new.results, strict=True):
+                    old.replace_all_uses_with(repl)
+                o.erase()
 
 
 def _collect_op_names(op, names: set) -> None:

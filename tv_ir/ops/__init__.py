@@ -1,6 +1,18 @@
 """The op table. Importing this package registers every evaluator."""
 
-from . import collectives, control, elementwise, indexing, reduction, shape, sharding  # noqa: F401
+from . import (  # noqa: F401
+    collectives,
+    control,
+    dynamic,
+    elementwise,
+    indexing,
+    linalg,
+    normalization,
+    random,
+    reduction,
+    shape,
+    sharding,
+)
 from .registry import COLLECTIVES, GLOBAL_VIEW, OPS, PROCESS_OPS, OpContext, collective, lookup, op
 
 __all__ = [

@@ -224,27 +224,32 @@ def _like(src, dst):
 
 @op("stablehlo.sort")
 def sort(ctx, *operands):
-    dim = ctx.attr("dimension")
+    return sort_with(ctx, operands, ctx.attr("dimension"), lambda args: ctx.run_region(0, args)[0])
+
+
+def sort_with(ctx, operands, dim: int, less) -> list:
+    """Stable sort of `operands` along `dim` by the comparator `less(args)`, which takes the
+    scalars (lhs_0, rhs_0, lhs_1, rhs_1, ...) and returns a predicate (sort's region)."""
     arrays = [np.asarray(x) for x in operands]
     moved = [np.moveaxis(a, dim, -1) for a in arrays]
     lanes = moved[0].shape[:-1]
     n = moved[0].shape[-1]
     outs = [m.copy() for m in moved]
     if any(ctx.alg.is_symbolic(a) for a in arrays):
-        return [np.moveaxis(o, -1, dim) for o in _sort_network(ctx, outs, lanes, n)]
+        return [np.moveaxis(o, -1, dim) for o in _sort_network(ctx, outs, lanes, n, less)]
 
     for lane in np.ndindex(*lanes):
 
-        def less(i, j, lane=lane):
+        def lt(i, j, lane=lane):
             args = []
             for m in moved:
                 args += [m[lane + (i,)], m[lane + (j,)]]
-            return ctx.alg.truth(ctx.run_region(0, [np.asarray(a) for a in args])[0])
+            return ctx.alg.truth(less([np.asarray(a) for a in args]))
 
-        def cmp(i, j, less=less):
-            if less(i, j):
+        def cmp(i, j, lt=lt):
+            if lt(i, j):
                 return -1
-            if less(j, i):
+            if lt(j, i):
                 return 1
             return 0
 
@@ -254,7 +259,7 @@ def sort(ctx, *operands):
     return [np.moveaxis(o, -1, dim) for o in outs]
 
 
-def _sort_network(ctx, outs: list, lanes: tuple, n: int) -> list:
+def _sort_network(ctx, outs: list, lanes: tuple, n: int, less) -> list:
     """Sort on input-dependent keys: odd-even transposition (n rounds of compare-exchange of
     neighbours, swapping only when the right one is strictly less: stable), every exchange a
     `select` on the comparator, so the result is a term in the inputs."""
@@ -266,9 +271,30 @@ def _sort_network(ctx, outs: list, lanes: tuple, n: int) -> list:
                 args = []
                 for o in outs:
                     args += [np.asarray(o[b]), np.asarray(o[a])]
-                swap = ctx.run_region(0, args)[0]  # less(b, a)
+                swap = less(args)  # less(b, a)
                 for o in outs:
                     x, y = np.asarray(o[a]), np.asarray(o[b])
                     o[a] = np.asarray(ctx.alg.select(swap, y, x))[()]
                     o[b] = np.asarray(ctx.alg.select(swap, x, y))[()]
     return outs
+
+
+@op("mhlo.topk")
+def topk(ctx, x):
+    """XLA's TopK (from HLO; serialized StableHLO spells it `custom_call @mhlo.topk`): the
+    k largest elements of each lane of the last dimension, in order, and their indices;
+    equal elements in index order (-0.0 and NaN by IEEE totalOrder). As chlo.top_k's
+    legalization: a stable sort of (x, iota), then the first k. `largest = false` XLA:CPU
+    does not run (no reference to check against): unsupported."""
+    k = ctx.attr("k")
+    if not ctx.attr("largest", True):
+        raise ctx.unsupported("largest = false")
+    t = ctx.result_types[1]
+    dim = np.ndim(x) - 1
+    shape = [1] * np.ndim(x)
+    shape[dim] = np.shape(x)[dim]
+    iota = np.broadcast_to(np.arange(np.shape(x)[dim]).reshape(shape), np.shape(x))
+    iota = iota.astype(t.numpy_dtype)
+    gt = ctx.alg.compare_total if ctx.operand_types[0].is_float else ctx.alg.compare
+    values, indices = sort_with(ctx, [x, iota], dim, lambda args: gt("GT", args[0], args[1]))
+    return [values[..., :k], indices[..., :k]]

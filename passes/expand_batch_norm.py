@@ -1,0 +1,145 @@
+"""expand-batch-norm: batch_norm_training / _inference / _grad as the ops of their
+definition (tv_ir/ops/normalization.py, the spec's decomposition with rsqrt).
+
+One batch_norm op is one value to the prover: its result terms would be the whole
+normalisation expanded over its inputs (a variance is quadratic in every element of its
+lane), and a LayerNorm that torch_xla lowers to batch_norm_training cost seconds per op.
+Expanded, the mean, the variance and rsqrt(variance + epsilon) are values of their own
+(cut-points), as in a hand-written LayerNorm. The evaluators stay: the expansion computes
+exactly what they do (tests/test_op_semantics.py compares the two).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tv_ir.algebra import _storage_dtype
+from tv_ir.ir import Block, Module, Op, Region, TensorType, Value
+
+name = "expand-batch-norm"
+
+OPS = (
+    "stablehlo.batch_norm_training",
+    "stablehlo.batch_norm_inference",
+    "stablehlo.batch_norm_grad",
+)
+
+
+def run(module: Module) -> Module:
+    for fn in module.functions.values():
+        fn.body = _block(fn.body, {})
+    return module
+
+
+def _block(block: Block, rename: dict[int, Value]) -> Block:
+    ops: list[Op] = []
+    for op in block.ops:
+        op.operands = [rename.get(v.id, v) for v in op.operands]
+        for region in op.regions:
+            region.block = _block(region.block, rename)
+        if op.name not in OPS:
+            ops.append(op)
+            continue
+        b = _Builder(op, ops)
+        new = {
+            "stablehlo.batch_norm_training": _training,
+            "stablehlo.batch_norm_inference": _inference,
+            "stablehlo.batch_norm_grad": _grad,
+        }[op.name](b, *op.operands)
+        for old, v in zip(op.results, new, strict=True):
+            rename[old.id] = v
+    return Block(block.args, ops, [rename.get(v.id, v) for v in block.results])
+
+
+class _Builder:
+    """Appends ops (at the batch_norm op's location) and returns their results."""
+
+    def __init__(self, op: Op, ops: list[Op]):
+        self.op, self.ops = op, ops
+        self.t: TensorType = op.operands[0].type
+        self.fi: int = op.attrs["feature_index"]
+        self.eps: float = op.attrs["epsilon"]
+
+    def emit(self, name: str, operands: list, t: TensorType, attrs=None, regions=None) -> Value:
+        v = Value(t)
+        o = Op(name, list(operands), [v], dict(attrs or {}), list(regions or []), self.op.loc)
+        v.owner = o
+        self.ops.append(o)
+        return v
+
+    def scalar(self, value: float) -> Value:
+        """constant(value, element_type(operand)), rounded to that type."""
+        st = TensorType((), self.t.dtype)
+        x = np.asarray(value, dtype=np.float64).astype(_storage_dtype(st)).astype(np.float64)
+        return self.emit("stablehlo.constant", [], st, {"value": x})
+
+    def full(self, v: Value) -> Value:
+        """A scalar or a per-feature vector broadcast to the operand's shape."""
+        dims = () if not v.type.shape else (self.fi,)
+        return self.emit("stablehlo.broadcast_in_dim", [v], self.t, {"broadcast_dimensions": dims})
+
+    def binary(self, name: str, x: Value, y: Value) -> Value:
+        return self.emit(f"stablehlo.{name}", [x, y], x.type)
+
+    def rsqrt(self, x: Value) -> Value:
+        return self.emit("stablehlo.rsqrt", [x], x.type)
+
+    def sum(self, x: Value) -> Value:
+        """compute_sum: reduce with add over every dimension but the feature dimension."""
+        st = TensorType((), self.t.dtype)
+        p, q, s = Value(st), Value(st), Value(st)
+        add = Op("stablehlo.add", [p, q], [s], {}, [], self.op.loc)
+        s.owner = add
+        axes = tuple(d for d in range(len(self.t.shape)) if d != self.fi)
+        out = TensorType((self.t.shape[self.fi],), self.t.dtype)
+        body = Region(Block([p, q], [add], [s]))
+        return self.emit(
+            "stablehlo.reduce", [x, self.scalar(0.0)], out, {"dimensions": axes}, [body]
+        )
+
+    def count(self) -> Value:
+        return self.scalar(self.t.size // self.t.shape[self.fi])
+
+    def mean(self, x: Value) -> Value:
+        s = self.sum(x)
+        n = self.emit(
+            "stablehlo.broadcast_in_dim", [self.count()], s.type, {"broadcast_dimensions": ()}
+        )
+        return self.binary("divide", s, n)
+
+
+def _normalize(b: _Builder, operand, scale, offset, mean, variance) -> Value:
+    centered = b.binary("subtract", operand, b.full(mean))
+    inv = b.rsqrt(b.binary("add", b.full(variance), b.full(b.scalar(b.eps))))
+    normalized = b.binary("multiply", centered, inv)
+    return b.binary("add", b.binary("multiply", b.full(scale), normalized), b.full(offset))
+
+
+def _inference(b: _Builder, operand, scale, offset, mean, variance) -> list[Value]:
+    return [_normalize(b, operand, scale, offset, mean, variance)]
+
+
+def _training(b: _Builder, operand, scale, offset) -> list[Value]:
+    mean = b.mean(operand)
+    centered = b.binary("subtract", operand, b.full(mean))
+    variance = b.mean(b.binary("multiply", centered, centered))
+    return [_normalize(b, operand, scale, offset, mean, variance), mean, variance]
+
+
+def _grad(b: _Builder, operand, scale, mean, variance, grad_output) -> list[Value]:
+    variance_eps = b.binary("add", b.full(variance), b.full(b.scalar(b.eps)))
+    centered = b.binary("subtract", operand, b.full(mean))
+    inv = b.rsqrt(variance_eps)
+    normalized = b.binary("multiply", centered, inv)
+    n = b.full(b.count())
+    i1 = b.binary("multiply", grad_output, n)
+    i2 = b.full(b.sum(grad_output))
+    i3 = b.full(b.sum(b.binary("multiply", grad_output, centered)))
+    i4 = b.binary("multiply", i3, centered)
+    i5 = b.binary("divide", i4, variance_eps)
+    i6 = b.binary("subtract", b.binary("subtract", i1, i2), i5)
+    factor = b.binary("divide", b.binary("multiply", b.full(scale), inv), n)
+    grad_operand = b.binary("multiply", factor, i6)
+    grad_scale = b.sum(b.binary("multiply", grad_output, normalized))
+    grad_offset = b.sum(grad_output)
+    return [grad_operand, grad_scale, grad_offset]

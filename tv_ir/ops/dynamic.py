@@ -1,0 +1,82 @@
+"""The spec's dynamic-shape ops, where they refine to static shapes: the shape (or padding,
+slice size) operands must be known and agree with the static result type; then each op is
+its static counterpart with those values as attributes. Shapes that depend on the inputs
+are unsupported. (`dynamic_conv` is not here: XLA cannot translate it to HLO, so there is
+no reference to check it against.)
+
+Also `map` (the spec's element-wise application of a region).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import indexing, shape
+from .reduction import assemble
+from .registry import op
+
+
+def _known(ctx, x, what: str) -> tuple[int, ...]:
+    """A shape-like operand's values; they must not depend on the inputs."""
+    return tuple(int(v) for v in np.asarray(ctx.alg.indices(x)).reshape(-1))
+
+
+def _static(ctx, output_shape) -> None:
+    dims = _known(ctx, output_shape, "output shape")
+    if dims != tuple(ctx.result_type.shape):
+        raise ctx.unsupported(f"output shape {list(dims)} is not the result type's")
+
+
+def _with(ctx, **attrs):
+    return dataclasses.replace(ctx, attrs={**ctx.attrs, **attrs})
+
+
+@op("stablehlo.dynamic_iota")
+def dynamic_iota(ctx, output_shape):
+    _static(ctx, output_shape)
+    return shape.iota(ctx)
+
+
+@op("stablehlo.dynamic_reshape")
+def dynamic_reshape(ctx, x, output_shape):
+    _static(ctx, output_shape)
+    return shape.reshape(ctx, x)
+
+
+@op("stablehlo.dynamic_broadcast_in_dim")
+def dynamic_broadcast_in_dim(ctx, x, output_dimensions):
+    # known_(non)expanding_dimensions are promises about sizes the static types already fix
+    _static(ctx, output_dimensions)
+    return shape.broadcast_in_dim(ctx, x)
+
+
+@op("stablehlo.dynamic_pad")
+def dynamic_pad(ctx, x, padding_value, low, high, interior):
+    padded = _with(
+        ctx,
+        edge_padding_low=_known(ctx, low, "padding"),
+        edge_padding_high=_known(ctx, high, "padding"),
+        interior_padding=_known(ctx, interior, "padding"),
+    )
+    return shape.pad(padded, x, padding_value)
+
+
+@op("stablehlo.dynamic_gather")
+def dynamic_gather(ctx, operand, start_indices, slice_sizes):
+    sizes = _known(ctx, slice_sizes, "slice sizes")
+    return indexing.gather(_with(ctx, slice_sizes=sizes), operand, start_indices)
+
+
+@op("stablehlo.map")
+def map_(ctx, *inputs):
+    """The region applied to the elements at each index (`dimensions` is every dimension)."""
+    arrays = [np.asarray(x) for x in inputs]
+    out = [
+        ctx.run_region(0, [np.asarray(a[i]) for a in arrays])[0]
+        for i in np.ndindex(*arrays[0].shape)
+    ]
+    if not out:
+        return np.zeros(ctx.result_type.shape, dtype=ctx.result_type.numpy_dtype)
+    return assemble(arrays[0].shape, out)
