@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tv_ir.algebra import _storage_dtype
-from tv_ir.ir import Block, Module, Op, Region, TensorType, Value
+from tv_ir.ir import Block, Module, Op, Region, TensorType, Value, storage_dtype
 
 name = "expand-batch-norm"
 
@@ -70,7 +69,7 @@ class _Builder:
     def scalar(self, value: float) -> Value:
         """constant(value, element_type(operand)), rounded to that type."""
         st = TensorType((), self.t.dtype)
-        x = np.asarray(value, dtype=np.float64).astype(_storage_dtype(st)).astype(np.float64)
+        x = np.asarray(value, dtype=np.float64).astype(storage_dtype(st)).astype(np.float64)
         return self.emit("stablehlo.constant", [], st, {"value": x})
 
     def full(self, v: Value) -> Value:

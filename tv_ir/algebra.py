@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .ir import TensorType
+from .ir import TensorType, storage_dtype
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
@@ -25,19 +25,6 @@ def _lgamma_scalar(x: float) -> float:
 
 
 _lgamma = np.vectorize(_lgamma_scalar, otypes=[np.float64])
-
-
-def _storage_dtype(t: TensorType) -> np.dtype:
-    """The numpy dtype holding t's elements at their true width (f32 -> float32, ...)."""
-    if not t.is_float:
-        return np.dtype(t.numpy_dtype)
-    import ml_dtypes
-
-    names = {"f64": "float64", "f32": "float32", "f16": "float16"}
-    if t.dtype in names:
-        return np.dtype(names[t.dtype])
-    extra = {"bf16": "bfloat16", "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2"}
-    return np.dtype(getattr(ml_dtypes, extra[t.dtype]))
 
 
 def _int_min_by_minus_one(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -86,8 +73,8 @@ class NumpyAlgebra:
         """bitcast_convert of concrete values: floats are first rounded to their own width
         (exact for values of that type), the bits reinterpreted little-endian (XLA:CPU);
         a narrower result gets a trailing dimension, a wider one consumes it."""
-        bits = np.ascontiguousarray(np.asarray(x).astype(_storage_dtype(src)))
-        out = bits.view(_storage_dtype(dst)).reshape(dst.shape)
+        bits = np.ascontiguousarray(np.asarray(x).astype(storage_dtype(src)))
+        out = bits.view(storage_dtype(dst)).reshape(dst.shape)
         return out.astype(np.float64) if dst.is_float else out
 
     def is_symbolic(self, x) -> bool:

@@ -69,6 +69,21 @@ class TensorType:
         return f"tensor<{dims + 'x' if dims else ''}{self.dtype}>"
 
 
+def storage_dtype(t: TensorType):
+    """The numpy dtype holding t's elements at their true width (f32 -> float32, ...)."""
+    import numpy as np
+
+    if not t.is_float:
+        return np.dtype(t.numpy_dtype)
+    import ml_dtypes
+
+    names = {"f64": "float64", "f32": "float32", "f16": "float16"}
+    if t.dtype in names:
+        return np.dtype(names[t.dtype])
+    extra = {"bf16": "bfloat16", "f8E4M3FN": "float8_e4m3fn", "f8E5M2": "float8_e5m2"}
+    return np.dtype(getattr(ml_dtypes, extra[t.dtype]))
+
+
 @dataclass(frozen=True)
 class TokenType:
     """`!stablehlo.token`: carries ordering only."""

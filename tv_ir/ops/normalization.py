@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..algebra import _storage_dtype
-from ..ir import TensorType
+from ..ir import TensorType, storage_dtype
 from .registry import op
 
 
@@ -26,7 +25,7 @@ def _along(v, feature_index: int, shape: tuple) -> np.ndarray:
 
 def _scalar(ctx, value: float, like: TensorType):
     """constant(value, element_type(like)): rounded to that type, as XLA holds it."""
-    rounded = np.asarray(value, dtype=np.float64).astype(_storage_dtype(like)).astype(np.float64)
+    rounded = np.asarray(value, dtype=np.float64).astype(storage_dtype(like)).astype(np.float64)
     return ctx.alg.constant(rounded, TensorType((), like.dtype))
 
 
