@@ -180,3 +180,10 @@ def test_folded_sqrt_of_a_negative_constant_is_undefined_not_a_crash() -> None:
     # against the identity, the guard set x > 100 shows the NaN
     r = _verdict(lambda x: x + 0.0, sqrt_of_minus_one_past, V)
     assert r.verdict == "not_equivalent", r.reason
+
+
+def test_a_cut_point_keeps_a_one_fact_condition() -> None:
+    # x / x is 1 where x != 0: the cut-point standing for it must stay undefined at 0, so
+    # isfinite(x / x) is not folded to true (the soundness fuzzer found this)
+    r = _verdict(lambda x, y: x + 0 * y, lambda x, y: jnp.where(jnp.isfinite(x / x), x, y), V, V)
+    assert r.verdict == "not_equivalent", r.reason

@@ -110,3 +110,10 @@ def test_z3_refutes_with_a_model() -> None:
     assert res.status == "sat"
     vx = res.model[T.as_atom(x).id]
     assert vx * vx != vx
+
+
+def test_settle_keeps_a_condition_that_is_one_fact() -> None:
+    q = T.div(x, x)
+    assert T.settle(q).dom is q.dom
+    both = T.mul(T.div(x, y), T.fn("log", x))
+    assert T.settle(both).dom is both.dom

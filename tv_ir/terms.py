@@ -978,6 +978,8 @@ def _under(b: Bool, facts: frozenset, memo: dict, top: bool = False) -> Bool:
     """b with the facts true (and their negations false)."""
     if b.kind == "const" or not b.syms and b.kind != "opaque":
         return b
+    if top and b in facts:
+        return b  # the condition is itself the one fact: nothing to simplify
     hit = memo.get(b)
     if hit is not None and not top:
         return hit
