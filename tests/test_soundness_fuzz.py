@@ -195,7 +195,19 @@ def test_no_false_equivalent_on_guard_sets(pair) -> None:
     if r.verdict == "not_equivalent":
         ce = r.counterexample
         x, y = (np.asarray(v, np.float64).reshape(-1) for v in ce.inputs.values())
-        assert _xla_difference(spec, impl, x, y), f"refutation not shown by XLA: {spec} / {impl}"
+        if not _xla_difference(spec, impl, x, y):
+            # tv replays in float64 with numpy's functions; a guard that holds exactly at an
+            # irrational root (rsqrt(y) == x * y) may hold in tv's replay and miss by an ulp
+            # on XLA. Such a refutation must still be a real difference: XLA sees it on the
+            # grid, or at the counterexample's neighbours in float32
+            near = [
+                np.nextafter(v.astype(np.float32), d) for v in (x, y) for d in (-np.inf, np.inf)
+            ]
+            shown = differs or any(
+                _xla_difference(spec, impl, a, b) for a in near[:2] for b in near[2:]
+            )
+            TALLY[("not_equivalent", "float64 root, shown nearby" if shown else "NOT SHOWN")] += 1
+            assert shown, f"refutation not shown by XLA: {spec} / {impl}"
 
 
 @pytest.fixture(scope="module", autouse=True)
