@@ -927,6 +927,8 @@ _CMP = {
 
 
 def _cmp(rel: str, d: Poly) -> Bool:
+    if d.inf:  # an infinity (a substituted -inf mask, x + 1/0): its sign decides
+        return bconst(rel != "==" and d.inf > 0)
     if d.is_const():
         v = d.const_value()
         return bconst(v > 0 if rel == ">" else v >= 0 if rel == ">=" else v == 0)
