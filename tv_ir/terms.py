@@ -284,11 +284,6 @@ def _dom_all(items) -> Bool:
     return d
 
 
-def is_defined(p: Poly) -> bool:
-    """Whether p is defined for every value of its symbols (no condition at all)."""
-    return p.dom is TRUE
-
-
 def const(c) -> Poly:
     if isinstance(c, Poly):
         return c
