@@ -110,6 +110,12 @@ def _common(p):
         "naming the op being proved (default: no limit)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for simulation inputs")
+    p.add_argument(
+        "--no-reduce",
+        action="store_true",
+        help="check at the programs' real sizes (default: prove at reduced shapes where every "
+        "op allows it; see docs/equivalence.md, Shape reduction)",
+    )
 
 
 def _progress(enabled: bool):
@@ -142,6 +148,7 @@ def _run_check(spec, impl, args) -> int:
         progress=progress,
         time_limit=args.time_limit,
         memory_limit=args.memory_limit,
+        reduce_shapes=not args.no_reduce,
     )
     return _print(report, args, progress)
 
@@ -160,6 +167,7 @@ def _run_partition(args) -> int:
             progress,
             args.time_limit,
             memory_limit=args.memory_limit,
+            reduce_shapes=not args.no_reduce,
         )
     else:
         spec, spec_fn = (args.spec, None) if args.spec else (None, None)
@@ -177,6 +185,7 @@ def _run_partition(args) -> int:
             progress=progress,
             time_limit=args.time_limit,
             memory_limit=args.memory_limit,
+            reduce_shapes=not args.no_reduce,
         )
     return _print(report, args, progress)
 

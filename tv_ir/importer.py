@@ -632,15 +632,15 @@ def _dense_to_numpy(a) -> np.ndarray:
         # the bindings cannot hand these buffers to numpy: read the printed form, each
         # element rounded to the type (the exact value of its bits), then widened
         shape = tuple(t.shape)
-        if a.is_splat:
-            return np.full(shape, _splat_value(a, dt), dtype=np.float64)
+        if a.is_splat:  # a broadcast view: a splat of any size costs one element
+            return np.broadcast_to(np.float64(_splat_value(a, dt)), shape)
         values = _printed_elements(str(a), dt, int(np.prod(shape, dtype=np.int64)))
         return values.reshape(shape)
     arr = np.array(a)
-    if arr.shape != tuple(t.shape):  # splat
-        arr = np.broadcast_to(arr.reshape(-1)[:1].reshape(()), tuple(t.shape)).copy()
     if arr.dtype.kind == "f":
         arr = arr.astype(np.float64)
+    if arr.shape != tuple(t.shape):  # splat: a broadcast view, one element whatever its size
+        arr = np.broadcast_to(arr.reshape(-1)[:1].reshape(()), tuple(t.shape))
     return arr
 
 

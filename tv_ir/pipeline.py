@@ -23,7 +23,7 @@ from .limits import (
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .prover.smt import SolverError
-from .report import UNKNOWN, Report
+from .report import NOT_EQUIVALENT, UNKNOWN, Report
 
 
 def prepare(source, role: str) -> Module:
@@ -36,7 +36,6 @@ def prepare(source, role: str) -> Module:
         return source
     try:
         module = load(source)
-        refuse_oversized(module, module.source)
     except BadInput as e:
         raise BadInput(f"{role}: {e}") from None
     check_time()
@@ -98,6 +97,7 @@ def check(
     placement=None,
     time_limit: float | None = None,
     memory_limit: float | None = None,
+    reduce_shapes: bool = True,
 ) -> Report:
     """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module).
 
@@ -105,11 +105,22 @@ def check(
     else from its `mhlo.sharding` attributes (single device when it has none).
     `time_limit` bounds the whole run (import, unrolling, simulation, proof): when it runs
     out the verdict is unknown. `memory_limit` (MB) bounds the process's resident memory,
-    polled between steps: going over it makes the verdict unknown.
+    polled between steps: going over it makes the verdict unknown. `reduce_shapes` proves
+    the pair at reduced shapes when every op allows it (docs/equivalence.md, "Shape
+    reduction"); False checks the programs at their real sizes.
     """
     with memory_budget(memory_limit):
         return run_deep(
-            _bounded, _check, time_limit, spec, impl, timeout, seed, progress, placement
+            _bounded,
+            _check,
+            time_limit,
+            spec,
+            impl,
+            timeout,
+            seed,
+            progress,
+            placement,
+            reduce_shapes,
         )
 
 
@@ -133,7 +144,7 @@ def _bounded(run, time_limit, *args) -> Report:
     return report
 
 
-def _check(spec, impl, timeout, seed, progress, placement) -> Report:
+def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Report:
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec")
     impl_m = prepare(impl, "impl")
@@ -145,6 +156,19 @@ def _check(spec, impl, timeout, seed, progress, placement) -> Report:
         _name_mesh(impl_m, meshes)
     placement = placement or Placement.from_module(spec_m.main, impl_m)
     check_signatures(spec_m, impl_m, placement)
+    reduction = None
+    real = (spec_m, impl_m, placement)
+    if reduce_shapes:
+        from tv_ir.passes.shape_reduction import reduce_pair
+
+        reduction = reduce_pair(spec_m, impl_m, placement)
+        if reduction.reduced:
+            spec_m, impl_m, placement = reduction.spec, reduction.impl, reduction.placement
+    for role, m in (("spec", spec_m), ("impl", impl_m)):
+        try:  # tv evaluates what it checks on concrete arrays: they must fit
+            refuse_oversized(m, m.source)
+        except BadInput as e:
+            raise BadInput(f"{role}: {e}") from None
     t_import = time.perf_counter() - t0
     left = time_left()  # what import left of the time limit is the prover's
     if left is not None and left <= 0:
@@ -159,6 +183,12 @@ def _check(spec, impl, timeout, seed, progress, placement) -> Report:
         report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
     report.stats.seconds["import"] = t_import
     report.stats.seconds["total"] = time.perf_counter() - t0
+    if reduction is not None:
+        report.reduction = reduction.to_json()
+        if reduction.reduced and report.verdict == NOT_EQUIVALENT:
+            from .prover.real_size import replay_at_real_size
+
+            replay_at_real_size(report, *real, reduction.arg_factors, reduction.real_elements)
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
@@ -249,16 +279,26 @@ def partition_and_check(
     progress=None,
     time_limit: float | None = None,
     memory_limit: float | None = None,
+    reduce_shapes: bool = True,
 ) -> Report:
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
-    per-device output equal to the module's own (single-device) semantics."""
+    per-device output equal to the module's own (single-device) semantics. XLA partitions
+    the module at its real sizes; shape reduction then shrinks the partitioned program."""
     with memory_budget(memory_limit):
         return run_deep(
-            _bounded, _partition_and_check, time_limit, module, timeout, seed, progress, time_limit
+            _bounded,
+            _partition_and_check,
+            time_limit,
+            module,
+            timeout,
+            seed,
+            progress,
+            time_limit,
+            reduce_shapes,
         )
 
 
-def _partition_and_check(module, timeout, seed, progress, time_limit) -> Report:
+def _partition_and_check(module, timeout, seed, progress, time_limit, reduce_shapes) -> Report:
     from .importer import read_source
     from .partitioner import partition
 
@@ -272,7 +312,9 @@ def _partition_and_check(module, timeout, seed, progress, time_limit) -> Report:
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
     )
-    report = check(spec_m, impl_m, timeout, seed, progress, placement, time_limit)
+    report = check(
+        spec_m, impl_m, timeout, seed, progress, placement, time_limit, reduce_shapes=reduce_shapes
+    )
     report.spec_name = name
     report.impl_name = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
     return report
@@ -290,6 +332,7 @@ def shardy_partition_and_check(
     progress=None,
     time_limit: float | None = None,
     memory_limit: float | None = None,
+    reduce_shapes: bool = True,
 ) -> Report:
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
@@ -309,6 +352,7 @@ def shardy_partition_and_check(
             seed,
             progress,
             time_limit,
+            reduce_shapes,
         )
 
 
@@ -323,6 +367,7 @@ def _shardy_partition_and_check(
     seed,
     progress,
     time_limit,
+    reduce_shapes,
 ) -> Report:
     from .importer import read_source
     from .shardy_passes import run_shardy
@@ -346,7 +391,9 @@ def _shardy_partition_and_check(
         placement = Placement.single_device(spec_m.main)
     else:
         placement = Placement.from_sdy(spec_m.main, annotated)
-    report = check(spec_m, impl_m, timeout, seed, progress, placement, time_limit)
+    report = check(
+        spec_m, impl_m, timeout, seed, progress, placement, time_limit, reduce_shapes=reduce_shapes
+    )
     report.spec_name = spec_name
     report.impl_name = (
         f"Shardy's {pipeline} passes on @{entry} of {name} ({placement.num_devices} devices)"

@@ -96,6 +96,9 @@ class Report:
     notes: list[str] = field(default_factory=list)
     spec_name: str = "spec"
     impl_name: str = "impl"
+    # shape reduction: which dimension classes shrank, from what to what, and which were
+    # kept at their real sizes and why (None when the pair was checked as given)
+    reduction: dict | None = None
 
     @property
     def exit_code(self) -> int:

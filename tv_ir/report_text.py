@@ -45,6 +45,8 @@ def render(r) -> str:
         if r.unsupported:
             lines.append(f"  unsupported: {', '.join(sorted(set(r.unsupported)))}")
         lines.append(f"  {s.stages} stages were proved before stopping; {timing}")
+    if r.reduction and r.reduction.get("reduced"):
+        lines.append("  " + r.reduction["summary"].replace("\n", "\n  "))
     for note in r.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)

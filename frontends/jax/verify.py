@@ -10,7 +10,7 @@ from tv_ir.report import Report
 from .lowering import Lowered, lower
 from .mesh import named, resolve_mesh
 
-CHECK_OPTIONS = ("timeout", "seed", "progress", "time_limit", "memory_limit")
+CHECK_OPTIONS = ("timeout", "seed", "progress", "time_limit", "memory_limit", "reduce_shapes")
 
 
 def verify(
@@ -33,7 +33,8 @@ def verify(
     `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
     are placed on it. `options`: `timeout` (seconds per solver query), `time_limit` (seconds
     for the whole run), `memory_limit` (MB of resident memory for the process), `seed`,
-    `progress`.
+    `progress`, `reduce_shapes` (default True: prove at reduced shapes where every op allows
+    it; False checks at the real sizes).
     """
     from tv_ir.pipeline import check, partition_and_check, prepare
 

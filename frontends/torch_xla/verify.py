@@ -10,7 +10,7 @@ from tv_ir.report import Report
 from . import runtime
 from .export import Exported, export
 
-CHECK_OPTIONS = ("timeout", "seed", "progress")
+CHECK_OPTIONS = ("timeout", "seed", "progress", "time_limit", "memory_limit", "reduce_shapes")
 
 
 def verify(
@@ -31,7 +31,8 @@ def verify(
     of `mark_sharding`. The program is captured as StableHLO, partitioned by XLA and the
     per-device program proved equal to `spec` (a reference model or function, traced
     unsharded), by default to the program's own unsharded meaning.
-    `options`: `timeout` (seconds per solver query), `seed`, `progress`.
+    `options`: `timeout` (seconds per solver query), `time_limit` (seconds for the whole
+    run), `memory_limit` (MB), `seed`, `progress`, `reduce_shapes` (default True).
     """
     unknown = sorted(set(options) - set(CHECK_OPTIONS))
     if unknown:

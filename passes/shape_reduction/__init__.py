@@ -1,0 +1,249 @@
+"""shape-reduction: prove a spec/impl pair at small shapes instead of their real ones.
+
+Both programs' dimensions are grouped into classes that must scale together (`classes`,
+`rules`: every op's shape rule, tied across the spec/impl boundary by the layouts), each
+class gets the largest factor its members allow (`factors`), and both programs are rebuilt
+with every dimension divided by its class's factor (`rewrite`). Classes that an op needs at
+their real size (a window, a gather by data, a constant tensor) are kept, with the reason.
+Why a verdict at the reduced shapes holds at the real ones: docs/equivalence.md, "Shape
+reduction".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from tv_ir.ir import Module, TensorType
+
+from .classes import DimClasses
+from .factors import choose
+from .rewrite import Rewriter, scaled_layout
+from .rules import ShapeRules
+
+name = "shape-reduction"
+
+
+@dataclass(frozen=True)
+class DimClass:
+    """One class: where it first appears, its real and reduced sizes (of that member), and
+    why it was kept at its real size (None when it could shrink)."""
+
+    name: str
+    real: int
+    reduced: int
+    kept: str | None = None
+
+    def __str__(self) -> str:
+        if self.kept:
+            return f"{self.name}: {self.real} kept ({self.kept})"
+        return f"{self.name}: {self.real} -> {self.reduced}"
+
+
+@dataclass
+class Reduction:
+    """What shape reduction did to a pair: classes, and the reduced programs."""
+
+    classes: list[DimClass] = field(default_factory=list)
+    spec: Module | None = None
+    impl: Module | None = None
+    placement: object = None
+    real_elements: int = 0
+    reduced_elements: int = 0
+    # per spec argument, the factor each dimension shrank by
+    arg_factors: list[list[int]] = field(default_factory=list)
+
+    @property
+    def reduced(self) -> bool:
+        return self.spec is not None
+
+    def summary(self) -> str:
+        shrunk = [c for c in self.classes if c.reduced < c.real]
+        kept = [c for c in self.classes if c.kept and c.real > 1]
+        head = (
+            f"shape reduction: {len(shrunk)} dimension classes reduced "
+            f"({self.real_elements:,} -> {self.reduced_elements:,} elements over all values)"
+        )
+        lines = [head] + ["  " + str(c) for c in shrunk[:12]]
+        if len(shrunk) > 12:
+            lines.append(f"  ... {len(shrunk) - 12} more")
+        lines += ["  " + str(c) for c in kept[:6]]
+        if len(kept) > 6:
+            lines.append(f"  ... {len(kept) - 6} more kept")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "reduced": self.reduced,
+            "summary": self.summary(),
+            "real_elements": self.real_elements,
+            "reduced_elements": self.reduced_elements,
+            "classes": [
+                {"name": c.name, "real": c.real, "reduced": c.reduced, "kept": c.kept}
+                for c in self.classes
+                if c.real > 1
+            ],
+        }
+
+
+def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
+    """The pair at reduced shapes (`Reduction.reduced` False when nothing could shrink)."""
+    d = DimClasses()
+    spec_rules = ShapeRules(d, spec, "spec", 1, 1)
+    spec_rules.run(spec.main)
+    impl_rules = ShapeRules(d, impl, "impl", placement.num_partitions, placement.num_replicas)
+    impl_rules.run(impl.main)
+    for what, svals, ivals, layouts in (
+        ("argument", spec.main.args, impl.main.args, placement.args),
+        ("result", spec.main.body.results, impl.main.body.results, placement.results),
+    ):
+        for k, (s, i, lay) in enumerate(zip(svals, ivals, layouts, strict=True)):
+            _tie_by_layout(d, s, i, lay, f"{what} {k}")
+    _arity(d)
+    _tables(d)
+    factor = choose(d)
+    if os.environ.get("TV_REDUCTION_DEBUG"):
+        _debug(d, factor)
+    classes = _describe(d, factor)
+    real = sum(_elements(v) for v in _values(spec) + _values(impl))
+    red = Reduction(classes, real_elements=real, reduced_elements=real)
+    if all(k == 1 for k in factor.values()):
+        return red
+    red.spec = Rewriter(d, factor, spec_rules.pos.rescales, 1).module(spec)
+    red.impl = Rewriter(d, factor, impl_rules.pos.rescales, placement.num_partitions).module(impl)
+    red.placement = _scaled_placement(d, factor, spec, placement)
+    red.arg_factors = [_factors_of(d, factor, v) for v in spec.main.args]
+    red.reduced_elements = sum(_elements(v) for v in _values(red.spec) + _values(red.impl))
+    return red
+
+
+def _arity(d: DimClasses) -> None:
+    """A value with m axes of one class combines m positions of that class in one term: each
+    of those axes keeps at least m positions, so every pattern of equal and distinct
+    positions a term can hold at the real size also occurs at the reduced size."""
+    by_value: dict[int, list] = {}
+    for key in d.parent:
+        by_value.setdefault(key[0], []).append(key)
+    for keys in by_value.values():
+        if len(keys) < 2:
+            continue
+        groups: dict = {}
+        for k in keys:
+            if d.real[k] > 1:
+                groups.setdefault(d.find(k), []).append(k)
+        for members in groups.values():
+            if len(members) > 1:
+                for k in members:
+                    d.at_least(k, len(members))
+
+
+def _tables(d: DimClasses) -> None:
+    """A constant table's first positions are the reduced table only along a dimension no
+    reshape regroups (a regrouped dimension's first positions depend on the grouping)."""
+    regrouped = set()
+    for whole, parts in d.products:
+        regrouped.add(d.find(whole))
+        regrouped.update(d.find(p) for p in parts)
+    for k in d.truncated:
+        if d.find(k) in regrouped:
+            d.keep(k, "a constant table along a dimension that a reshape regroups")
+
+
+def _tie_by_layout(d: DimClasses, s, i, lay, where: str) -> None:
+    """A spec value's dimension and the impl's tile of it scale together; every shard's
+    boundary must stay on the reduced grid (and ragged shards keep the dimension)."""
+    st, it = s.type, i.type
+    if not isinstance(st, TensorType) or not isinstance(it, TensorType):
+        return
+    for a, n in enumerate(st.shape):
+        ks = d.add((s.id, a), n, f"spec {where} dim {a}")
+        ki = d.add((i.id, a), it.shape[a], f"impl {where} dim {a}")
+        d.tie(ks, ki)
+        tile = lay.tile_shape[a] if a < len(lay.tile_shape) else n
+        for box in lay.boxes:
+            start, stop = box[a]
+            if stop - start not in (tile, 0) or n % max(tile, 1):
+                d.keep(ks, f"{where} is sharded unevenly along dim {a}")
+            d.divides(ks, start)
+            d.divides(ks, stop)
+
+
+def _scaled_placement(d: DimClasses, factor: dict, spec: Module, placement):
+    import dataclasses
+
+    def factors(v) -> list[int]:
+        return _factors_of(d, factor, v)
+
+    args = [
+        scaled_layout(lay, factors(v))
+        for lay, v in zip(placement.args, spec.main.args, strict=True)
+    ]
+    results = [
+        scaled_layout(lay, factors(v))
+        for lay, v in zip(placement.results, spec.main.body.results, strict=True)
+    ]
+    return dataclasses.replace(placement, args=args, results=results)
+
+
+def _factors_of(d: DimClasses, factor: dict, v) -> list[int]:
+    t = v.type
+    if not isinstance(t, TensorType):
+        return []
+    return [factor.get(d.find((v.id, a)), 1) for a in range(len(t.shape))]
+
+
+def _describe(d: DimClasses, factor: dict) -> list[DimClass]:
+    out = []
+    for root, members in d.classes().items():
+        first = min(members, key=lambda k: (_rank_name(d.names.get(k, "")), k))
+        f = factor.get(root, 1)
+        real = d.real[first]
+        out.append(DimClass(d.names.get(first, "?"), real, real // f, d.reason_kept(members)))
+    out.sort(key=lambda c: (c.reduced == c.real, -c.real))
+    return out
+
+
+def _rank_name(name: str) -> int:
+    """Prefer naming a class by a spec argument, then a spec result, then anything."""
+    for i, prefix in enumerate(("spec argument", "spec result", "impl argument")):
+        if name.startswith(prefix):
+            return i
+    return 9
+
+
+def _values(m: Module):
+    from tv_ir.ir import walk
+
+    fn = m.main
+    vals = list(fn.args)
+    for op in walk(fn.body):
+        vals.extend(op.results)
+    return vals
+
+
+def _elements(v) -> int:
+    t = v.type
+    return t.size if isinstance(t, TensorType) else 0
+
+
+def _debug(d: DimClasses, factor: dict) -> None:
+    """TV_REDUCTION_DEBUG=1: every class with its bounds, on stderr (for tv's developers)."""
+    for root, members in d.classes().items():
+        if max(d.real[k] for k in members) <= 1:
+            continue
+        g, cap = d.bound(members)
+        sizes = sorted({d.real[k] for k in members})
+        offs = sorted({o for k in members for o in d.offsets.get(k, ())})[:8]
+        lows = sorted({(d.lower[k], d.real[k]) for k in members if k in d.lower})[:6]
+        print(
+            f"class {d.names.get(root, root)}: factor {factor.get(root, 1)} sizes {sizes} "
+            f"g={g} cap={cap} offsets={offs} lower={lows} kept={d.reason_kept(members)}",
+            file=sys.stderr,
+        )
+    for whole, parts in d.products[:40]:
+        print(
+            f"product {d.real[whole]} = {[d.real[p] for p in parts]} factors "
+            f"{factor.get(d.find(whole), 1)} = {[factor.get(d.find(p), 1) for p in parts]}",
+            file=sys.stderr,
+        )

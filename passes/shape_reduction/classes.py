@@ -1,0 +1,93 @@
+"""Dimension classes: which tensor dimensions of the two programs must scale together.
+
+Every dimension (value, axis) of both programs is a member. Two members are tied when an op
+or a layout relates them (an elementwise op's operands, a dot's contracting pair, a shard and
+its global dimension); tied members shrink by the same factor, so their real sizes keep their
+ratios (a tile stays global size / shards). A class is *kept* at its real size when some op
+needs that (a data-dependent index, a window, a non-splat constant): a reason is recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+Key = tuple[int, int]  # (value id, axis)
+
+
+@dataclass
+class DimClasses:
+    parent: dict[Key, Key] = field(default_factory=dict)
+    real: dict[Key, int] = field(default_factory=dict)
+    # a member whose reduced size must stay >= min(its lower bound, real size)
+    lower: dict[Key, int] = field(default_factory=dict)
+    # integers (slice offsets, pad widths, shard boundaries) that the factor must divide
+    offsets: dict[Key, list[int]] = field(default_factory=lambda: defaultdict(list))
+    kept: dict[Key, str] = field(default_factory=dict)
+    # reshape factors: the member's size is the product of the listed members' sizes
+    products: list[tuple[Key, tuple[Key, ...]]] = field(default_factory=list)
+    names: dict[Key, str] = field(default_factory=dict)
+    # dimensions of constant tables, reduced by keeping their first positions
+    truncated: list[Key] = field(default_factory=list)
+
+    def add(self, key: Key, size: int, name: str | None = None) -> Key:
+        if key not in self.parent:
+            self.parent[key] = key
+            self.real[key] = int(size)
+        if name and key not in self.names:
+            self.names[key] = name
+        return key
+
+    def find(self, key: Key) -> Key:
+        root = key
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[key] != root:
+            self.parent[key], key = root, self.parent[key]
+        return root
+
+    def tie(self, a: Key, b: Key) -> None:
+        """a and b scale together (their real sizes keep their ratio)."""
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+    def at_least(self, key: Key, n: int) -> None:
+        self.lower[key] = max(self.lower.get(key, 1), n)
+
+    def divides(self, key: Key, offset: int) -> None:
+        """The class's factor must divide `offset` (an index that scales with the class)."""
+        self.offsets[key].append(abs(int(offset)))
+
+    def keep(self, key: Key, why: str) -> None:
+        self.kept.setdefault(key, why)
+
+    def product(self, whole: Key, parts: tuple[Key, ...]) -> None:
+        self.products.append((whole, parts))
+
+    # -- per class views -------------------------------------------------------------------
+
+    def classes(self) -> dict[Key, list[Key]]:
+        out: dict[Key, list[Key]] = defaultdict(list)
+        for k in self.parent:
+            out[self.find(k)].append(k)
+        return out
+
+    def bound(self, members: list[Key]) -> tuple[int, int]:
+        """(g, m): every factor of the class divides g, and is at most m (lower bounds)."""
+        g, m = 0, None
+        for k in members:
+            g = math.gcd(g, self.real[k])
+            for o in self.offsets.get(k, ()):
+                g = math.gcd(g, o)
+            low = min(self.lower.get(k, 1), self.real[k])
+            cap = self.real[k] // max(low, 1)
+            m = cap if m is None else min(m, cap)
+        return g, (m if m is not None else 1)
+
+    def reason_kept(self, members: list[Key]) -> str | None:
+        for k in members:
+            if k in self.kept:
+                return self.kept[k]
+        return None

@@ -1,0 +1,118 @@
+"""Reduced sizes: one factor per dimension class, as large as the class allows.
+
+A class's factor divides every member's real size and every offset recorded against it,
+and leaves each member at least its lower bound (2 on contracted and reduced dimensions,
+TrainVerify's rule; 1 elsewhere, so every shard stays non-empty). A class that is the
+product of others (a reshape's merged dimension) takes the product of their factors; when
+that breaks one of its own bounds, the largest factor among its parts is lowered until it
+holds. Kept classes have factor 1.
+"""
+
+from __future__ import annotations
+
+from .classes import DimClasses, Key
+
+
+def _largest_divisor(g: int, cap: int) -> int:
+    if g <= 0 or cap <= 1:
+        return 1
+    best = 1
+    k = 1
+    while k * k <= g:
+        if g % k == 0:
+            for c in (k, g // k):
+                if c <= cap and c > best:
+                    best = c
+        k += 1
+    return best
+
+
+def _smallest_prime(n: int) -> int:
+    p = 2
+    while p * p <= n:
+        if n % p == 0:
+            return p
+        p += 1
+    return n
+
+
+def choose(d: DimClasses) -> dict[Key, int]:
+    """The factor of every class (keyed by its root)."""
+    classes = d.classes()
+    limits: dict[Key, tuple[int, int]] = {}
+    for root, members in classes.items():
+        g, cap = d.bound(members)
+        if d.reason_kept(members) is not None:
+            g, cap = 1, 1
+        limits[root] = (g, cap)
+    defs: dict[Key, list[tuple[Key, ...]]] = {}
+    for whole, parts in d.products:
+        defs.setdefault(d.find(whole), []).append(tuple(d.find(p) for p in parts))
+
+    def atoms(root: Key, seen: frozenset = frozenset()) -> list[Key] | None:
+        if root not in defs:
+            return [root]
+        if root in seen:
+            return None  # a cycle of products
+        out = []
+        for p in defs[root][0]:
+            sub = atoms(p, seen | {root})
+            if sub is None:
+                return None
+            out += sub
+        return out
+
+    factor = {r: _largest_divisor(*limits[r]) for r in classes if r not in defs}
+    stuck: set[Key] = set()
+    for _ in range(10_000):
+        changed = False
+        for whole, alts in defs.items():
+            groups = [atoms(whole)] + [
+                sum((atoms(p) or [p] for p in parts), []) for parts in alts[1:]
+            ]
+            if any(g is None for g in groups):
+                for r in _roots_of(defs, whole):
+                    factor[r] = 1
+                stuck.add(whole)
+                continue
+            g, cap = limits[whole]
+            values = [_prod(factor[a] for a in grp if a in factor) for grp in groups]
+            bad = [v for v in values if v > cap or (g and g % v) or v != values[0]]
+            if not bad:
+                continue
+            # lower the largest factor among the parts of the largest product
+            grp = groups[values.index(max(values))]
+            a = max((x for x in grp if factor.get(x, 1) > 1), key=lambda x: factor[x], default=None)
+            if a is None:
+                stuck.add(whole)
+                continue
+            factor[a] //= _smallest_prime(factor[a])
+            changed = True
+        if not changed:
+            break
+    for whole in defs:
+        grp = atoms(whole)
+        factor[whole] = 1 if grp is None or whole in stuck else _prod(factor[a] for a in grp)
+    return factor
+
+
+def _roots_of(defs, whole) -> list:
+    out, stack, seen = [], [whole], set()
+    while stack:
+        r = stack.pop()
+        if r in seen:
+            continue
+        seen.add(r)
+        if r in defs:
+            for parts in defs[r]:
+                stack.extend(parts)
+        else:
+            out.append(r)
+    return out
+
+
+def _prod(xs) -> int:
+    n = 1
+    for x in xs:
+        n *= x
+    return n

@@ -1,0 +1,163 @@
+"""The reduced programs: each value's dimensions divided by their class's factor.
+
+Only attributes that hold sizes or offsets change (slice bounds, pad widths, dynamic_slice
+sizes, splat constants' shapes), and known integers in a class's units are read divided
+(`Rescale`: a constant, or a per-device table indexed by `partition_id`). Ops keep their
+source locations, so a refutation at reduced shapes names the user's op and line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tv_ir.ir import Block, Function, Module, Op, Region, TensorType, Value
+from tv_ir.layout import Layout
+
+from .classes import DimClasses
+from .rules import Rescale
+
+
+class Rewriter:
+    def __init__(self, d: DimClasses, factor: dict, rescales: list[Rescale], num_partitions: int):
+        self.d = d
+        self.factor = factor
+        self.rescales = {(id(r.op), r.operand): r for r in rescales}
+        self.num_partitions = num_partitions
+        self.vmap: dict[int, Value] = {}
+
+    def f(self, vid: int, axis: int) -> int:
+        key = (vid, axis)
+        if key not in self.d.parent:
+            return 1
+        return self.factor.get(self.d.find(key), 1)
+
+    def type_of(self, v: Value):
+        t = v.type
+        if not isinstance(t, TensorType):
+            return t
+        shape = []
+        for a, n in enumerate(t.shape):
+            k = self.f(v.id, a)
+            if n % k:
+                raise AssertionError(f"factor {k} does not divide {n} ({v})")
+            shape.append(n // k)
+        return TensorType(tuple(shape), t.dtype)
+
+    def value(self, v: Value, owner: Op | None = None, index: int = 0) -> Value:
+        nv = Value(self.type_of(v), v.name, owner, index)
+        self.vmap[v.id] = nv
+        return nv
+
+    def module(self, m: Module) -> Module:
+        fn = m.main
+        new_fn = self.function(fn)
+        functions = {k: (new_fn if f is fn else f) for k, f in m.functions.items()}
+        return dataclasses.replace(m, functions=functions)
+
+    def function(self, fn: Function) -> Function:
+        body = self.block(fn.body)
+        return dataclasses.replace(fn, body=body, result_types=[v.type for v in body.results])
+
+    def block(self, b: Block) -> Block:
+        args = [self.value(a) for a in b.args]
+        ops: list[Op] = []
+        for op in b.ops:
+            ops.extend(self.op(op))
+        return Block(args, ops, [self.vmap[v.id] for v in b.results])
+
+    def op(self, op: Op) -> list[Op]:
+        before: list[Op] = []
+        operands = []
+        for k, v in enumerate(op.operands):
+            r = self.rescales.get((id(op), k))
+            if r is not None and self.factor.get(self.d.find(r.key), 1) > 1:
+                new_ops, nv = self.rescaled(r, v)
+                before += new_ops
+                operands.append(nv)
+            else:
+                operands.append(self.vmap[v.id])
+        attrs = self.attrs(op)
+        new = Op(op.name, operands, [], attrs, [], op.loc)
+        new.regions = [Region(self.block(r.block)) for r in op.regions]
+        new.results = [self.value(v, new, i) for i, v in enumerate(op.results)]
+        return before + [new]
+
+    def attrs(self, op: Op) -> dict:
+        attrs = dict(op.attrs)
+        name = op.short_name
+        if name == "constant":
+            value = np.asarray(attrs["value"])
+            shape = self.type_of(op.results[0]).shape
+            if tuple(shape) != value.shape:
+                flat = value.reshape(-1)
+                if value.size and np.all(flat == flat[0]):
+                    attrs["value"] = np.broadcast_to(flat[:1].reshape(()), shape)
+                else:  # a table: its first positions
+                    attrs["value"] = value[tuple(slice(0, n) for n in shape)]
+        elif name == "slice":
+            x = op.operands[0]
+            starts, limits = [], []
+            out = self.type_of(op.results[0]).shape
+            strides = attrs.get("strides") or (1,) * len(out)
+            for a, (s, st) in enumerate(zip(attrs["start_indices"], strides, strict=True)):
+                s2 = s // self.f(x.id, a)
+                starts.append(s2)
+                limits.append(s2 + (out[a] - 1) * st + 1 if out[a] else s2)
+            attrs["start_indices"], attrs["limit_indices"] = tuple(starts), tuple(limits)
+        elif name == "pad":
+            x = op.operands[0]
+            for key in ("edge_padding_low", "edge_padding_high"):
+                attrs[key] = tuple(p // self.f(x.id, a) for a, p in enumerate(attrs[key]))
+        elif name == "dynamic_slice":
+            attrs["slice_sizes"] = tuple(self.type_of(op.results[0]).shape)
+        return attrs
+
+    def rescaled(self, r: Rescale, v: Value) -> tuple[list[Op], Value]:
+        """Ops computing r's known values divided by the class factor, on every device."""
+        k = self.factor[self.d.find(r.key)]
+        t = v.type
+        dt = np.asarray(r.values[0]).dtype
+        vals = [np.asarray(x) // k for x in r.values]
+        if all(np.array_equal(vals[0], x) for x in vals):
+            value = np.asarray(vals[0], dtype=dt)
+            c = Op("stablehlo.constant", [], [], {"value": value}, [], r.op.loc)
+            c.results = [Value(t, None, c, 0)]
+            return [c], c.results[0]
+        if t.shape != () or len(vals) != self.num_partitions:
+            raise AssertionError("per-device offsets of a tensor or across replicas")
+        table_t = TensorType((len(vals),), t.dtype)
+        table = Op("stablehlo.constant", [], [], {"value": np.array(vals, dtype=dt)}, [], r.op.loc)
+        table.results = [Value(table_t, None, table, 0)]
+        pid = Op("stablehlo.partition_id", [], [], {}, [], r.op.loc)
+        pid.results = [Value(TensorType((), "ui32"), None, pid, 0)]
+        one_t = TensorType((1,), t.dtype)
+        pick = Op(
+            "stablehlo.dynamic_slice",
+            [table.results[0], pid.results[0]],
+            [],
+            {"slice_sizes": (1,)},
+            [],
+            r.op.loc,
+        )
+        pick.results = [Value(one_t, None, pick, 0)]
+        scalar = Op("stablehlo.reshape", [pick.results[0]], [], {}, [], r.op.loc)
+        scalar.results = [Value(t, None, scalar, 0)]
+        return [table, pid, pick, scalar], scalar.results[0]
+
+
+def scaled_layout(lay: Layout, factors: list[int]) -> Layout:
+    """The same tiling of a tensor whose dimension a shrank by factors[a]."""
+    if all(k == 1 for k in factors):
+        return lay
+
+    def box(b):
+        return tuple((s // k, e // k) for (s, e), k in zip(b, factors, strict=True))
+
+    return dataclasses.replace(
+        lay,
+        global_shape=tuple(n // k for n, k in zip(lay.global_shape, factors, strict=True)),
+        boxes=tuple(box(b) for b in lay.boxes),
+        tile_shape=tuple(n // k for n, k in zip(lay.tile_shape, factors, strict=True)),
+    )

@@ -1,0 +1,508 @@
+"""Shape rules: for each op, how its dimensions tie, and whether its meaning is size-generic.
+
+An op is *size-generic* when each output element is a fixed kernel of operand elements at
+index maps that are affine in the positions, with offsets that scale with the dimension
+(elementwise ops, broadcasts, reshapes by factors, transposes, dots and reductions,
+slices/pads/concatenations at offsets the factor divides, collectives, shard boundaries).
+Everything else keeps its dimensions at their real sizes (`DimClasses.keep`), with the reason.
+
+Integer values that act as positions are tracked beside the shapes (`Positions`):
+- `iota` along a class gives *positions* of that class (`index`);
+- integers computed from constants and `partition_id` alone are *known* per device (folded
+  with the concrete op table), and where a known integer meets a position (an offset added
+  to it, a bound compared with it, a `dynamic_slice` start) it is in that class's units: the
+  factor must divide it, and the reduced program reads it divided (`Rescale`).
+A position used any other way, and a start index computed from inputs, keep the class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tv_ir.ir import Block, Function, Module, Op, TensorType, Value, walk
+
+from .classes import DimClasses, Key
+
+ELEMENTWISE = {
+    "stablehlo." + n
+    for n in (
+        "add subtract multiply divide remainder power maximum minimum atan2 negate abs sign "
+        "exponential exponential_minus_one log log_plus_one logistic sqrt rsqrt cbrt tanh "
+        "sine cosine tan floor ceil round_nearest_afz round_nearest_even is_finite not and or "
+        "xor shift_left shift_right_logical shift_right_arithmetic popcnt count_leading_zeros "
+        "compare select clamp convert reduce_precision real imag complex bitcast_convert "
+        "erf erf_inv lgamma digamma acos asin atan acosh asinh atanh sinh cosh"
+    ).split()
+} | {"chlo.erf", "chlo.erf_inv", "chlo.lgamma", "chlo.digamma", "mhlo.erf"}
+# ops whose results are their operands, dimension by dimension
+PASS_THROUGH = {
+    "stablehlo.optimization_barrier",
+    "mhlo.copy",
+    "stablehlo.all_reduce",
+    "stablehlo.collective_permute",
+    "stablehlo.collective_broadcast",
+    "sdy.sharding_constraint",
+    "sdy.reshard",
+}
+# custom calls that only move a value between sharded and manual views
+SHARDING_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
+FOLD_LIMIT = 4096  # known integer tensors are folded up to this many elements per device
+
+
+@dataclass
+class Rescale:
+    """Operand `operand` of `op` is a known integer in units of class `key`: the reduced
+    program reads values[d] / factor on device d."""
+
+    op: Op
+    operand: int
+    key: Key
+    values: list[np.ndarray]
+
+
+@dataclass
+class Positions:
+    index: dict[int, Key] = field(default_factory=dict)  # value id -> its positions' class
+    known: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per device
+    independent: set[int] = field(default_factory=set)  # value ids that read no input
+    rescales: list[Rescale] = field(default_factory=list)
+
+
+def dims_of(d: DimClasses, v: Value, where: str) -> list[Key]:
+    t = v.type
+    if not isinstance(t, TensorType):
+        return []
+    return [d.add((v.id, a), n, f"{where} dim {a}") for a, n in enumerate(t.shape)]
+
+
+class ShapeRules:
+    """Walks one program, tying its dimensions and tracking positions."""
+
+    def __init__(
+        self, dims: DimClasses, module: Module, side: str, num_partitions: int, num_replicas: int
+    ):
+        self.d = dims
+        self.module = module
+        self.side = side
+        self.num_partitions = num_partitions
+        self.num_devices = num_partitions * num_replicas
+        self.pos = Positions()
+        self._evaluators = None
+
+    # -- walking ---------------------------------------------------------------------------
+
+    def run(self, fn: Function) -> None:
+        for k, a in enumerate(fn.args):
+            dims_of(self.d, a, f"{self.side} argument {k}")
+        self.block(fn.body)
+        for k, r in enumerate(fn.body.results):
+            dims_of(self.d, r, f"{self.side} result {k}")
+
+    def block(self, block: Block) -> None:
+        for op in block.ops:
+            for r in op.results:
+                dims_of(self.d, r, f"{op.short_name} at {op.loc}")
+            if op.operands and all(v.id in self.pos.independent for v in op.operands):
+                self.pos.independent.update(r.id for r in op.results)
+            self.op(op)
+
+    def op(self, op: Op) -> None:
+        name = op.name
+        if name in ELEMENTWISE:
+            return self.elementwise(op)
+        rule = getattr(self, "rule_" + op.short_name.replace(".", "_"), None)
+        if name == "stablehlo.custom_call":
+            target = op.attrs.get("call_target_name")
+            if target in SHARDING_CALLS:
+                return self.pass_through(op)
+            return self.keep_all(op, f"custom_call @{target}")
+        if name in PASS_THROUGH:
+            return self.pass_through(op)
+        if rule is not None and (name.startswith("stablehlo.") or name.startswith("sdy.")):
+            return rule(op)
+        return self.keep_all(op, f"{name} (no shape rule)")
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def keys(self, v: Value) -> list[Key]:
+        return dims_of(self.d, v, "")
+
+    def tie_all(self, a: Value, b: Value) -> None:
+        ka, kb = self.keys(a), self.keys(b)
+        if len(ka) == len(kb):
+            for x, y in zip(ka, kb, strict=True):
+                self.d.tie(x, y)
+
+    def keep_value(self, v: Value, why: str) -> None:
+        for k in self.keys(v):
+            self.d.keep(k, why)
+
+    def keep_all(self, op: Op, why: str) -> None:
+        for v in list(op.operands) + list(op.results):
+            self.keep_value(v, why)
+        for region in op.regions:
+            for inner in walk(region.block):
+                for v in inner.results:
+                    self.keep_value(v, why)
+            for v in region.block.args:
+                self.keep_value(v, why)
+        for v in op.operands:
+            self.untrack(v, why)
+
+    def untrack(self, v: Value, why: str) -> None:
+        """A position used in a way tv does not follow: its class keeps its size."""
+        key = self.pos.index.get(v.id)
+        if key is not None:
+            self.d.keep(key, f"positions used by {why}")
+
+    def pass_through(self, op: Op) -> None:
+        for a, b in zip(op.operands, op.results, strict=False):
+            self.tie_all(a, b)
+            self.carry(a, b)
+
+    def carry(self, a: Value, b: Value, axis_map=None) -> None:
+        """b holds a's positions (at axis_map[axis]) or a's known values."""
+        key = self.pos.index.get(a.id)
+        if key is not None:
+            self.pos.index[b.id] = key
+        if a.id in self.pos.known:
+            self.fold_into(b)
+
+    # -- positions and known integers ------------------------------------------------------
+
+    def fold(self, op: Op) -> None:
+        """Fold op per device when all its operands are known (small integer tensors)."""
+        if op.regions or not all(v.id in self.pos.known for v in op.operands):
+            return
+        if any(
+            not isinstance(r.type, TensorType) or r.type.is_float or r.type.size > FOLD_LIMIT
+            for r in op.results
+        ):
+            return
+        outs = []
+        for dev in range(self.num_devices):
+            ev = self._evaluator(dev)
+            for v in op.operands:
+                ev.env[v.id] = self.pos.known[v.id][dev]
+            try:
+                outs.append(ev.evaluate_op(op))
+            except Exception:  # not foldable here: the value is simply not known
+                return
+        for k, r in enumerate(op.results):
+            self.pos.known[r.id] = [o[k] for o in outs]
+
+    def fold_into(self, b: Value) -> None:
+        if b.owner is not None:
+            self.fold(b.owner)
+
+    def _evaluator(self, dev: int):
+        from tv_ir.algebra import NumpyAlgebra
+        from tv_ir.evaluator import BlockEvaluator
+        from tv_ir.process_grid import Device
+
+        if self._evaluators is None:
+            self._evaluators = [
+                BlockEvaluator(
+                    self.module,
+                    NumpyAlgebra(),
+                    device=Device(d // self.num_partitions, d % self.num_partitions, d),
+                )
+                for d in range(self.num_devices)
+            ]
+        return self._evaluators[dev]
+
+    def in_units(self, op: Op, operand: int, key: Key) -> bool:
+        """Operand `operand` of op is an offset in class `key`'s units: it must be known."""
+        v = op.operands[operand]
+        vals = self.pos.known.get(v.id)
+        if vals is None:
+            self.d.keep(key, f"{op.short_name} at {op.loc} offsets it by a value of the inputs")
+            return False
+        for arr in vals:
+            for x in np.asarray(arr).reshape(-1)[:FOLD_LIMIT]:
+                self.d.divides(key, int(x))
+        if any(np.any(np.asarray(a) != 0) for a in vals):
+            self.pos.rescales.append(Rescale(op, operand, key, vals))
+        return True
+
+    # -- rules -----------------------------------------------------------------------------
+
+    def elementwise(self, op: Op) -> None:
+        ranked = [v for v in list(op.operands) + list(op.results) if _rank(v) > 0]
+        for v in ranked[1:]:
+            self.tie_all(ranked[0], v)
+        self.fold(op)
+        idx = [self.pos.index.get(v.id) for v in op.operands]
+        if not any(k is not None for k in idx):
+            return
+        name = op.short_name
+        if name == "convert":
+            if op.results[0].type.is_float:  # positions as numbers (RoPE angles)
+                return
+            self.pos.index[op.results[0].id] = idx[0]
+            return
+        if name == "compare":
+            a, b = idx
+            if a is not None and b is not None:  # a mask: each block keeps both sides
+                self.d.tie(a, b)
+                self.d.at_least(a, 2)
+                self.d.at_least(b, 2)
+                return
+            other = 1 if a is not None else 0
+            key = a if a is not None else b
+            if op.operands[other].id in self.pos.known:
+                self.in_units(op, other, key)
+                return
+            if op.operands[other].type.is_integer:  # positions against data (one-hot)
+                return
+        if name in ("add", "subtract") and idx[0] is not None and idx[1] is None:
+            if self.in_units(op, 1, idx[0]):
+                self.pos.index[op.results[0].id] = idx[0]
+            return
+        if name == "add" and idx[1] is not None and idx[0] is None:
+            if self.in_units(op, 0, idx[1]):
+                self.pos.index[op.results[0].id] = idx[1]
+            return
+        for k in idx:
+            if k is not None:
+                self.d.keep(k, f"positions used by {op.short_name} at {op.loc}")
+
+    def rule_constant(self, op: Op) -> None:
+        value = np.asarray(op.attrs.get("value"))
+        r = op.results[0]
+        self.pos.independent.add(r.id)
+        splat = value.size <= 1 or bool(np.all(value.reshape(-1) == value.reshape(-1)[0]))
+        if not splat:
+            # a table of values by position (RoPE angles, a causal mask): the reduced program
+            # reads its first positions, as an iota would give them; an integer table may
+            # hold positions itself, so it keeps its size
+            for k, n in zip(self.keys(r), r.type.shape, strict=True):
+                if n > 1 and not r.type.is_float and not r.type.is_bool:
+                    self.d.keep(k, f"integer constant tensor at {op.loc}")
+                elif n > 1:
+                    self.d.truncated.append(k)
+        if isinstance(r.type, TensorType) and not r.type.is_float:
+            if value.size <= FOLD_LIMIT:
+                self.pos.known[r.id] = [value] * self.num_devices
+            elif splat:
+                flat = np.asarray(value.reshape(-1)[:1]).reshape(())
+                self.pos.known[r.id] = [np.broadcast_to(flat, value.shape)] * self.num_devices
+
+    def rule_iota(self, op: Op) -> None:
+        r = op.results[0]
+        self.pos.independent.add(r.id)
+        self.pos.index[r.id] = self.keys(r)[op.attrs["iota_dimension"]]
+
+    def rule_partition_id(self, op: Op) -> None:
+        self.pos.independent.add(op.results[0].id)
+        self.pos.known[op.results[0].id] = [
+            np.asarray(d % self.num_partitions, dtype=np.uint32) for d in range(self.num_devices)
+        ]
+
+    def rule_replica_id(self, op: Op) -> None:
+        self.pos.independent.add(op.results[0].id)
+        self.pos.known[op.results[0].id] = [
+            np.asarray(d // self.num_partitions, dtype=np.uint32) for d in range(self.num_devices)
+        ]
+
+    def rule_broadcast_in_dim(self, op: Op) -> None:
+        x, r = op.operands[0], op.results[0]
+        kx, kr = self.keys(x), self.keys(r)
+        for i, j in enumerate(op.attrs["broadcast_dimensions"]):
+            if x.type.shape[i] == r.type.shape[j]:
+                self.d.tie(kx[i], kr[j])
+        key = self.pos.index.get(x.id)
+        if key is not None:
+            self.pos.index[r.id] = key
+        self._splat(op)
+
+    def _splat(self, op: Op) -> None:
+        """A known scalar broadcast stays known (as a broadcast view, never materialised)."""
+        x, r = op.operands[0], op.results[0]
+        vals = self.pos.known.get(x.id)
+        if vals is None:
+            return
+        if r.type.size <= FOLD_LIMIT:
+            self.fold(op)
+        elif all(np.asarray(v).size == 1 for v in vals):
+            self.pos.known[r.id] = [
+                np.broadcast_to(np.asarray(v).reshape(()), r.type.shape) for v in vals
+            ]
+
+    def rule_reshape(self, op: Op) -> None:
+        x, r = op.operands[0], op.results[0]
+        kx, kr = self.keys(x), self.keys(r)
+        for gx, gr in factor_groups(x.type.shape, r.type.shape):
+            if len(gx) == 1 and len(gr) == 1:
+                self.d.tie(kx[gx[0]], kr[gr[0]])
+            elif len(gx) == 1:
+                self.d.product(kx[gx[0]], tuple(kr[j] for j in gr))
+            elif len(gr) == 1:
+                self.d.product(kr[gr[0]], tuple(kx[i] for i in gx))
+            else:
+                for k in [kx[i] for i in gx] + [kr[j] for j in gr]:
+                    self.d.keep(k, f"reshape at {op.loc} regroups dimensions")
+        key = self.pos.index.get(x.id)
+        if key is not None:
+            self.untrack(x, f"reshape at {op.loc}")
+        self._splat(op)
+
+    def rule_transpose(self, op: Op) -> None:
+        x, r = op.operands[0], op.results[0]
+        kx, kr = self.keys(x), self.keys(r)
+        for j, i in enumerate(op.attrs["permutation"]):
+            self.d.tie(kx[i], kr[j])
+        self.carry(x, r)
+
+    def rule_dot_general(self, op: Op) -> None:
+        lhs, rhs, r = op.operands[0], op.operands[1], op.results[0]
+        dn = op.attrs["dot_dimension_numbers"]
+        kl, kq, kr = self.keys(lhs), self.keys(rhs), self.keys(r)
+        out = []
+        for i, j in zip(dn.lhs_batch, dn.rhs_batch, strict=True):
+            self.d.tie(kl[i], kq[j])
+            out.append(kl[i])
+        for i, j in zip(dn.lhs_contract, dn.rhs_contract, strict=True):
+            self.d.tie(kl[i], kq[j])
+            self.d.at_least(kl[i], 2)
+            self.d.at_least(kq[j], 2)
+            if lhs.id in self.pos.independent and rhs.id in self.pos.independent:
+                self.d.keep(kl[i], f"dot_general at {op.loc} sums values that read no input")
+        out += [kl[i] for i in range(len(kl)) if i not in dn.lhs_batch + dn.lhs_contract]
+        out += [kq[j] for j in range(len(kq)) if j not in dn.rhs_batch + dn.rhs_contract]
+        for a, b in zip(out, kr, strict=True):
+            self.d.tie(a, b)
+        for v in (lhs, rhs):
+            self.untrack(v, f"dot_general at {op.loc}")
+
+    def rule_reduce(self, op: Op) -> None:
+        n = len(op.operands) // 2
+        axes = tuple(op.attrs["dimensions"])
+        for x in op.operands[:n]:
+            kx = self.keys(x)
+            for a in axes:
+                self.d.at_least(kx[a], 2)
+                if x.id in self.pos.independent:
+                    self.d.keep(kx[a], f"reduce at {op.loc} sums values that read no input")
+            rest = [kx[i] for i in range(len(kx)) if i not in axes]
+            for r in op.results:
+                for a, b in zip(rest, self.keys(r), strict=True):
+                    self.d.tie(a, b)
+            self.untrack(x, f"reduce at {op.loc}")
+
+    def rule_slice(self, op: Op) -> None:
+        x, r = op.operands[0], op.results[0]
+        kx, kr = self.keys(x), self.keys(r)
+        starts, limits = op.attrs["start_indices"], op.attrs["limit_indices"]
+        strides = op.attrs.get("strides") or (1,) * len(starts)
+        for a, (s, e, st) in enumerate(zip(starts, limits, strides, strict=True)):
+            self.d.tie(kx[a], kr[a])
+            if st != 1 and r.type.shape[a] > 1:
+                self.d.keep(kx[a], f"slice at {op.loc} with stride {st}")
+            self.d.divides(kx[a], s)
+            self.d.divides(kx[a], x.type.shape[a] - e)
+        self.carry(x, r)
+
+    def rule_pad(self, op: Op) -> None:
+        x, r = op.operands[0], op.results[0]
+        kx, kr = self.keys(x), self.keys(r)
+        lo, hi = op.attrs["edge_padding_low"], op.attrs["edge_padding_high"]
+        interior = op.attrs["interior_padding"]
+        for a in range(len(kx)):
+            self.d.tie(kx[a], kr[a])
+            if interior[a]:
+                self.d.keep(kx[a], f"pad at {op.loc} with interior padding")
+            self.d.divides(kx[a], lo[a])
+            self.d.divides(kx[a], hi[a])
+        self.untrack(x, f"pad at {op.loc}")
+
+    def rule_concatenate(self, op: Op) -> None:
+        r = op.results[0]
+        for x in op.operands:
+            self.tie_all(x, r)
+            self.untrack(x, f"concatenate at {op.loc}")
+        self.fold(op)
+
+    def rule_reverse(self, op: Op) -> None:
+        self.tie_all(op.operands[0], op.results[0])
+        self.untrack(op.operands[0], f"reverse at {op.loc}")
+
+    def rule_dynamic_slice(self, op: Op) -> None:
+        x, r = op.operands[0], op.results[0]
+        kx, kr = self.keys(x), self.keys(r)
+        for a in range(len(kx)):
+            self.d.tie(kx[a], kr[a])
+            if r.type.shape[a] != x.type.shape[a]:
+                self.in_units(op, 1 + a, kx[a])
+        self.untrack(x, f"dynamic_slice at {op.loc}")
+        self.fold(op)
+
+    def rule_dynamic_update_slice(self, op: Op) -> None:
+        x, u, r = op.operands[0], op.operands[1], op.results[0]
+        kx, ku = self.keys(x), self.keys(u)
+        self.tie_all(x, r)
+        for a in range(len(kx)):
+            self.d.tie(kx[a], ku[a])
+            if u.type.shape[a] != x.type.shape[a]:
+                self.in_units(op, 2 + a, kx[a])
+        for v in (x, u):
+            self.untrack(v, f"dynamic_update_slice at {op.loc}")
+        self.fold(op)
+
+    def rule_all_gather(self, op: Op) -> None:
+        self.pass_through(op)
+
+    def rule_reduce_scatter(self, op: Op) -> None:
+        self.pass_through(op)
+
+    def rule_all_to_all(self, op: Op) -> None:
+        self.pass_through(op)
+
+    def rule_get_tuple_element(self, op: Op) -> None:
+        self.keep_all(op, "tuples")
+
+    def rule_manual_computation(self, op: Op) -> None:
+        body = op.regions[0].block
+        for a, b in zip(op.operands, body.args, strict=True):
+            dims_of(self.d, b, "shard_map argument")
+            self.tie_all(a, b)
+            if a.id in self.pos.independent:
+                self.pos.independent.add(b.id)
+            if a.id in self.pos.index:
+                self.untrack(a, f"sdy.manual_computation at {op.loc}")
+        self.block(body)
+        for a, b in zip(body.results, op.results, strict=True):
+            self.tie_all(a, b)
+            self.untrack(a, f"sdy.manual_computation at {op.loc}")
+
+    def rule_return(self, op: Op) -> None:
+        pass
+
+
+def _rank(v: Value) -> int:
+    t = v.type
+    return len(t.shape) if isinstance(t, TensorType) else 0
+
+
+def factor_groups(a: tuple[int, ...], b: tuple[int, ...]):
+    """Split two shapes of equal size into aligned groups of equal products (size-1 dims
+    join no group: they stay 1). Yields (axes of a, axes of b) per group."""
+    ia = [i for i, n in enumerate(a) if n != 1]
+    ib = [j for j, n in enumerate(b) if n != 1]
+    i = j = 0
+    while i < len(ia) and j < len(ib):
+        ga, gb = [ia[i]], [ib[j]]
+        pa, pb = a[ia[i]], b[ib[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                pa *= a[ia[i]]
+                ga.append(ia[i])
+                i += 1
+            else:
+                pb *= b[ib[j]]
+                gb.append(ib[j])
+                j += 1
+        yield ga, gb
