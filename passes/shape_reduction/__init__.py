@@ -102,6 +102,7 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
             _tie_by_layout(d, s, i, lay, f"{what} {k}")
     _arity(d)
     _tables(d)
+    _digits(d)
     factor = choose(d)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
@@ -136,6 +137,44 @@ def _arity(d: DimClasses) -> None:
             if len(members) > 1:
                 for k in members:
                     d.at_least(k, len(members))
+
+
+def _digits(d: DimClasses) -> None:
+    """An offset into a merged dimension (a shard boundary, a slice start) is a position in
+    its parts' mixed radix. Each digit must stay a whole number of its part's positions, and
+    parts more major than a non-zero digit keep their size: shrinking them would move the
+    offset to another digit (another group, another expert) at the reduced size."""
+    for _ in range(4):  # digits land on parts that may be merged dimensions themselves
+        before = sum(len(v) for v in d.offsets.values())
+        with_offsets: dict = {}
+        for k, v in d.offsets.items():
+            if v:
+                with_offsets.setdefault(d.find(k), []).append(k)
+        for whole, parts in d.products:
+            real = d.real[whole]
+            radix = [d.real[p] for p in parts]
+            for m in with_offsets.get(d.find(whole), ()):
+                for o in list(d.offsets[m]):
+                    scaled = o * real
+                    if scaled % d.real[m]:
+                        d.keep(whole, "an offset inside a merged dimension is off its grid")
+                        continue
+                    ow = scaled // d.real[m]
+                    if ow in (0, real):
+                        continue
+                    digits = []
+                    for n in reversed(radix):
+                        digits.append(ow % n)
+                        ow //= n
+                    digits.reverse()
+                    for i, (p, digit) in enumerate(zip(parts, digits, strict=True)):
+                        if digit and digit not in d.offsets.get(p, ()):
+                            d.divides(p, digit)
+                        if digit:
+                            for major in parts[:i]:
+                                d.keep(major, "an offset inside a merged dimension")
+        if sum(len(v) for v in d.offsets.values()) == before:
+            break
 
 
 def _tables(d: DimClasses) -> None:

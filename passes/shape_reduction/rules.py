@@ -230,6 +230,8 @@ class ShapeRules:
     # -- rules -----------------------------------------------------------------------------
 
     def elementwise(self, op: Op) -> None:
+        if op.name == "stablehlo.bitcast_convert" and _rank(op.operands[0]) != _rank(op.results[0]):
+            return self.keep_all(op, f"bitcast_convert at {op.loc} between element widths")
         ranked = [v for v in list(op.operands) + list(op.results) if _rank(v) > 0]
         for v in ranked[1:]:
             self.tie_all(ranked[0], v)
@@ -337,10 +339,15 @@ class ShapeRules:
         for gx, gr in factor_groups(x.type.shape, r.type.shape):
             if len(gx) == 1 and len(gr) == 1:
                 self.d.tie(kx[gx[0]], kr[gr[0]])
-            elif len(gx) == 1:
-                self.d.product(kx[gx[0]], tuple(kr[j] for j in gr))
-            elif len(gr) == 1:
-                self.d.product(kr[gr[0]], tuple(kx[i] for i in gx))
+            elif len(gx) == 1 or len(gr) == 1:
+                whole, parts = (kx[gx[0]], [kr[j] for j in gr])
+                if len(gx) != 1:
+                    whole, parts = (kr[gr[0]], [kx[i] for i in gx])
+                self.d.product(whole, tuple(parts))
+                # each part keeps two positions, so the order the parts are merged in
+                # (which one is major) stays observable
+                for k in parts:
+                    self.d.at_least(k, 2)
             else:
                 for k in [kx[i] for i in gx] + [kr[j] for j in gr]:
                     self.d.keep(k, f"reshape at {op.loc} regroups dimensions")
@@ -459,6 +466,12 @@ class ShapeRules:
 
     def rule_all_to_all(self, op: Op) -> None:
         self.pass_through(op)
+        split, count = op.attrs.get("split_dimension"), op.attrs.get("split_count")
+        if split is None or not count:
+            return self.keep_all(op, f"all_to_all at {op.loc} without split attributes")
+        for x in op.operands:  # each piece sent is a block of the split dimension
+            n = x.type.shape[split]
+            self.d.divides(self.keys(x)[split], n // count)
 
     def rule_get_tuple_element(self, op: Op) -> None:
         self.keep_all(op, "tuples")
