@@ -521,36 +521,6 @@ def rs_order_bug(x, w):
     return smap(body, (P(), P(None, "model")), P(None, None, "model"))(x, w)
 
 
-def xfail(exc: type[Exception], reason: str):
-    return pytest.mark.xfail(strict=True, raises=exc, reason=reason)
-
-
-# the reduction bugs found (strict xfails: each names what happens and what should)
-ROPE_AT_POSITION_0 = xfail(
-    ReducedVerdictDiffers,
-    "false proof: RoPE on x (B=8, T=16, D=32) split over 'data' only; positions converted to "
-    "float are not tracked ('positions as numbers'), nothing bounds the sequence class, and it "
-    "shrinks 16 -> 1 (D 32 -> 2: one frequency, the first, 1.0 for any theta): at position 0 "
-    "every rotation is the identity, so a rotation the other way, or another theta, is proved; "
-    "the real programs differ (not_equivalent). The sequence must keep >= 2 positions (and "
-    "the frequency table its size, see constant_table_truncated) wherever positions reach "
-    "floats",
-)
-HEAD_ORDER = xfail(
-    ReducedVerdictDiffers,
-    "false proof: the reshape (T, H*DH) -> (T, DH, H) then swapaxes vs (T, H, DH) is refuted "
-    "at the real sizes, but shape reduction shrinks the reshape's parts to 1 (heads 8 -> 4, "
-    "i.e. 2 -> 1 per device, and the sequence to 1), where both orders are the same reshape; "
-    "each part of a reshape's factor group must keep >= 2 (or the group be kept)",
-)
-PER_DEVICE_TENSOR_OFFSET = xfail(
-    ReductionCrashed,
-    "crash: positions axis_index * tile + arange(tile) are a per-device offset broadcast to a "
-    "tensor (tensor<4xi32>); Rewriter.rescaled raises AssertionError 'per-device offsets of a "
-    "tensor or across replicas' (it should rescale the broadcast scalar, or keep the class)",
-)
-
-
 @dataclass
 class Bug:
     fn: Callable
@@ -593,7 +563,7 @@ FAMILIES = [
         "reshape_heads",
         rs_spec,
         rs_ok,
-        [Bug(rs_bug), Bug(rs_order_bug, "head_order", marks=[HEAD_ORDER])],
+        [Bug(rs_bug), Bug(rs_order_bug, "head_order")],
         (f32(B, T, D), f32(D, D)),
         arg(0, 0, 1) + arg(1, 1),
     ),
@@ -632,7 +602,6 @@ FAMILIES = [
         [Bug(rope_bug, site=(rope, "# BUG-SITE"))],
         (f32(T, D),),
         arg(0, 0),
-        marks=[PER_DEVICE_TENSOR_OFFSET],
     ),
     Family(
         "rope_data_parallel",
@@ -640,11 +609,12 @@ FAMILIES = [
         rope_dp_ok,
         [
             Bug(rope_dp_bug),
-            Bug(rope_dp_sign, "sign", marks=[ROPE_AT_POSITION_0]),
-            Bug(rope_dp_theta, "theta", marks=[ROPE_AT_POSITION_0]),
+            Bug(rope_dp_sign, "sign"),
+            # the wrong frequencies first meet x in rope()
+            Bug(rope_dp_theta, "theta", site=(rope, "# BUG-SITE")),
         ],
         (f32(B, T, D),),
-        arg(0, 0, 2),
+        arg(0, 0, 1),  # the frequency table (numpy) keeps the head dimension
     ),
     Family(
         "psum",
@@ -806,7 +776,7 @@ KEPT = [
         dyn_spec,
         (f32(T, D), S((), I32)),
         "unknown",  # tv does not decide a dynamic_slice at an input offset, at any size
-        {"spec argument 0 dim 0": "offsets it by a value of the inputs"},
+        {"spec argument 0 dim 0": "offsets positions by input values"},
         shrinks=arg(0, 1),
     ),
     Kept(
@@ -831,8 +801,12 @@ KEPT = [
         count_spec,
         (f32(T, D),),
         "equivalent",
-        {"broadcast_in_dim": "sums values that read no input"},
-        shrinks=arg(0, 0, 1),
+        {
+            "broadcast_in_dim": "reduces values that read no input",
+            # and what it normalises: the count is the size of x's rows
+            "spec argument 0 dim 0": "may be its size",
+        },
+        shrinks=arg(0, 1),
     ),
     Kept(
         "iota_eq_last",
@@ -863,9 +837,9 @@ def test_not_reduced_along(case: Kept) -> None:
     assert reduced.reduction["reduced"] == bool(case.shrinks)
 
 
-# -- reduction bugs: the reduced verdict is not the real one, or reducing crashes ------------
-#
-# Strict xfails: each reason says what happens and what should.
+# -- regressions: pairs where shape reduction once gave another verdict than the real sizes,
+# or crashed (false proofs through merged dimensions, constant tables, positions as numbers
+# or against data; false refutations through normalisers and offsets on data)
 
 L = 32  # a longer sequence for the masks below
 
@@ -984,20 +958,6 @@ def argmax_halves(x):
     return jnp.max(x[:, T // 2 :], axis=-1) > jnp.max(x[:, : T // 2], axis=-1)
 
 
-FALSE_PROOF = "false proof (real: not_equivalent, reduced: equivalent): "
-FALSE_REFUTATION = (
-    "false refutation (real: equivalent, reduced: not_equivalent, and the verdict stays "
-    "not_equivalent although the replay at the real sizes shows no difference): "
-)
-CRASH_RESCALED_TENSOR = (
-    "crash: an iota compared with (or shifted by) a nonzero integer constant broadcast to a "
-    "tensor is a Rescale of that tensor; Rewriter.rescaled rebuilds the constant with the "
-    "value's real type and real-size value (tensor<32xi32>), so the reduced program's "
-    "compare/add gets operands of reduced and real shapes (e.g. (4,) and (32,)) and raises "
-    "InterpreterError"
-)
-
-
 @pytest.mark.parametrize(
     ("fn", "spec", "args", "verdict"),
     [
@@ -1007,13 +967,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(T, H * DH),),
             "not_equivalent",
             id="reshape_parts_to_1",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_PROOF + "x.reshape(T, DH, H).swapaxes(1, 2) vs x.reshape(T, H, DH) "
-                "(heads in the wrong order): every class shrinks to 1 (T 16 -> 1, H 8 -> 1, "
-                "DH 4 -> 1), where the two reshapes are the same; a reshape's split or merged "
-                "parts need >= 2 each (or the group kept)",
-            ),
         ),
         pytest.param(
             padded_sum_mask,
@@ -1021,7 +974,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(L, D),),
             "equivalent",
             id="length_mask_crash",
-            marks=xfail(ReductionCrashed, CRASH_RESCALED_TENSOR),
         ),
         pytest.param(
             window_mask_impl,
@@ -1029,7 +981,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(L, L),),
             "equivalent",
             id="sliding_window_mask_crash",
-            marks=xfail(ReductionCrashed, CRASH_RESCALED_TENSOR),
         ),
         pytest.param(
             upto_8,
@@ -1037,14 +988,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(L),),
             "not_equivalent",
             id="compare_le_multiple",
-            marks=xfail(
-                ReductionCrashed,
-                CRASH_RESCALED_TENSOR + "; and once it does not crash, `pos <= 8` vs "
-                "`pos < 16` (L = 32) would be proved: the factor 8 divides 8 and 16, and at "
-                "the reduced size they read `pos <= 1` and `pos < 2`, which agree; only "
-                "`<` / `>=` against a multiple of the factor are block-faithful (`<=`, `>`, "
-                "`==`, `!=` need the bound + 1 divisible, or the class kept)",
-            ),
         ),
         pytest.param(
             one_hot_clamped,
@@ -1052,14 +995,6 @@ CRASH_RESCALED_TENSOR = (
             (S((4,), I32), f32(V * 4, D)),
             "not_equivalent",
             id="one_hot_positions_vs_data",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_PROOF + "one_hot(minimum(t, 31), 32) @ w vs one_hot(t, 32) @ w: "
-                "positions compared with integer data ('positions against data (one-hot)') "
-                "are not rescaled and do not keep the class, so the vocabulary shrinks "
-                "32 -> 2 and every id >= 2 hits no row on both sides; the real programs differ "
-                "at t = 31..: the class must be kept when positions meet data",
-            ),
         ),
         pytest.param(
             rope_table_short,
@@ -1067,15 +1002,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(T, D),),
             "not_equivalent",
             id="constant_table_truncated",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_PROOF + "RoPE with a numpy cos/sin cache built for T/2 positions "
-                "(wrapping) vs one for T: non-splat float constant tables are 'truncated' to "
-                "their first positions, the sequence shrinks 16 -> 1, and both caches agree "
-                "on their first T/2 rows; a constant table is not known to be a function of "
-                "position that the reduced program evaluates at the same points, so its "
-                "dimensions must be kept",
-            ),
         ),
         pytest.param(
             layernorm_tp,
@@ -1083,14 +1009,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(4, LN),),
             "equivalent",
             id="variance_normaliser",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_REFUTATION + "LayerNorm with jnp.var vs E[x^2] - E[x]^2 from psums "
-                "(width 16 over 'model'): the width shrinks 16 -> 8 but the float constants "
-                "1/16 of both means stay, so sum((x - s/16)^2)/16 != sum(x^2)/16 - (s/16)^2 "
-                "over 8 elements; the normaliser of a reduced dimension must be rescaled (or "
-                "the class kept)",
-            ),
         ),
         pytest.param(
             valid_count_impl,
@@ -1098,13 +1016,6 @@ CRASH_RESCALED_TENSOR = (
             (S((), I32),),
             "equivalent",
             id="count_positions_below_data",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_REFUTATION + "sum(arange(32) < length) vs clip(length, 0, 32): the "
-                "positions shrink 32 -> 2 while the constant 32 stays, so lengths 3..32 "
-                "differ at the reduced size only; positions compared with data must keep "
-                "their class",
-            ),
         ),
         pytest.param(
             float_positions,
@@ -1112,14 +1023,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(L),),
             "not_equivalent",
             id="float_positions_compared",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_PROOF + "sum(where(arange(32).astype(f32) < 8.0, x, 0)) vs sum(x): a "
-                "convert of positions to float drops their tracking ('positions as "
-                "numbers'), the sequence shrinks 32 -> 2 and every reduced position is < 8.0; "
-                "float positions compared with a constant (or used other than in "
-                "arithmetic both sides share) must keep the class",
-            ),
         ),
         pytest.param(
             vocab_parallel_pick,
@@ -1127,16 +1030,6 @@ CRASH_RESCALED_TENSOR = (
             (f32(2, V * 2), S((2,), I32)),
             "equivalent",
             id="vocab_parallel_offset_on_data",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_REFUTATION + "vocabulary-parallel one_hot(labels - axis_index * 4, 4) "
-                "summed by psum vs one_hot(labels, 16): the vocabulary shrinks 16 -> 8 (4 -> 2 "
-                "per device) but the per-device first id axis_index * 4 is subtracted from "
-                "data, not from positions, so it is not rescaled: on device 1 label 2 (its "
-                "first reduced id) becomes -2 and picks nothing; an offset that meets "
-                "positions through data (labels - first == iota) must be rescaled, or the "
-                "class kept",
-            ),
         ),
         pytest.param(
             argmax_halves,
@@ -1144,22 +1037,11 @@ CRASH_RESCALED_TENSOR = (
             (f32(4, T),),
             "equivalent",
             id="argmax_index_as_value",
-            marks=xfail(
-                ReducedVerdictDiffers,
-                FALSE_REFUTATION + "argmax(x, -1) >= 8 vs max(x[:, 8:]) > max(x[:, :8]) "
-                "(T = 16): rule_reduce does not tie the operands of a variadic reduce, so "
-                "argmax's values shrink 16 -> 4 while its index iota stays 16 (kept, with the "
-                "wrong reason 'sums values that read no input'): the reduced reduce has "
-                "operands tensor<1x4xf32> and tensor<1x16xi32> (ill-typed), and its index, a "
-                "reduced position, is compared with the real constant 8; the operands of a "
-                "reduce must be tied, and an index leaving a reduce as a value keep its class",
-            ),
         ),
     ],
 )
 def test_reduced_verdict_is_real_verdict(fn, spec, args, verdict) -> None:
-    reduced, _ = both(fn, *args, spec=spec, expect=verdict)
-    assert reduced.reduction["reduced"]
+    both(fn, *args, spec=spec, expect=verdict)  # reduced (or kept), never another verdict
 
 
 # -- the tv command ------------------------------------------------------------------------

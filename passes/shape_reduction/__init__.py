@@ -15,6 +15,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tv_ir.ir import Module, TensorType
 
 from .classes import DimClasses
@@ -103,7 +105,16 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
     _arity(d)
     _tables(d)
     _digits(d)
+    rules = (spec_rules, impl_rules)
+    accepted = _normalisers(d, rules)
     factor = choose(d)
+    normalised = {}
+    for n, power, value in accepted:
+        f = 1
+        for k in n.keys:
+            f *= factor.get(d.find(k), 1)
+        if f > 1:
+            normalised[(id(n.op), n.operand)] = value * f if power < 0 else value / f
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
     classes = _describe(d, factor)
@@ -111,8 +122,10 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
     red = Reduction(classes, real_elements=real, reduced_elements=real)
     if all(k == 1 for k in factor.values()):
         return red
-    red.spec = Rewriter(d, factor, spec_rules.pos.rescales, 1).module(spec)
-    red.impl = Rewriter(d, factor, impl_rules.pos.rescales, placement.num_partitions).module(impl)
+    red.spec = Rewriter(d, factor, spec_rules.pos.rescales, 1, normalised).module(spec)
+    red.impl = Rewriter(
+        d, factor, impl_rules.pos.rescales, placement.num_partitions, normalised
+    ).module(impl)
     red.placement = _scaled_placement(d, factor, spec, placement)
     red.arg_factors = [_factors_of(d, factor, v) for v in spec.main.args]
     red.reduced_elements = sum(_elements(v) for v in _values(red.spec) + _values(red.impl))
@@ -137,6 +150,60 @@ def _arity(d: DimClasses) -> None:
             if len(members) > 1:
                 for k in members:
                     d.at_least(k, len(members))
+
+
+def _normalisers(d: DimClasses, rules) -> list:
+    """Float constants that are the count of what they normalise (`sum / N`, `sum * (1/N)`,
+    `g / N` spread over N positions), checked against the classes' real sizes: these are
+    read at the reduced count. Any other float constant equal to a class's size or its
+    reciprocal might be a count too: that class keeps its size (an ambiguous constant is
+    never guessed)."""
+    extent: dict = {}
+    by_size: dict = {}
+    for root, members in d.classes().items():
+        extent[root] = max(d.real[k] for k in members)
+        for n in {d.real[k] for k in members}:
+            if n >= 3:
+                by_size.setdefault(n, []).append(root)
+
+    accepted, explained = [], set()
+    for r in rules:
+        for n in r.pos.normalisers:
+            c = r.pos.floats[n.constant]
+            # what is summed here (a shard's count), or the whole dimension's count: both
+            # shrink by the classes' factors
+            local, whole = 1, 1
+            for k in n.keys:
+                local *= d.real[k]
+                whole *= extent[d.find(k)]
+            power = _matches(c, local) or _matches(c, whole) if whole > 1 else 0
+            if power:
+                accepted.append((n, power, c))
+                explained.add((id(n.op), n.operand))
+    for r in rules:
+        for n, loc in r.pos.counts:  # a count computed from the size normalises anything
+            for root in by_size.get(n, ()):
+                d.keep(root, f"the count {n} computed at {loc} may be its size")
+        for op, k, vid in r.pos.float_uses:
+            if (id(op), k) in explained:
+                continue
+            c = r.pos.floats[vid]
+            if c == 0 or not np.isfinite(c):
+                continue
+            for n in {round(abs(c)), round(1 / abs(c))}:
+                if n >= 3 and _matches(c, n):
+                    for root in by_size.get(n, ()):
+                        d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
+    return accepted
+
+
+def _matches(c: float, n: int) -> int:
+    """1 when c is n, -1 when c is 1/n (to float32 precision), else 0."""
+    if abs(c - n) <= 1e-6 * n:
+        return 1
+    if abs(c * n - 1) <= 1e-6:
+        return -1
+    return 0
 
 
 def _digits(d: DimClasses) -> None:

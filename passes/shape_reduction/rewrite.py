@@ -20,10 +20,19 @@ from .rules import Rescale
 
 
 class Rewriter:
-    def __init__(self, d: DimClasses, factor: dict, rescales: list[Rescale], num_partitions: int):
+    def __init__(
+        self,
+        d: DimClasses,
+        factor: dict,
+        rescales: list[Rescale],
+        num_partitions: int,
+        normalised: dict | None = None,
+    ):
         self.d = d
         self.factor = factor
         self.rescales = {(id(r.op), r.operand): r for r in rescales}
+        # (id(op), operand) -> the float constant's value at the reduced size
+        self.normalised = normalised or {}
         self.num_partitions = num_partitions
         self.vmap: dict[int, Value] = {}
 
@@ -72,8 +81,13 @@ class Rewriter:
         operands = []
         for k, v in enumerate(op.operands):
             r = self.rescales.get((id(op), k))
+            value = self.normalised.get((id(op), k))
             if r is not None and self.factor.get(self.d.find(r.key), 1) > 1:
                 new_ops, nv = self.rescaled(r, v)
+                before += new_ops
+                operands.append(nv)
+            elif value is not None:
+                new_ops, nv = self.splat(np.float64(value), self.type_of(v), op.loc)
                 before += new_ops
                 operands.append(nv)
             else:
@@ -115,36 +129,41 @@ class Rewriter:
         return attrs
 
     def rescaled(self, r: Rescale, v: Value) -> tuple[list[Op], Value]:
-        """Ops computing r's known values divided by the class factor, on every device."""
+        """Ops computing r's per-device values at the reduced size, in v's reduced type."""
         k = self.factor[self.d.find(r.key)]
-        t = v.type
-        dt = np.asarray(r.values[0]).dtype
-        vals = [np.asarray(x) // k for x in r.values]
-        if all(np.array_equal(vals[0], x) for x in vals):
-            value = np.asarray(vals[0], dtype=dt)
-            c = Op("stablehlo.constant", [], [], {"value": value}, [], r.op.loc)
-            c.results = [Value(t, None, c, 0)]
-            return [c], c.results[0]
-        if t.shape != () or len(vals) != self.num_partitions:
-            raise AssertionError("per-device offsets of a tensor or across replicas")
-        table_t = TensorType((len(vals),), t.dtype)
-        table = Op("stablehlo.constant", [], [], {"value": np.array(vals, dtype=dt)}, [], r.op.loc)
-        table.results = [Value(table_t, None, table, 0)]
-        pid = Op("stablehlo.partition_id", [], [], {}, [], r.op.loc)
-        pid.results = [Value(TensorType((), "ui32"), None, pid, 0)]
-        one_t = TensorType((1,), t.dtype)
-        pick = Op(
-            "stablehlo.dynamic_slice",
-            [table.results[0], pid.results[0]],
-            [],
-            {"slice_sizes": (1,)},
-            [],
-            r.op.loc,
-        )
-        pick.results = [Value(one_t, None, pick, 0)]
-        scalar = Op("stablehlo.reshape", [pick.results[0]], [], {}, [], r.op.loc)
-        scalar.results = [Value(t, None, scalar, 0)]
-        return [table, pid, pick, scalar], scalar.results[0]
+        t = self.type_of(v)
+        dt = np.dtype(t.numpy_dtype) if not t.is_float else np.float64
+        vals = [(x + r.bias) // k - r.bias for x in r.values]
+        loc = r.op.loc
+        if all(x == vals[0] for x in vals):
+            return self.splat(np.asarray(vals[0], dtype=dt), t, loc)
+        if len(vals) != self.num_partitions:
+            raise AssertionError("per-device offsets across replicas")
+        table = _op("stablehlo.constant", [], TensorType((len(vals),), t.dtype), loc)
+        table.attrs["value"] = np.array(vals, dtype=dt)
+        pid = _op("stablehlo.partition_id", [], TensorType((), "ui32"), loc)
+        pick = _op("stablehlo.dynamic_slice", [table, pid], TensorType((1,), t.dtype), loc)
+        pick.attrs["slice_sizes"] = (1,)
+        scalar = _op("stablehlo.reshape", [pick], TensorType((), t.dtype), loc)
+        ops = [table, pid, pick, scalar]
+        if t.shape:
+            wide = _op("stablehlo.broadcast_in_dim", [scalar], t, loc)
+            wide.attrs["broadcast_dimensions"] = ()
+            ops.append(wide)
+        return ops, ops[-1].results[0]
+
+    def splat(self, value: np.ndarray, t: TensorType, loc) -> tuple[list[Op], Value]:
+        c = _op("stablehlo.constant", [], t, loc)
+        c.attrs["value"] = np.broadcast_to(value, t.shape)
+        return [c], c.results[0]
+
+
+def _op(name: str, operands: list, t, loc) -> Op:
+    """A new one-result op; operands are ops (their first result) or values."""
+    vals = [o.results[0] if isinstance(o, Op) else o for o in operands]
+    op = Op(name, vals, [], {}, [], loc)
+    op.results = [Value(t, None, op, 0)]
+    return op
 
 
 def scaled_layout(lay: Layout, factors: list[int]) -> Layout:

@@ -53,13 +53,26 @@ FOLD_LIMIT = 4096  # known integer tensors are folded up to this many elements p
 
 @dataclass
 class Rescale:
-    """Operand `operand` of `op` is a known integer in units of class `key`: the reduced
-    program reads values[d] / factor on device d."""
+    """Operand `operand` of `op` is a known integer in units of class `key`, one value per
+    device: the reduced program reads (values[d] + bias) / factor - bias on device d."""
 
     op: Op
     operand: int
     key: Key
-    values: list[np.ndarray]
+    values: list[int]
+    bias: int = 0
+
+
+@dataclass
+class Normaliser:
+    """Operand `operand` of `op` is a float constant equal to the count (power 1) or its
+    reciprocal (power -1) of the positions summed over (or spread over) in `keys`: the
+    reduced program reads it at the reduced count."""
+
+    op: Op
+    operand: int
+    keys: tuple[Key, ...]
+    constant: int  # the value id of the constant operand
 
 
 @dataclass
@@ -68,6 +81,17 @@ class Positions:
     known: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per device
     independent: set[int] = field(default_factory=set)  # value ids that read no input
     rescales: list[Rescale] = field(default_factory=list)
+    numbers: set[int] = field(default_factory=set)  # positions converted to floats
+    floats: dict[int, float] = field(default_factory=dict)  # splat float constants
+    # values that are sums over (or copies spread along) dimensions: value id -> their keys
+    summed: dict[int, tuple[Key, ...]] = field(default_factory=dict)
+    normalisers: list[Normaliser] = field(default_factory=list)
+    # results of `x * c` / `x / c` with c a float constant: value id -> (op, operand of c)
+    scaled: dict[int, tuple[Op, int]] = field(default_factory=dict)
+    # sizes that became values (a sum over values that read no input): (size, where)
+    counts: list[tuple[int, object]] = field(default_factory=list)
+    # every use of a float constant by an arithmetic op: (op, operand, value id)
+    float_uses: list[tuple[Op, int, int]] = field(default_factory=list)
 
 
 def dims_of(d: DimClasses, v: Value, where: str) -> list[Key]:
@@ -162,8 +186,15 @@ class ShapeRules:
             self.tie_all(a, b)
             self.carry(a, b)
 
+    def _carry_sums(self, a: Value, b: Value) -> None:
+        if a.id in self.pos.summed:
+            self.pos.summed[b.id] = self.pos.summed[a.id]
+        if a.id in self.pos.floats:
+            self.pos.floats[b.id] = self.pos.floats[a.id]
+
     def carry(self, a: Value, b: Value, axis_map=None) -> None:
         """b holds a's positions (at axis_map[axis]) or a's known values."""
+        self._carry_sums(a, b)
         key = self.pos.index.get(a.id)
         if key is not None:
             self.pos.index[b.id] = key
@@ -213,19 +244,55 @@ class ShapeRules:
             ]
         return self._evaluators[dev]
 
-    def in_units(self, op: Op, operand: int, key: Key) -> bool:
-        """Operand `operand` of op is an offset in class `key`'s units: it must be known."""
+    def in_units(self, op: Op, operand: int, key: Key, bias: int = 0) -> bool:
+        """Operand `operand` of op is an offset in class `key`'s units: it must be known on
+        every device, one value per device (a scalar, or a scalar broadcast), and the factor
+        must divide it (+ `bias`: `p <= b` reads as `p < b + 1`)."""
         v = op.operands[operand]
         vals = self.pos.known.get(v.id)
         if vals is None:
-            self.d.keep(key, f"{op.short_name} at {op.loc} offsets it by a value of the inputs")
+            self.d.keep(key, f"{op.short_name} at {op.loc} offsets positions by input values")
             return False
+        scalars = []
         for arr in vals:
-            for x in np.asarray(arr).reshape(-1)[:FOLD_LIMIT]:
-                self.d.divides(key, int(x))
-        if any(np.any(np.asarray(a) != 0) for a in vals):
-            self.pos.rescales.append(Rescale(op, operand, key, vals))
+            flat = np.asarray(arr).reshape(-1)
+            if flat.size == 0 or np.any(flat != flat[0]):
+                self.d.keep(key, f"{op.short_name} at {op.loc} offsets positions unevenly")
+                return False
+            scalars.append(int(flat[0]))
+        for x in scalars:
+            self.d.divides(key, x + bias)
+        if any(scalars):
+            self.pos.rescales.append(Rescale(op, operand, key, scalars, bias))
         return True
+
+    def normaliser(self, op: Op) -> None:
+        """`sum * (1/N)`, `sum / N`, `spread / N`: a float constant that may be the count of
+        what is summed (checked against the classes' sizes once they are known)."""
+        name = op.short_name
+        if name == "convert" and op.operands[0].id in self.pos.floats:
+            self.pos.floats[op.results[0].id] = self.pos.floats[op.operands[0].id]
+        if name == "convert" and op.operands[0].id in self.pos.summed:
+            self.pos.summed[op.results[0].id] = self.pos.summed[op.operands[0].id]
+        if name not in ("multiply", "divide") or len(op.operands) != 2:
+            for k, v in enumerate(op.operands):
+                if v.id in self.pos.floats and name != "convert":
+                    self.pos.float_uses.append((op, k, v.id))
+            return
+        for k, (c, other) in enumerate((op.operands, op.operands[::-1])):
+            if c.id in self.pos.floats and other.id in self.pos.summed:
+                if name == "divide" and k == 0:
+                    continue  # N / sum: not a normaliser
+                self.pos.normalisers.append(
+                    Normaliser(op, op.operands.index(c), self.pos.summed[other.id], c.id)
+                )
+        res = op.results[0]
+        for k, v in enumerate(op.operands):
+            if v.id in self.pos.floats:
+                self.pos.float_uses.append((op, k, v.id))
+        for a, b in (op.operands, op.operands[::-1]):
+            if a.id in self.pos.floats and b.id not in self.pos.floats:
+                self.pos.scaled[res.id] = (op, op.operands.index(a))
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -236,14 +303,28 @@ class ShapeRules:
         for v in ranked[1:]:
             self.tie_all(ranked[0], v)
         self.fold(op)
+        self.normaliser(op)
         idx = [self.pos.index.get(v.id) for v in op.operands]
         if not any(k is not None for k in idx):
             return
-        name = op.short_name
+        name, res = op.short_name, op.results[0]
+        floats = any(v.id in self.pos.numbers for v in op.operands)
         if name == "convert":
-            if op.results[0].type.is_float:  # positions as numbers (RoPE angles)
-                return
-            self.pos.index[op.results[0].id] = idx[0]
+            self.pos.index[res.id] = idx[0]
+            if res.type.is_float or floats:
+                # positions as numbers (RoPE angles): they stay tracked, and the class keeps
+                # two positions so the kernel is seen away from position 0
+                self.pos.numbers.add(res.id)
+                self.d.at_least(idx[0], 2)
+            return
+        if floats:
+            if name in ("multiply", "divide") and all(
+                k is None or v.id in self.pos.numbers for k, v in zip(idx, op.operands, strict=True)
+            ):
+                return  # angle = position * frequency: a value from here on
+            for k in idx:
+                if k is not None:
+                    self.d.keep(k, f"positions as numbers used by {name} at {op.loc}")
             return
         if name == "compare":
             a, b = idx
@@ -254,18 +335,26 @@ class ShapeRules:
                 return
             other = 1 if a is not None else 0
             key = a if a is not None else b
-            if op.operands[other].id in self.pos.known:
-                self.in_units(op, other, key)
+            direction = str(op.attrs.get("comparison_direction"))
+            if other == 0:  # c OP p  ==  p OP' c
+                direction = {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}.get(
+                    direction, direction
+                )
+            # p < b and p >= b tell blocks of positions apart when the factor divides b,
+            # p <= b and p > b when it divides b + 1; p == b picks one position
+            bias = {"LT": 0, "GE": 0, "LE": 1, "GT": 1}.get(direction)
+            if bias is None or op.operands[other].id not in self.pos.known:
+                self.d.keep(key, f"positions compared by {direction} at {op.loc}")
                 return
-            if op.operands[other].type.is_integer:  # positions against data (one-hot)
-                return
+            self.in_units(op, other, key, bias)
+            return
         if name in ("add", "subtract") and idx[0] is not None and idx[1] is None:
             if self.in_units(op, 1, idx[0]):
-                self.pos.index[op.results[0].id] = idx[0]
+                self.pos.index[res.id] = idx[0]
             return
         if name == "add" and idx[1] is not None and idx[0] is None:
             if self.in_units(op, 0, idx[1]):
-                self.pos.index[op.results[0].id] = idx[1]
+                self.pos.index[res.id] = idx[1]
             return
         for k in idx:
             if k is not None:
@@ -277,14 +366,13 @@ class ShapeRules:
         self.pos.independent.add(r.id)
         splat = value.size <= 1 or bool(np.all(value.reshape(-1) == value.reshape(-1)[0]))
         if not splat:
-            # a table of values by position (RoPE angles, a causal mask): the reduced program
-            # reads its first positions, as an iota would give them; an integer table may
-            # hold positions itself, so it keeps its size
+            # a table of values by position (RoPE angles, a mask built with numpy): nothing
+            # says which function of position it holds, so its dimensions keep their sizes
             for k, n in zip(self.keys(r), r.type.shape, strict=True):
-                if n > 1 and not r.type.is_float and not r.type.is_bool:
-                    self.d.keep(k, f"integer constant tensor at {op.loc}")
-                elif n > 1:
-                    self.d.truncated.append(k)
+                if n > 1:
+                    self.d.keep(k, f"constant tensor at {op.loc}")
+        elif r.type.is_float and value.size:
+            self.pos.floats[r.id] = float(value.reshape(-1)[0])
         if isinstance(r.type, TensorType) and not r.type.is_float:
             if value.size <= FOLD_LIMIT:
                 self.pos.known[r.id] = [value] * self.num_devices
@@ -318,6 +406,21 @@ class ShapeRules:
         key = self.pos.index.get(x.id)
         if key is not None:
             self.pos.index[r.id] = key
+        if x.id in self.pos.numbers:
+            self.pos.numbers.add(r.id)
+        if x.id in self.pos.floats:
+            self.pos.floats[r.id] = self.pos.floats[x.id]
+        bd = op.attrs["broadcast_dimensions"]
+        spread = tuple(
+            k
+            for j, k in enumerate(kr)
+            if j not in bd or x.type.shape[bd.index(j)] != r.type.shape[j]
+        )
+        if spread or x.id in self.pos.summed:
+            self.pos.summed[r.id] = self.pos.summed.get(x.id, ()) + spread
+        if spread and x.id in self.pos.scaled:  # (g / N) broadcast over the N positions
+            src, k = self.pos.scaled[x.id]
+            self.pos.normalisers.append(Normaliser(src, k, spread, src.operands[k].id))
         self._splat(op)
 
     def _splat(self, op: Op) -> None:
@@ -354,6 +457,7 @@ class ShapeRules:
         key = self.pos.index.get(x.id)
         if key is not None:
             self.untrack(x, f"reshape at {op.loc}")
+        self._carry_sums(x, r)
         self._splat(op)
 
     def rule_transpose(self, op: Op) -> None:
@@ -377,6 +481,8 @@ class ShapeRules:
             self.d.at_least(kq[j], 2)
             if lhs.id in self.pos.independent and rhs.id in self.pos.independent:
                 self.d.keep(kl[i], f"dot_general at {op.loc} sums values that read no input")
+        if dn.lhs_contract:
+            self.pos.summed[r.id] = tuple(kl[i] for i in dn.lhs_contract)
         out += [kl[i] for i in range(len(kl)) if i not in dn.lhs_batch + dn.lhs_contract]
         out += [kq[j] for j in range(len(kq)) if j not in dn.rhs_batch + dn.rhs_contract]
         for a, b in zip(out, kr, strict=True):
@@ -387,12 +493,18 @@ class ShapeRules:
     def rule_reduce(self, op: Op) -> None:
         n = len(op.operands) // 2
         axes = tuple(op.attrs["dimensions"])
+        for x in op.operands[1:n]:  # a variadic reduce (argmax) walks its inputs together
+            self.tie_all(op.operands[0], x)
+        if n == 1 and _adds(op):
+            kx = self.keys(op.operands[0])
+            self.pos.summed[op.results[0].id] = tuple(kx[a] for a in axes)
         for x in op.operands[:n]:
             kx = self.keys(x)
             for a in axes:
                 self.d.at_least(kx[a], 2)
                 if x.id in self.pos.independent:
-                    self.d.keep(kx[a], f"reduce at {op.loc} sums values that read no input")
+                    self.d.keep(kx[a], f"reduce at {op.loc} reduces values that read no input")
+                    self.pos.counts.append((x.type.shape[a], op.loc))
             rest = [kx[i] for i in range(len(kx)) if i not in axes]
             for r in op.results:
                 for a, b in zip(rest, self.keys(r), strict=True):
@@ -492,6 +604,12 @@ class ShapeRules:
 
     def rule_return(self, op: Op) -> None:
         pass
+
+
+def _adds(op: Op) -> bool:
+    """A reduce whose body adds its two arguments."""
+    ops = op.regions[0].block.ops if op.regions else []
+    return len(ops) == 1 and ops[0].name == "stablehlo.add"
 
 
 def _rank(v: Value) -> int:
