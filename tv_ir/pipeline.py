@@ -23,7 +23,7 @@ from .limits import (
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .prover.smt import SolverError
-from .report import NOT_EQUIVALENT, UNKNOWN, Report
+from .report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
 
 def prepare(source, role: str) -> Module:
@@ -173,25 +173,44 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
     left = time_left()  # what import left of the time limit is the prover's
     if left is not None and left <= 0:
         raise OutOfTime(time_limit_reason("while importing"))
-    try:
-        options = Options(timeout, seed, progress, left)
-        report = StageProver(spec_m, impl_m, options, placement).run()
-    except Unsupported as e:
-        report = Report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=str(e))
+    report = _prove(spec_m, impl_m, placement, Options(timeout, seed, progress, left))
     if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
         # the prover was given what import left of the limit: name the user's limit
         report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
     report.stats.seconds["import"] = t_import
-    report.stats.seconds["total"] = time.perf_counter() - t0
     if reduction is not None:
+        t1 = time.perf_counter()
         report.reduction = reduction.to_json()
         if reduction.reduced and report.verdict == NOT_EQUIVALENT:
             from .prover.real_size import replay_at_real_size
 
-            replay_at_real_size(report, *real, reduction.arg_factors, reduction.real_elements)
+            stands = replay_at_real_size(
+                report, *real, reduction.arg_factors, reduction.real_elements
+            )
+            if not stands:  # the real programs fit: check them as they are
+                options = Options(timeout, seed, progress, time_left())
+                report = _prove(real[0], real[1], real[2], options)
+                report.notes.append(
+                    "a counterexample at reduced shapes did not carry over to the real sizes; "
+                    "the programs were checked at their real sizes"
+                )
+        elif reduction.reduced and report.verdict == EQUIVALENT:
+            from .prover.real_size import confirm_proof
+
+            report = confirm_proof(report, reduction, *real, seed=seed)
+            report.reduction = reduction.to_json()
+        report.stats.seconds["confirm"] = time.perf_counter() - t1
+    report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
+
+
+def _prove(spec: Module, impl: Module, placement, options: Options) -> Report:
+    try:
+        return StageProver(spec, impl, options, placement).run()
+    except Unsupported as e:
+        return Report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=str(e))
 
 
 def _pre_partition(spec: Module, impl: Module) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 from tv_ir.ir import Module, TensorType
 
 from .classes import DimClasses
-from .factors import choose
+from .factors import choose, witnesses
 from .rewrite import Rewriter, scaled_layout
 from .rules import ShapeRules
 
@@ -55,6 +55,8 @@ class Reduction:
     reduced_elements: int = 0
     # per spec argument, the factor each dimension shrank by
     arg_factors: list[list[int]] = field(default_factory=list)
+    # the pair again with one class larger, to check concretely before trusting a proof
+    witnesses: list = field(default_factory=list)
 
     @property
     def reduced(self) -> bool:
@@ -89,6 +91,40 @@ class Reduction:
         }
 
 
+@dataclass
+class Witness:
+    """The reduced pair with class `name` at `larger` positions instead of `reduced`
+    (`build()` gives (spec, impl, placement))."""
+
+    name: str
+    reduced: int
+    larger: int
+    build: object
+
+
+class _Builder:
+    """The pair rebuilt at given class factors (normalisers read at the counts they give)."""
+
+    def __init__(self, d, spec, impl, placement, spec_rules, impl_rules, accepted):
+        self.d, self.spec, self.impl, self.placement = d, spec, impl, placement
+        self.spec_rules, self.impl_rules, self.accepted = spec_rules, impl_rules, accepted
+
+    def __call__(self, factor: dict):
+        d = self.d
+        normalised = {}
+        for n, power, value in self.accepted:
+            f = 1
+            for k in n.keys:
+                f *= factor.get(d.find(k), 1)
+            if f > 1:
+                normalised[(id(n.op), n.operand)] = value * f if power < 0 else value / f
+        spec = Rewriter(d, factor, self.spec_rules.pos.rescales, 1, normalised).module(self.spec)
+        impl = Rewriter(
+            d, factor, self.impl_rules.pos.rescales, self.placement.num_partitions, normalised
+        ).module(self.impl)
+        return spec, impl, _scaled_placement(d, factor, self.spec, self.placement)
+
+
 def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
     """The pair at reduced shapes (`Reduction.reduced` False when nothing could shrink)."""
     d = DimClasses()
@@ -108,13 +144,7 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
     rules = (spec_rules, impl_rules)
     accepted = _normalisers(d, rules)
     factor = choose(d)
-    normalised = {}
-    for n, power, value in accepted:
-        f = 1
-        for k in n.keys:
-            f *= factor.get(d.find(k), 1)
-        if f > 1:
-            normalised[(id(n.op), n.operand)] = value * f if power < 0 else value / f
+    build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
     classes = _describe(d, factor)
@@ -122,12 +152,17 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
     red = Reduction(classes, real_elements=real, reduced_elements=real)
     if all(k == 1 for k in factor.values()):
         return red
-    red.spec = Rewriter(d, factor, spec_rules.pos.rescales, 1, normalised).module(spec)
-    red.impl = Rewriter(
-        d, factor, impl_rules.pos.rescales, placement.num_partitions, normalised
-    ).module(impl)
-    red.placement = _scaled_placement(d, factor, spec, placement)
+    red.spec, red.impl, red.placement = build(factor)
     red.arg_factors = [_factors_of(d, factor, v) for v in spec.main.args]
+    red.witnesses = [
+        Witness(
+            d.names.get(root, "?"),
+            d.real[root] // factor[root],
+            d.real[root] // f[root],
+            lambda f=f: build(f),
+        )
+        for root, f in witnesses(d, factor)
+    ]
     red.reduced_elements = sum(_elements(v) for v in _values(red.spec) + _values(red.impl))
     return red
 

@@ -30,6 +30,8 @@ class DimClasses:
     names: dict[Key, str] = field(default_factory=dict)
     # dimensions of constant tables, reduced by keeping their first positions
     truncated: list[Key] = field(default_factory=list)
+    # classes (by a member) whose every member keeps at least this many positions
+    class_lower: list[tuple[Key, int]] = field(default_factory=list)
 
     def add(self, key: Key, size: int, name: str | None = None) -> Key:
         if key not in self.parent:
@@ -56,6 +58,9 @@ class DimClasses:
     def at_least(self, key: Key, n: int) -> None:
         self.lower[key] = max(self.lower.get(key, 1), n)
 
+    def every_member_at_least(self, key: Key, n: int) -> None:
+        self.class_lower.append((key, n))
+
     def divides(self, key: Key, offset: int) -> None:
         """The class's factor must divide `offset` (an index that scales with the class)."""
         self.offsets[key].append(abs(int(offset)))
@@ -69,6 +74,13 @@ class DimClasses:
     # -- per class views -------------------------------------------------------------------
 
     def classes(self) -> dict[Key, list[Key]]:
+        if self.class_lower:
+            pending, self.class_lower = self.class_lower, []
+            roots = {self.find(k): n for k, n in pending}
+            for k in list(self.parent):
+                n = roots.get(self.find(k))
+                if n:
+                    self.at_least(k, n)
         out: dict[Key, list[Key]] = defaultdict(list)
         for k in self.parent:
             out[self.find(k)].append(k)

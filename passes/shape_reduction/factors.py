@@ -116,3 +116,40 @@ def _prod(xs) -> int:
     for x in xs:
         n *= x
     return n
+
+
+def _wholes(d: DimClasses) -> dict[Key, list[Key]]:
+    """Each merged dimension's class -> the atomic classes it is the product of."""
+    defs: dict[Key, tuple[Key, ...]] = {}
+    for whole, parts in d.products:
+        defs.setdefault(d.find(whole), tuple(d.find(p) for p in parts))
+    out: dict[Key, list[Key]] = {}
+    for whole in defs:
+        stack, atoms, seen = [whole], [], set()
+        while stack:
+            r = stack.pop()
+            if r in defs and r not in seen:
+                seen.add(r)
+                stack.extend(defs[r])
+            elif r not in defs:
+                atoms.append(r)
+        out[whole] = atoms
+    return out
+
+
+def witnesses(d: DimClasses, factor: dict[Key, int]) -> list[tuple[Key, dict[Key, int]]]:
+    """For each class that shrank, the factors with that class a prime times larger (its
+    other members too, merged dimensions recomputed): where the reduced pair is checked
+    again, concretely, before its proof is trusted."""
+    wholes = _wholes(d)
+    out = []
+    for root, f in factor.items():
+        if f <= 1 or root in wholes:
+            continue
+        other = dict(factor)
+        other[root] = f // _smallest_prime(f)
+        for whole, atoms in wholes.items():
+            if root in atoms:
+                other[whole] = _prod(other.get(a, 1) for a in atoms)
+        out.append((root, other))
+    return out

@@ -168,9 +168,10 @@ class ShapeRules:
             self.keep_value(v, why)
         for region in op.regions:
             for inner in walk(region.block):
-                for v in inner.results:
+                # a region may use values of the enclosing block (captures): they too
+                for v in list(inner.operands) + list(inner.results):
                     self.keep_value(v, why)
-            for v in region.block.args:
+            for v in list(region.block.args) + list(region.block.results):
                 self.keep_value(v, why)
         for v in op.operands:
             self.untrack(v, why)
@@ -495,9 +496,10 @@ class ShapeRules:
         axes = tuple(op.attrs["dimensions"])
         for x in op.operands[1:n]:  # a variadic reduce (argmax) walks its inputs together
             self.tie_all(op.operands[0], x)
-        if n == 1 and _adds(op):
+        if n == 1 and _adds(op):  # a sum of sums counts both
             kx = self.keys(op.operands[0])
-            self.pos.summed[op.results[0].id] = tuple(kx[a] for a in axes)
+            before = self.pos.summed.get(op.operands[0].id, ())
+            self.pos.summed[op.results[0].id] = before + tuple(kx[a] for a in axes)
         for x in op.operands[:n]:
             kx = self.keys(x)
             for a in axes:
@@ -546,6 +548,8 @@ class ShapeRules:
 
     def rule_reverse(self, op: Op) -> None:
         self.tie_all(op.operands[0], op.results[0])
+        for a in op.attrs.get("dimensions", ()):  # the order within every shard shows
+            self.d.every_member_at_least(self.keys(op.operands[0])[a], 2)
         self.untrack(op.operands[0], f"reverse at {op.loc}")
 
     def rule_dynamic_slice(self, op: Op) -> None:

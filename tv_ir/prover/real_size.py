@@ -19,16 +19,19 @@ REPLAY_LIMIT = 20_000_000  # elements over all values of both real programs
 
 def replay_at_real_size(
     report: Report, spec: Module, impl: Module, placement, arg_factors, real_elements: int
-) -> None:
+) -> bool:
+    """Whether the refutation stands at the real sizes (True also when they are too large
+    to run: the reduced counterexample stands, and the report says so). False: the real
+    programs fit and do not differ there; the caller checks them as they are."""
     ce = report.counterexample
     if ce is None:
-        return
+        return True
     if real_elements > REPLAY_LIMIT:
         report.notes.append(
             "the counterexample is of the reduced programs (same ops and source lines); the "
             f"real programs ({real_elements:,} elements) are too large to replay it on"
         )
-        return
+        return True
     inputs = []
     for x, factors, t in zip(ce.inputs.values(), arg_factors, spec.main.arg_types, strict=True):
         if isinstance(t, TensorType) and x is not None:
@@ -37,15 +40,92 @@ def replay_at_real_size(
                 if k > 1:
                     x = np.repeat(x, k, axis=axis)
         inputs.append(x)
-    found = refutation(spec, impl, placement, inputs)
+    found = refutation(spec, impl, placement, inputs) or _differs(spec, impl, placement, 0)
     if found is None:
-        report.notes.append(
-            "the counterexample is of the reduced programs (same ops and source lines); "
-            "repeated over the real sizes it shows no difference"
-        )
-        return
+        return False
     report.counterexample, report.location, report.outputs = found
     report.notes.append(
-        "counterexample found at reduced shapes and replayed at the real sizes (each "
-        "element repeated over the positions it stands for)"
+        "counterexample found at reduced shapes and replayed at the real sizes (the reduced "
+        "one with each element repeated over the positions it stands for, or random inputs)"
     )
+    return True
+
+
+WITNESS_LIMIT = 5_000_000  # elements over all values of one witness pair
+RUNS = 2  # random inputs per concrete check
+
+
+def _elements(*modules) -> int:
+    from ..ir import walk
+
+    n = 0
+    for m in modules:
+        for v in m.main.args:
+            n += v.type.size if isinstance(v.type, TensorType) else 0
+        for op in walk(m.main.body):
+            for r in op.results:
+                n += r.type.size if isinstance(r.type, TensorType) else 0
+    return n
+
+
+def _differs(spec: Module, impl: Module, placement, seed: int):
+    """A difference of the pair on random inputs (refutation(...) result), or None."""
+    from .simulate import random_inputs
+
+    rng = np.random.default_rng(seed)
+    for _ in range(RUNS):
+        found = refutation(spec, impl, placement, random_inputs(spec.main, rng))
+        if found is not None:
+            return found
+    return None
+
+
+def confirm_proof(report: Report, reduction, spec, impl, placement, seed: int = 0) -> Report:
+    """A proof at reduced shapes stands only if the pair also agrees, concretely, at the real
+    sizes (when they fit in memory) or else with each reduced class a prime times larger:
+    a difference at the real sizes refutes (replayed there); one at a larger reduced size
+    makes the verdict unknown (the pair's meaning depends on that size in a way the
+    reduction does not follow)."""
+    from ..report import NOT_EQUIVALENT, UNKNOWN
+
+    if reduction.real_elements <= REPLAY_LIMIT:
+        found = _differs(spec, impl, placement, seed)
+        if found is None:
+            report.notes.append("checked concretely at the real sizes too (random inputs)")
+            return report
+        ce, loc, outputs = found
+        out = Report(
+            NOT_EQUIVALENT, outputs=outputs, counterexample=ce, location=loc, stats=report.stats
+        )
+        out.notes.append(
+            "proved at reduced shapes, but the programs differ at their real sizes: the "
+            "reduction does not carry over for this pair (replayed at the real sizes)"
+        )
+        return out
+    checked, skipped = 0, 0
+    for w in reduction.witnesses:
+        w_spec, w_impl, w_place = w.build()
+        if _elements(w_spec, w_impl) > WITNESS_LIMIT:
+            skipped += 1
+            continue
+        checked += 1
+        found = _differs(w_spec, w_impl, w_place, seed)
+        if found is None:
+            continue
+        ce, loc, _ = found
+        where = f" ({loc.impl})" if loc is not None and loc.impl is not None else ""
+        out = Report(
+            UNKNOWN,
+            stats=report.stats,
+            reason=(
+                f"proved at reduced shapes, but with {w.name} at {w.larger} positions instead "
+                f"of {w.reduced} the programs differ (output {ce.output}{where}): their "
+                "meaning depends on that size in a way shape reduction does not follow; "
+                "check with --no-reduce (reduce_shapes=False)"
+            ),
+        )
+        return out
+    note = f"each shrunk class checked concretely at a larger size ({checked} checks"
+    note += f", {skipped} too large to run)" if skipped else ")"
+    report.notes.append(note)
+    return report
