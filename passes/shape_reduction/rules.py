@@ -190,6 +190,8 @@ class ShapeRules:
     def _carry_sums(self, a: Value, b: Value) -> None:
         if a.id in self.pos.summed:
             self.pos.summed[b.id] = self.pos.summed[a.id]
+        if a.id in self.pos.scaled:
+            self.pos.scaled[b.id] = self.pos.scaled[a.id]
         if a.id in self.pos.floats:
             self.pos.floats[b.id] = self.pos.floats[a.id]
 
@@ -273,8 +275,8 @@ class ShapeRules:
         name = op.short_name
         if name == "convert" and op.operands[0].id in self.pos.floats:
             self.pos.floats[op.results[0].id] = self.pos.floats[op.operands[0].id]
-        if name == "convert" and op.operands[0].id in self.pos.summed:
-            self.pos.summed[op.results[0].id] = self.pos.summed[op.operands[0].id]
+        if name == "convert":
+            self._carry_sums(op.operands[0], op.results[0])
         if name not in ("multiply", "divide") or len(op.operands) != 2:
             for k, v in enumerate(op.operands):
                 if v.id in self.pos.floats and name != "convert":
