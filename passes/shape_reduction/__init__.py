@@ -118,9 +118,10 @@ class _Builder:
                 f *= factor.get(d.find(k), 1)
             if f > 1:
                 normalised[(id(n.op), n.operand)] = value * f if power < 0 else value / f
-        spec = Rewriter(d, factor, self.spec_rules.pos.rescales, 1, normalised).module(self.spec)
+        sp, ip = self.spec_rules.pos, self.impl_rules.pos
+        spec = Rewriter(d, factor, sp.rescales, 1, normalised, sp.splats).module(self.spec)
         impl = Rewriter(
-            d, factor, self.impl_rules.pos.rescales, self.placement.num_partitions, normalised
+            d, factor, ip.rescales, self.placement.num_partitions, normalised, ip.splats
         ).module(self.impl)
         return spec, impl, _scaled_placement(d, factor, self.spec, self.placement)
 
@@ -147,10 +148,14 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
     build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
-    classes = _describe(d, factor)
+    splats = set(spec_rules.pos.splats) | set(impl_rules.pos.splats)
+    only_splats = {
+        root for root, members in d.classes().items() if all(k[0] in splats for k in members)
+    }
+    classes = _describe(d, factor, only_splats)
     real = sum(_elements(v) for v in _values(spec) + _values(impl))
     red = Reduction(classes, real_elements=real, reduced_elements=real)
-    if all(k == 1 for k in factor.values()):
+    if all(k == 1 for root, k in factor.items() if root not in only_splats):
         return red
     red.spec, red.impl, red.placement = build(factor)
     red.arg_factors = [_factors_of(d, factor, v) for v in spec.main.args]
@@ -162,6 +167,7 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
             lambda f=f: build(f),
         )
         for root, f in witnesses(d, factor)
+        if root not in only_splats
     ]
     red.reduced_elements = sum(_elements(v) for v in _values(red.spec) + _values(red.impl))
     return red
@@ -193,11 +199,11 @@ def _normalisers(d: DimClasses, rules) -> list:
     read at the reduced count. Any other float constant equal to a class's size or its
     reciprocal might be a count too: that class keeps its size (an ambiguous constant is
     never guessed)."""
-    extent: dict = {}
+    sizes: dict = {}
     by_size: dict = {}
     for root, members in d.classes().items():
-        extent[root] = max(d.real[k] for k in members)
-        for n in {d.real[k] for k in members}:
+        sizes[root] = {d.real[k] for k in members}
+        for n in sizes[root]:
             if n >= 3:
                 by_size.setdefault(n, []).append(root)
 
@@ -205,13 +211,17 @@ def _normalisers(d: DimClasses, rules) -> list:
     for r in rules:
         for n in r.pos.normalisers:
             c = r.pos.floats[n.constant]
-            # what is summed here (a shard's count), or the whole dimension's count: both
-            # shrink by the classes' factors
-            local, whole = 1, 1
+            # what is summed here (a shard's count), or the whole dimension's count: any
+            # member's size of each class summed over shrinks by that class's factor
+            counts = {1}
             for k in n.keys:
-                local *= d.real[k]
-                whole *= extent[d.find(k)]
-            power = _matches(c, local) or _matches(c, whole) if whole > 1 else 0
+                counts = {a * b for a in counts for b in sizes[d.find(k)]}
+                if len(counts) > 256:
+                    counts = set()
+                    break
+            power = next((p for p in (_matches(c, m) for m in counts if m > 1) if p), 0)
+            if os.environ.get("TV_REDUCTION_DEBUG"):
+                print(f"normaliser? {c} of {sorted(counts)[:6]}: {power}", file=sys.stderr)
             if power:
                 accepted.append((n, power, c))
                 explained.add((id(n.op), n.operand))
@@ -334,9 +344,12 @@ def _factors_of(d: DimClasses, factor: dict, v) -> list[int]:
     return [factor.get(d.find((v.id, a)), 1) for a in range(len(t.shape))]
 
 
-def _describe(d: DimClasses, factor: dict) -> list[DimClass]:
+def _describe(d: DimClasses, factor: dict, skip: set) -> list[DimClass]:
+    """The classes, for the report (not the dimensions of splats: one value broadcast)."""
     out = []
     for root, members in d.classes().items():
+        if root in skip:
+            continue
         first = min(members, key=lambda k: (_rank_name(d.names.get(k, "")), k))
         f = factor.get(root, 1)
         real = d.real[first]

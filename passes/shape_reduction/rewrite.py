@@ -16,7 +16,7 @@ from tv_ir.ir import Block, Function, Module, Op, Region, TensorType, Value
 from tv_ir.layout import Layout
 
 from .classes import DimClasses
-from .rules import Rescale
+from .rules import ELEMENTWISE, Rescale
 
 
 class Rewriter:
@@ -27,12 +27,14 @@ class Rewriter:
         rescales: list[Rescale],
         num_partitions: int,
         normalised: dict | None = None,
+        splats: dict | None = None,
     ):
         self.d = d
         self.factor = factor
         self.rescales = {(id(r.op), r.operand): r for r in rescales}
         # (id(op), operand) -> the float constant's value at the reduced size
         self.normalised = normalised or {}
+        self.splats = splats or {}
         self.num_partitions = num_partitions
         self.vmap: dict[int, Value] = {}
 
@@ -88,6 +90,10 @@ class Rewriter:
                 operands.append(nv)
             elif value is not None:
                 new_ops, nv = self.splat(np.float64(value), self.type_of(v), op.loc)
+                before += new_ops
+                operands.append(nv)
+            elif v.id in self.splats and op.name in ELEMENTWISE and op.results:
+                new_ops, nv = self.copy_splat(self.splats[v.id], v, op)
                 before += new_ops
                 operands.append(nv)
             else:
@@ -151,6 +157,17 @@ class Rewriter:
             wide.attrs["broadcast_dimensions"] = ()
             ops.append(wide)
         return ops, ops[-1].results[0]
+
+    def copy_splat(self, maker: Op, v: Value, user: Op) -> tuple[list[Op], Value]:
+        """A copy of splat `v` (made by `maker`) at the reduced shape of elementwise `user`."""
+        shape = self.type_of(user.results[0]).shape
+        t = TensorType(tuple(shape), v.type.dtype)
+        if maker.name == "stablehlo.constant":
+            value = np.asarray(maker.attrs["value"]).reshape(-1)[:1].reshape(())
+            return self.splat(value, t, maker.loc)
+        wide = _op("stablehlo.broadcast_in_dim", [self.vmap[maker.operands[0].id]], t, maker.loc)
+        wide.attrs["broadcast_dimensions"] = ()
+        return [wide], wide.results[0]
 
     def splat(self, value: np.ndarray, t: TensorType, loc) -> tuple[list[Op], Value]:
         c = _op("stablehlo.constant", [], t, loc)

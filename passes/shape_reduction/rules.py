@@ -90,6 +90,9 @@ class Positions:
     scaled: dict[int, tuple[Op, int]] = field(default_factory=dict)
     # sizes that became values (a sum over values that read no input): (size, where)
     counts: list[tuple[int, object]] = field(default_factory=list)
+    # values that are one element broadcast (splat constants, broadcasts of a scalar): value
+    # id -> the op making it; an elementwise op reads its own copy at its own shape
+    splats: dict[int, Op] = field(default_factory=dict)
     # every use of a float constant by an arithmetic op: (op, operand, value id)
     float_uses: list[tuple[Op, int, int]] = field(default_factory=list)
 
@@ -302,7 +305,13 @@ class ShapeRules:
     def elementwise(self, op: Op) -> None:
         if op.name == "stablehlo.bitcast_convert" and _rank(op.operands[0]) != _rank(op.results[0]):
             return self.keep_all(op, f"bitcast_convert at {op.loc} between element widths")
-        ranked = [v for v in list(op.operands) + list(op.results) if _rank(v) > 0]
+        # a splat (one value broadcast) says nothing about the dimensions it is used at: it
+        # may be shared (CSE) by uses of other meanings; each use reads its own copy
+        ranked = [
+            v
+            for v in list(op.operands) + list(op.results)
+            if _rank(v) > 0 and v.id not in self.pos.splats
+        ]
         for v in ranked[1:]:
             self.tie_all(ranked[0], v)
         self.fold(op)
@@ -368,6 +377,8 @@ class ShapeRules:
         r = op.results[0]
         self.pos.independent.add(r.id)
         splat = value.size <= 1 or bool(np.all(value.reshape(-1) == value.reshape(-1)[0]))
+        if splat and value.ndim:
+            self.pos.splats[r.id] = op
         if not splat:
             # a table of values by position (RoPE angles, a mask built with numpy): nothing
             # says which function of position it holds, so its dimensions keep their sizes
@@ -403,6 +414,8 @@ class ShapeRules:
     def rule_broadcast_in_dim(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
         kx, kr = self.keys(x), self.keys(r)
+        if not kx:
+            self.pos.splats[r.id] = op
         for i, j in enumerate(op.attrs["broadcast_dimensions"]):
             if x.type.shape[i] == r.type.shape[j]:
                 self.d.tie(kx[i], kr[j])
