@@ -297,6 +297,7 @@ class StageProver:
         out = np.empty(arr.shape, dtype=object)
         memo: dict = {}
         for idx in np.ndindex(*arr.shape):
+            self._check_time()  # expansions can be long: the limits hold here too
             out[idx] = self._expand_term(arr[idx], lookup, memo)
         return out
 
@@ -444,6 +445,10 @@ class StageProver:
         whose value is no spec tile (an idle stage's work) keeps its value."""
         out = list(per_device)
         for d, a in enumerate(per_device):
+            if all(not np.any(np.asarray(r)) for r in runs[d]):
+                # all zeros in every run (an idle pipeline stage computing on zeros): zero
+                # tiles of any spec value "match", and expanding one costs without bound
+                continue
             for vid, box in index.tile_matches(runs[d])[:2]:
                 block = np.asarray(self.spec_view(vid))[box_index(box)]
                 self._now_proving(None, vid)
