@@ -216,10 +216,11 @@ def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[di
     def watch() -> None:
         t0 = time.monotonic()
         while p.poll() is None:
-            if time.monotonic() - t0 > timeout:
+            elapsed = time.monotonic() - t0
+            if elapsed > timeout:
                 killed.append(f"timeout ({timeout:.0f} s)")
             elif memory is not None and rss_mb(p.pid) > memory:
-                killed.append(f"killed at {memory:.0f} MB")
+                killed.append(f"{memory:.0f} MB at {elapsed:.0f} s")
             if killed:
                 p.kill()
                 return
@@ -320,7 +321,7 @@ def main() -> None:
         print(
             f"{label(row):<46} {row['bug'] or '-':>5} {res['verdict'] + mark:>18} "
             f"{fmt(res.get('stages'), 'd'):>6} {fmt(res.get('seconds')):>7} "
-            f"{fmt(res.get('lower_s')):>7} {peak:>7.0f} {fmt(res.get('xla_s'), '.2f'):>6} "
+            f"{fmt(res.get('lower_s'), '.2f'):>7} {peak:>7.0f} {fmt(res.get('xla_s'), '.2f'):>6} "
             f"{tvs:>13}",
             flush=True,
         )
