@@ -6,6 +6,7 @@ configuration (DP x PP x TP), beside XLA's compile time of the same programs.
     python bench/scale.py --sweep          # Llama 3 at hidden 1024..16384, seq 128..8192,
                                            #   heads 8..128, batch 8..1024
     python bench/scale.py --only llama --time-limit 300 --memory 6000
+    python bench/scale.py --numerics       # the toy Llama steps run on random inputs (no tv)
 
 Every row is verified in a fresh child process: `tv_ir.frontends.jax.verify(fn, *args,
 spec=spec, time_limit=..., memory_limit=...)` on `jax.ShapeDtypeStruct` arguments (nothing is
@@ -195,6 +196,41 @@ def worker_xla(row: dict) -> dict:
     return out
 
 
+def numerics() -> int:
+    """Run the toy Llama spec and every style / bug of the parallel step on random inputs;
+    print the largest difference (a correct step: float32 noise; a bug: visibly off)."""
+    importlib.import_module("tv_ir.frontends.jax")  # 8 CPU devices
+    import jax
+    import jax.numpy as jnp
+    import llama3 as M
+    import numpy as np
+
+    cfg = M.TOY
+    rng = np.random.default_rng(0)
+
+    def rand(s):
+        return jnp.asarray(rng.normal(size=s.shape).astype(np.float32) * 0.5)
+
+    params, batch = jax.tree_util.tree_map(rand, M.example_args(cfg))
+    ref = jax.tree_util.tree_leaves(jax.jit(M.train_step(cfg))(params, batch))
+    bad = 0
+    for style in M.STYLES:
+        for bug in (None, *M.BUGS):
+            try:
+                out = jax.tree_util.tree_leaves(
+                    jax.jit(M.parallel_step(cfg, bug, style))(params, batch)
+                )
+            except Exception as e:  # check_vma rejects a missing psum at trace time
+                print(f"{style:>8} {bug or '-':>5}  rejected by JAX: {str(e).splitlines()[0][:80]}")
+                continue
+            diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(ref, out, strict=True))
+            ok = diff < 1e-5 if bug is None else diff > 1e-3
+            bad += not ok
+            mark = "" if ok else "  WRONG"
+            print(f"{style:>8} {bug or '-':>5}  max |spec - impl| = {diff:.2e}{mark}")
+    return bad
+
+
 def rss_mb(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -282,6 +318,9 @@ def main() -> None:
         help="tv's memory_limit, and the resident MB past which a child is killed",
     )
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
+    ap.add_argument(
+        "--numerics", action="store_true", help="only run the toy Llama steps on random inputs"
+    )
     ap.add_argument("--json", help="also write the rows and results to this file")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -293,6 +332,8 @@ def main() -> None:
             res = worker_xla(row)
         print(json.dumps(res), flush=True)
         return
+    if a.numerics:
+        sys.exit(numerics())
 
     timeout = a.timeout or a.time_limit + 120
     rows = rows_for(a)
