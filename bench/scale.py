@@ -20,9 +20,12 @@ two programs with XLA (`jax.jit(f).lower(*args).compile()`, spec + implementatio
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -149,6 +152,7 @@ def label(row: dict) -> str:
 
 def worker_verify(row: dict, time_limit: float, memory: float) -> dict:
     """Child: verify one row; the lowering (spec and implementation) timed apart."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it was, when killed
     verify_mod = importlib.import_module("tv_ir.frontends.jax.verify")  # 8 CPU devices
 
     lowering = [0.0]
@@ -242,6 +246,16 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def killed_in(stderr: str) -> str:
+    """The innermost tv frame of the stacks a killed child dumped (faulthandler)."""
+    for m in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', stderr):
+        path, line, fn = m.groups()
+        rel = os.path.relpath(path, ROOT)
+        if rel.split(os.sep)[0] in ("tv_ir", "passes", "frontends") and fn != "run_deep":
+            return f"{rel}:{line} {fn}"
+    return ""
+
+
 def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[dict, float]:
     """Run this script as a worker; (its JSON or why it has none, peak RSS in MB)."""
     err = tempfile.TemporaryFile()
@@ -258,6 +272,8 @@ def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[di
             elif memory is not None and rss_mb(p.pid) > memory:
                 killed.append(f"{memory:.0f} MB at {elapsed:.0f} s")
             if killed:
+                p.send_signal(signal.SIGUSR1)  # the verifying child dumps its stacks
+                time.sleep(1.0)
                 p.kill()
                 return
             time.sleep(0.2)
@@ -272,10 +288,15 @@ def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[di
     lines = [ln for ln in out.read().decode().splitlines() if ln.startswith("{")]
     if lines and not killed:
         return json.loads(lines[-1]), peak
-    if killed:
-        return {"verdict": killed[0]}, peak
     err.seek(0)
-    tail = (err.read().decode(errors="replace").strip().splitlines() or ["?"])[-1]
+    stderr = err.read().decode(errors="replace")
+    if killed:
+        res = {"verdict": killed[0]}
+        where = killed_in(stderr)
+        if where:
+            res["reason"] = f"killed in {where}"
+        return res, peak
+    tail = (stderr.strip().splitlines() or ["?"])[-1]
     return {"verdict": f"crashed ({p.returncode})", "reason": tail[:300]}, peak
 
 
