@@ -8,14 +8,16 @@ are made once per step and shared by every layer (as a Llama implementation prec
 `freqs_cis` once), not once per call.
 
 - `train_step(cfg)`: the specification, one SGD step on the whole batch on one device.
-- `parallel_step(cfg, bug)`: the same step as one `jax.shard_map` over a
+- `parallel_step(cfg, bug, style)`: the same step as one `jax.shard_map` over a
   ("data", "stage", "model") mesh: Megatron tensor parallelism over "model" (attention heads
   and FFN units column-split, output projections row-split, psum of the partial outputs),
   a GPipe pipeline over "stage" (the layers split evenly, `cfg.micro` micro-batches passed on
   with `ppermute`, backward through its transpose), data parallelism over "data" (the batch
-  split, gradients summed). Every device computes its *share* of the global loss (its
-  micro-batch's mean / (micro * dp * tp)), so every gradient is a sum of shares: a weight
-  replicated over a mesh axis is psum'd over that axis, a split one is not.
+  split, the gradients of weights replicated over "data" / "stage" psum'd). Each device
+  computes its *share* of the global loss (its micro-batch's mean / (micro * dp)). `style`
+  (STYLES) is how the TP gradients are kept right: Megatron's f/g operators (default), JAX's
+  check_vma, or per-TP-rank loss shares.
+- `BUGS`: planted bugs, each refuted by a correct verifier.
 
 Arguments are `jax.ShapeDtypeStruct`s (`param_shapes`, `batch_shapes`): nothing is
 materialised, at any size.
