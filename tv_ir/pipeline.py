@@ -164,6 +164,8 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
         reduction = reduce_pair(spec_m, impl_m, placement)
         if reduction.reduced:
             spec_m, impl_m, placement = reduction.spec, reduction.impl, reduction.placement
+        elif reduction.failed and progress:
+            progress(reduction.failed)
     for role, m in (("spec", spec_m), ("impl", impl_m)):
         try:  # tv evaluates what it checks on concrete arrays: they must fit
             refuse_oversized(m, m.source)
@@ -181,6 +183,8 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
     if reduction is not None:
         t1 = time.perf_counter()
         report.reduction = reduction.to_json()
+        if reduction.failed:
+            report.notes.append(reduction.failed)
         if reduction.reduced and report.verdict == NOT_EQUIVALENT:
             from .prover.real_size import replay_at_real_size
 

@@ -118,38 +118,46 @@ def _prod(xs) -> int:
     return n
 
 
-def _wholes(d: DimClasses) -> dict[Key, list[Key]]:
-    """Each merged dimension's class -> the atomic classes it is the product of."""
-    defs: dict[Key, tuple[Key, ...]] = {}
+def _definitions(d: DimClasses) -> dict[Key, list[tuple[Key, ...]]]:
+    """Each merged dimension's class -> every product of classes that defines it."""
+    defs: dict[Key, list[tuple[Key, ...]]] = {}
     for whole, parts in d.products:
-        defs.setdefault(d.find(whole), tuple(d.find(p) for p in parts))
-    out: dict[Key, list[Key]] = {}
-    for whole in defs:
-        stack, atoms, seen = [whole], [], set()
-        while stack:
-            r = stack.pop()
-            if r in defs and r not in seen:
-                seen.add(r)
-                stack.extend(defs[r])
-            elif r not in defs:
-                atoms.append(r)
-        out[whole] = atoms
+        defs.setdefault(d.find(whole), []).append(tuple(d.find(p) for p in parts))
+    return defs
+
+
+def _value(defs, factor: dict, root: Key, seen=frozenset()) -> set[int]:
+    """The factors a class gets from each of its definitions (its own when it has none)."""
+    if root not in defs or root in seen:
+        return {factor.get(root, 1)}
+    out = set()
+    for parts in defs[root]:
+        vals = {1}
+        for p in parts:
+            vals = {a * b for a in vals for b in _value(defs, factor, p, seen | {root})}
+        out |= vals
     return out
 
 
 def witnesses(d: DimClasses, factor: dict[Key, int]) -> list[tuple[Key, dict[Key, int]]]:
     """For each class that shrank, the factors with that class a prime times larger (its
     other members too, merged dimensions recomputed): where the reduced pair is checked
-    again, concretely, before its proof is trusted."""
-    wholes = _wholes(d)
+    again, concretely, before its proof is trusted. A class whose change would leave a
+    merged dimension with disagreeing definitions has no witness."""
+    defs = _definitions(d)
     out = []
     for root, f in factor.items():
-        if f <= 1 or root in wholes:
+        if f <= 1 or root in defs:
             continue
         other = dict(factor)
         other[root] = f // _smallest_prime(f)
-        for whole, atoms in wholes.items():
-            if root in atoms:
-                other[whole] = _prod(other.get(a, 1) for a in atoms)
-        out.append((root, other))
+        ok = True
+        for whole in defs:
+            vals = _value(defs, other, whole)
+            if len(vals) != 1:
+                ok = False
+                break
+            other[whole] = vals.pop()
+        if ok:
+            out.append((root, other))
     return out

@@ -85,11 +85,14 @@ class Rewriter:
             r = self.rescales.get((id(op), k))
             value = self.normalised.get((id(op), k))
             if r is not None and self.factor.get(self.d.find(r.key), 1) > 1:
-                new_ops, nv = self.rescaled(r, v)
+                new_ops, nv = self.rescaled(r, v, op)
                 before += new_ops
                 operands.append(nv)
             elif value is not None:
-                new_ops, nv = self.splat(np.float64(value), self.type_of(v), op.loc)
+                t = self.type_of(v)
+                if op.name in ELEMENTWISE and op.results:  # at its user's shape
+                    t = TensorType(tuple(self.type_of(op.results[0]).shape), v.type.dtype)
+                new_ops, nv = self.splat(np.float64(value), t, op.loc)
                 before += new_ops
                 operands.append(nv)
             elif v.id in self.splats and op.name in ELEMENTWISE and op.results:
@@ -134,10 +137,13 @@ class Rewriter:
             attrs["slice_sizes"] = tuple(self.type_of(op.results[0]).shape)
         return attrs
 
-    def rescaled(self, r: Rescale, v: Value) -> tuple[list[Op], Value]:
-        """Ops computing r's per-device values at the reduced size, in v's reduced type."""
+    def rescaled(self, r: Rescale, v: Value, user: Op) -> tuple[list[Op], Value]:
+        """Ops computing r's per-device values at the reduced size, in v's reduced type (at
+        its user's shape when the user is elementwise: v may be a shared splat)."""
         k = self.factor[self.d.find(r.key)]
         t = self.type_of(v)
+        if user.name in ELEMENTWISE and user.results and t.shape:
+            t = TensorType(tuple(self.type_of(user.results[0]).shape), v.type.dtype)
         dt = np.dtype(t.numpy_dtype) if not t.is_float else np.float64
         vals = [(x + r.bias) // k - r.bias for x in r.values]
         loc = r.op.loc
@@ -158,16 +164,31 @@ class Rewriter:
             ops.append(wide)
         return ops, ops[-1].results[0]
 
-    def copy_splat(self, maker: Op, v: Value, user: Op) -> tuple[list[Op], Value]:
-        """A copy of splat `v` (made by `maker`) at the reduced shape of elementwise `user`."""
-        shape = self.type_of(user.results[0]).shape
-        t = TensorType(tuple(shape), v.type.dtype)
+    def copy_splat(self, maker: Op, v: Value, user: Op, shape=None) -> tuple[list[Op], Value]:
+        """A copy of splat `v` (made by `maker`: a splat constant, a scalar broadcast, or an
+        elementwise op of splats) at the reduced shape of elementwise `user`."""
+        if shape is None:
+            shape = tuple(self.type_of(user.results[0]).shape)
+        t = TensorType(shape, v.type.dtype)
         if maker.name == "stablehlo.constant":
             value = np.asarray(maker.attrs["value"]).reshape(-1)[:1].reshape(())
             return self.splat(value, t, maker.loc)
-        wide = _op("stablehlo.broadcast_in_dim", [self.vmap[maker.operands[0].id]], t, maker.loc)
-        wide.attrs["broadcast_dimensions"] = ()
-        return [wide], wide.results[0]
+        if maker.name == "stablehlo.broadcast_in_dim":
+            src = self.vmap[maker.operands[0].id]
+            wide = _op("stablehlo.broadcast_in_dim", [src], t, maker.loc)
+            wide.attrs["broadcast_dimensions"] = ()
+            return [wide], wide.results[0]
+        ops, operands = [], []
+        for u in maker.operands:
+            if u.id in self.splats and isinstance(u.type, TensorType) and u.type.shape:
+                more, nu = self.copy_splat(self.splats[u.id], u, user, shape)
+                ops += more
+                operands.append(nu)
+            else:
+                operands.append(self.vmap[u.id])
+        new = Op(maker.name, operands, [], dict(maker.attrs), [], maker.loc)
+        new.results = [Value(t, None, new, 0)]
+        return ops + [new], new.results[0]
 
     def splat(self, value: np.ndarray, t: TensorType, loc) -> tuple[list[Op], Value]:
         c = _op("stablehlo.constant", [], t, loc)
@@ -197,3 +218,34 @@ def scaled_layout(lay: Layout, factors: list[int]) -> Layout:
         boxes=tuple(box(b) for b in lay.boxes),
         tile_shape=tuple(n // k for n, k in zip(lay.tile_shape, factors, strict=True)),
     )
+
+
+def inconsistent(m: Module) -> str | None:
+    """The first op of `m` whose reduced shapes its meaning forbids (a reshape that changes
+    the element count, elementwise operands of other shapes, a dot whose contracted sizes
+    differ, a broadcast of a dimension to another size), or None: a reduced program that
+    fails this is not used."""
+    from tv_ir.ir import walk
+
+    for op in walk(m.main.body):
+        ins = [v.type for v in op.operands if isinstance(v.type, TensorType)]
+        outs = [v.type for v in op.results if isinstance(v.type, TensorType)]
+        name = op.name
+        if name == "stablehlo.reshape" and ins[0].size != outs[0].size:
+            return f"{op} ({ins[0]} -> {outs[0]})"
+        if name in ELEMENTWISE and name != "stablehlo.bitcast_convert":
+            shapes = {t.shape for t in ins + outs if t.shape}
+            if len(shapes) > 1:
+                return f"{op} (shapes {sorted(shapes)})"
+        if name == "stablehlo.dot_general":
+            dn = op.attrs["dot_dimension_numbers"]
+            lhs, rhs = ins
+            pairs = list(zip(dn.lhs_contract, dn.rhs_contract, strict=True))
+            pairs += list(zip(dn.lhs_batch, dn.rhs_batch, strict=True))
+            if any(lhs.shape[i] != rhs.shape[j] for i, j in pairs):
+                return f"{op} ({lhs} x {rhs})"
+        if name == "stablehlo.broadcast_in_dim":
+            for i, j in enumerate(op.attrs["broadcast_dimensions"]):
+                if ins[0].shape[i] not in (1, outs[0].shape[j]):
+                    return f"{op} ({ins[0]} -> {outs[0]})"
+    return None

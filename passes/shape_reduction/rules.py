@@ -307,6 +307,9 @@ class ShapeRules:
             return self.keep_all(op, f"bitcast_convert at {op.loc} between element widths")
         # a splat (one value broadcast) says nothing about the dimensions it is used at: it
         # may be shared (CSE) by uses of other meanings; each use reads its own copy
+        ins = [v for v in op.operands if _rank(v) > 0]
+        if ins and all(v.id in self.pos.splats for v in ins) and len(op.results) == 1:
+            self.pos.splats[op.results[0].id] = op  # a splat computed from splats
         ranked = [
             v
             for v in list(op.operands) + list(op.results)
@@ -397,7 +400,11 @@ class ShapeRules:
     def rule_iota(self, op: Op) -> None:
         r = op.results[0]
         self.pos.independent.add(r.id)
-        self.pos.index[r.id] = self.keys(r)[op.attrs["iota_dimension"]]
+        key = self.keys(r)[op.attrs["iota_dimension"]]
+        self.pos.index[r.id] = key
+        if r.type.is_float:  # `jnp.arange(n, dtype=f32)`: positions as numbers already
+            self.pos.numbers.add(r.id)
+            self.d.at_least(key, 2)
 
     def rule_partition_id(self, op: Op) -> None:
         self.pos.independent.add(op.results[0].id)
@@ -511,6 +518,10 @@ class ShapeRules:
         axes = tuple(op.attrs["dimensions"])
         for x in op.operands[1:n]:  # a variadic reduce (argmax) walks its inputs together
             self.tie_all(op.operands[0], x)
+        if n == 1 and all(op.operands[0].type.shape[a] == 1 for a in axes):
+            # a sum over one element (keepdims undone): the same value
+            if op.operands[0].id in self.pos.scaled:
+                self.pos.scaled[op.results[0].id] = self.pos.scaled[op.operands[0].id]
         if n == 1 and _adds(op):  # a sum of sums counts both
             kx = self.keys(op.operands[0])
             before = self.pos.summed.get(op.operands[0].id, ())
