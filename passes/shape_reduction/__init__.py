@@ -150,7 +150,6 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
         for k, (s, i, lay) in enumerate(zip(svals, ivals, layouts, strict=True)):
             _tie_by_layout(d, s, i, lay, f"{what} {k}")
     _arity(d)
-    _tables(d)
     _digits(d)
     rules = (spec_rules, impl_rules)
     accepted = _normalisers(d, rules)
@@ -302,18 +301,6 @@ def _digits(d: DimClasses) -> None:
                                 d.keep(major, "an offset inside a merged dimension")
         if sum(len(v) for v in d.offsets.values()) == before:
             break
-
-
-def _tables(d: DimClasses) -> None:
-    """A constant table's first positions are the reduced table only along a dimension no
-    reshape regroups (a regrouped dimension's first positions depend on the grouping)."""
-    regrouped = set()
-    for whole, parts in d.products:
-        regrouped.add(d.find(whole))
-        regrouped.update(d.find(p) for p in parts)
-    for k in d.truncated:
-        if d.find(k) in regrouped:
-            d.keep(k, "a constant table along a dimension that a reshape regroups")
 
 
 def _tie_by_layout(d: DimClasses, s, i, lay, where: str) -> None:

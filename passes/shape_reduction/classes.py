@@ -28,8 +28,6 @@ class DimClasses:
     # reshape factors: the member's size is the product of the listed members' sizes
     products: list[tuple[Key, tuple[Key, ...]]] = field(default_factory=list)
     names: dict[Key, str] = field(default_factory=dict)
-    # dimensions of constant tables, reduced by keeping their first positions
-    truncated: list[Key] = field(default_factory=list)
     # classes (by a member) whose every member keeps at least this many positions
     class_lower: list[tuple[Key, int]] = field(default_factory=list)
 

@@ -114,11 +114,8 @@ class Rewriter:
             value = np.asarray(attrs["value"])
             shape = self.type_of(op.results[0]).shape
             if tuple(shape) != value.shape:
-                flat = value.reshape(-1)
-                if value.size and np.all(flat == flat[0]):
-                    attrs["value"] = np.broadcast_to(flat[:1].reshape(()), shape)
-                else:  # a table: its first positions
-                    attrs["value"] = value[tuple(slice(0, n) for n in shape)]
+                # only splats shrink (a table keeps its dimensions: rules.rule_constant)
+                attrs["value"] = np.broadcast_to(value.reshape(-1)[:1].reshape(()), shape)
         elif name == "slice":
             x = op.operands[0]
             starts, limits = [], []
