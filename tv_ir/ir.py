@@ -215,6 +215,14 @@ class Module:
         return dataclasses.replace(self, entry=name)
 
 
+def elements(m: Module) -> int:
+    """How many tensor elements the values of `m`'s checked function hold, arguments
+    included (what evaluating it concretely costs)."""
+    fn = m.main
+    vals = list(fn.args) + [r for op in walk(fn.body) for r in op.results]
+    return sum(v.type.size for v in vals if isinstance(v.type, TensorType))
+
+
 def walk(block: Block):
     """Every op in a block, nested regions included, in program order."""
     for op in block.ops:

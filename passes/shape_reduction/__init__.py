@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir import Module, TensorType
+from tv_ir.ir import Module, TensorType, elements
 
 from .classes import DimClasses
 from .factors import choose, witnesses
@@ -162,7 +162,7 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
         root for root, members in d.classes().items() if all(k[0] in splats for k in members)
     }
     classes = _describe(d, factor, only_splats)
-    real = sum(_elements(v) for v in _values(spec) + _values(impl))
+    real = elements(spec) + elements(impl)
     red = Reduction(classes, real_elements=real, reduced_elements=real)
     if all(k == 1 for root, k in factor.items() if root not in only_splats):
         return red
@@ -183,7 +183,7 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
         for root, f in witnesses(d, factor)
         if root not in only_splats
     ]
-    red.reduced_elements = sum(_elements(v) for v in _values(red.spec) + _values(red.impl))
+    red.reduced_elements = elements(red.spec) + elements(red.impl)
     return red
 
 
@@ -366,21 +366,6 @@ def _rank_name(name: str) -> int:
         if name.startswith(prefix):
             return i
     return 9
-
-
-def _values(m: Module):
-    from tv_ir.ir import walk
-
-    fn = m.main
-    vals = list(fn.args)
-    for op in walk(fn.body):
-        vals.extend(op.results)
-    return vals
-
-
-def _elements(v) -> int:
-    t = v.type
-    return t.size if isinstance(t, TensorType) else 0
 
 
 def _debug(d: DimClasses, factor: dict) -> None:

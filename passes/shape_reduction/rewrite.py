@@ -89,14 +89,11 @@ class Rewriter:
                 before += new_ops
                 operands.append(nv)
             elif value is not None:
-                t = self.type_of(v)
-                if op.name in ELEMENTWISE and op.results:  # at its user's shape
-                    t = TensorType(tuple(self.type_of(op.results[0]).shape), v.type.dtype)
-                new_ops, nv = self.splat(np.float64(value), t, op.loc)
+                new_ops, nv = self.splat(np.float64(value), self.operand_type(v, op), op.loc)
                 before += new_ops
                 operands.append(nv)
             elif v.id in self.splats and op.name in ELEMENTWISE and op.results:
-                new_ops, nv = self.copy_splat(self.splats[v.id], v, op)
+                new_ops, nv = self.copy_splat(self.splats[v.id], v, self.operand_type(v, op))
                 before += new_ops
                 operands.append(nv)
             else:
@@ -138,9 +135,7 @@ class Rewriter:
         """Ops computing r's per-device values at the reduced size, in v's reduced type (at
         its user's shape when the user is elementwise: v may be a shared splat)."""
         k = self.factor[self.d.find(r.key)]
-        t = self.type_of(v)
-        if user.name in ELEMENTWISE and user.results and t.shape:
-            t = TensorType(tuple(self.type_of(user.results[0]).shape), v.type.dtype)
+        t = self.operand_type(v, user)
         dt = np.dtype(t.numpy_dtype) if not t.is_float else np.float64
         vals = [(x + r.bias) // k - r.bias for x in r.values]
         loc = r.op.loc
@@ -161,12 +156,17 @@ class Rewriter:
             ops.append(wide)
         return ops, ops[-1].results[0]
 
-    def copy_splat(self, maker: Op, v: Value, user: Op, shape=None) -> tuple[list[Op], Value]:
+    def operand_type(self, v: Value, user: Op):
+        """v's reduced type where `user` reads it: an elementwise user's own shape (v may be a
+        splat shared, through CSE, by users of other shapes), else v's own."""
+        t = self.type_of(v)
+        if user.name in ELEMENTWISE and user.results and isinstance(t, TensorType) and t.shape:
+            return TensorType(tuple(self.type_of(user.results[0]).shape), t.dtype)
+        return t
+
+    def copy_splat(self, maker: Op, v: Value, t: TensorType) -> tuple[list[Op], Value]:
         """A copy of splat `v` (made by `maker`: a splat constant, a scalar broadcast, or an
-        elementwise op of splats) at the reduced shape of elementwise `user`."""
-        if shape is None:
-            shape = tuple(self.type_of(user.results[0]).shape)
-        t = TensorType(shape, v.type.dtype)
+        elementwise op of splats) of type `t`."""
         if maker.name == "stablehlo.constant":
             value = np.asarray(maker.attrs["value"]).reshape(-1)[:1].reshape(())
             return self.splat(value, t, maker.loc)
@@ -178,7 +178,8 @@ class Rewriter:
         ops, operands = [], []
         for u in maker.operands:
             if u.id in self.splats and isinstance(u.type, TensorType) and u.type.shape:
-                more, nu = self.copy_splat(self.splats[u.id], u, user, shape)
+                ut = TensorType(t.shape, u.type.dtype)
+                more, nu = self.copy_splat(self.splats[u.id], u, ut)
                 ops += more
                 operands.append(nu)
             else:

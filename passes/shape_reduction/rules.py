@@ -198,8 +198,8 @@ class ShapeRules:
         if a.id in self.pos.floats:
             self.pos.floats[b.id] = self.pos.floats[a.id]
 
-    def carry(self, a: Value, b: Value, axis_map=None) -> None:
-        """b holds a's positions (at axis_map[axis]) or a's known values."""
+    def carry(self, a: Value, b: Value) -> None:
+        """b holds a's positions, sums, float constant or known values."""
         self._carry_sums(a, b)
         key = self.pos.index.get(a.id)
         if key is not None:
@@ -276,8 +276,6 @@ class ShapeRules:
         """`sum * (1/N)`, `sum / N`, `spread / N`: a float constant that may be the count of
         what is summed (checked against the classes' sizes once they are known)."""
         name = op.short_name
-        if name == "convert" and op.operands[0].id in self.pos.floats:
-            self.pos.floats[op.results[0].id] = self.pos.floats[op.operands[0].id]
         if name == "convert":
             self._carry_sums(op.operands[0], op.results[0])
         if name not in ("multiply", "divide") or len(op.operands) != 2:
@@ -289,16 +287,14 @@ class ShapeRules:
             if c.id in self.pos.floats and other.id in self.pos.summed:
                 if name == "divide" and k == 0:
                     continue  # N / sum: not a normaliser
-                self.pos.normalisers.append(
-                    Normaliser(op, op.operands.index(c), self.pos.summed[other.id], c.id)
-                )
+                self.pos.normalisers.append(Normaliser(op, k, self.pos.summed[other.id], c.id))
         res = op.results[0]
         for k, v in enumerate(op.operands):
             if v.id in self.pos.floats:
                 self.pos.float_uses.append((op, k, v.id))
-        for a, b in (op.operands, op.operands[::-1]):
+        for k, (a, b) in enumerate((op.operands, op.operands[::-1])):
             if a.id in self.pos.floats and b.id not in self.pos.floats:
-                self.pos.scaled[res.id] = (op, op.operands.index(a))
+                self.pos.scaled[res.id] = (op, k)
 
     # -- rules -----------------------------------------------------------------------------
 

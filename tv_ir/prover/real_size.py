@@ -1,16 +1,18 @@
-"""Carry a refutation found at reduced shapes back to the programs at their real sizes.
+"""Verdicts at reduced shapes, checked concretely against the programs' real sizes.
 
-The reduced counterexample is blown up (each element repeated over the block of real
-positions it stands for) and both real programs are run on it concretely. When they differ
-there, that real-size difference is the counterexample; when the real programs are too large
-to run, or do not differ there, the reduced counterexample stands, and the report says so.
+- A refutation (`replay_at_real_size`): the reduced counterexample is blown up (each element
+  repeated over the block of real positions it stands for), then random inputs, and both
+  real programs are run on them. A difference there is the counterexample; when the real
+  programs are too large to run the reduced one stands, and the report says so.
+- A proof (`confirm_proof`): the real programs, or the pair with each shrunk class a prime
+  times larger, run on random inputs; a difference there overturns the proof.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Module, TensorType
+from ..ir import Module, TensorType, elements
 from ..report import Report
 from .localise import refutation
 
@@ -55,19 +57,6 @@ WITNESS_LIMIT = 5_000_000  # elements over all values of one witness pair
 RUNS = 2  # random inputs per concrete check
 
 
-def _elements(*modules) -> int:
-    from ..ir import walk
-
-    n = 0
-    for m in modules:
-        for v in m.main.args:
-            n += v.type.size if isinstance(v.type, TensorType) else 0
-        for op in walk(m.main.body):
-            for r in op.results:
-                n += r.type.size if isinstance(r.type, TensorType) else 0
-    return n
-
-
 def _differs(spec: Module, impl: Module, placement, seed: int):
     """A difference of the pair on random inputs (refutation(...) result), or None."""
     from .simulate import random_inputs
@@ -109,7 +98,7 @@ def confirm_proof(report: Report, reduction, spec, impl, placement, seed: int = 
         except Exception:  # inconsistent shapes at this size: no check from it
             skipped += 1
             continue
-        if _elements(w_spec, w_impl) > WITNESS_LIMIT:
+        if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
             skipped += 1
             continue
         checked += 1
