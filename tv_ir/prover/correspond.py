@@ -105,7 +105,7 @@ class TileIndex:
         self.shapes = shapes
         self.order = order
         self.loose_rank = loose_rank
-        self._by_local: dict[tuple, list[tuple[float, int, Box]]] = {}
+        self._by_local: dict[tuple, list[tuple[float, list[tuple[int, Box]]]]] = {}
         self._by_norm: dict[tuple, list[tuple[float, int, Box, float]]] = {}
 
     def _project(self, local: tuple, arrays) -> tuple[float, float] | None:
@@ -140,15 +140,19 @@ class TileIndex:
     def _tile(self, vid: int, box: Box, run: int, local: tuple):
         return np.reshape(self.traces[run].values[vid][box_index(box)], local)
 
-    def _index(self, local: tuple) -> list[tuple[float, int, Box]]:
+    def _index(self, local: tuple) -> list[tuple[float, list[tuple[int, Box]]]]:
+        """(projection, [(spec value, box)]) sorted by projection; tiles equal in every run
+        share one entry, so a value that equals many of them (a zero tile of every masked
+        attention matrix) is compared once, not once per copy."""
         idx = self._by_local.get(local)
         if idx is None:
-            idx = []
+            groups: dict[tuple, tuple[float, list]] = {}
             for vid, box, arrays in self._tiles(local):
                 key = self._project(local, arrays)
                 if key is not None:
-                    idx.append((key[0], vid, box))
-            idx.sort(key=lambda e: e[0])
+                    content = (key[0], *(np.ascontiguousarray(a).tobytes() for a in arrays))
+                    groups.setdefault(content, (key[0], []))[1].append((vid, box))
+            idx = sorted(groups.values(), key=lambda e: e[0])
             self._by_local[local] = idx
         return idx
 
@@ -160,13 +164,14 @@ class TileIndex:
         tol = 1e-7 * (1.0 + key[1])
         lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
         out = []
-        for k, vid, box in idx[lo:]:
+        for k, members in idx[lo:]:
             if k > key[0] + tol:
                 break
+            vid, box = members[0]
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
             ):
-                out.append((vid, box))
+                out += members
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:

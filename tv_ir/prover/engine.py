@@ -31,7 +31,7 @@ from ..ir import Module, TensorType
 from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
 from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
 from ..spmd import SpmdInterpreter, device_name
-from ..symbolic import SymbolicAlgebra
+from ..symbolic import TABLE_VALUES, SymbolicAlgebra
 from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
@@ -422,6 +422,10 @@ class StageProver:
     def _try_cut(self, v, per_device: list, index: TileIndex, impl_tr) -> list:
         """Prove v equal (on every device) to a block of a spec value; then use its symbols."""
         runs = [[tr.values[v.id][d] for tr in impl_tr] for d in range(len(per_device))]
+        if _input_independent(runs):
+            # the same in every run: a constant (a mask, an idle stage's zeros) whose
+            # symbolic value is a constant too; tiles of any spec constant would "match"
+            return per_device
         for c in index.candidates(runs):
             view = self.spec_view(c.spec_value)
             pairs = []
@@ -643,6 +647,8 @@ class StageProver:
             o = self.owner.get(aid)
             if o is not None:
                 v = float(self.spec_trace.values[o[0]][o[1]])
+            elif aid in TABLE_VALUES:
+                v = TABLE_VALUES[aid]
             else:
                 i, idx = self.input_atoms[aid]
                 v = float(self.sim_inputs[i][idx])
@@ -828,3 +834,10 @@ def _syms(e) -> frozenset:
 
 def _size(e) -> int:
     return T.size(e) if isinstance(e, (T.Poly, T.Bool)) else 1
+
+
+def _input_independent(runs: list[list]) -> bool:
+    """Is every device's value the same in every simulation run (two runs at least)?"""
+    return all(
+        len(r) > 1 and all(np.array_equal(r[0], x, equal_nan=True) for x in r[1:]) for r in runs
+    )
