@@ -262,10 +262,11 @@ def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[di
     out = tempfile.TemporaryFile()
     p = subprocess.Popen([sys.executable, __file__, "--worker", *args], stdout=out, stderr=err)
     killed: list[str] = []
+    reaped = threading.Event()  # set once wait4 has the child: polling it here would reap it
 
     def watch() -> None:
         t0 = time.monotonic()
-        while p.poll() is None:
+        while not reaped.is_set():
             elapsed = time.monotonic() - t0
             if elapsed > timeout:
                 killed.append(f"timeout ({timeout:.0f} s)")
@@ -281,6 +282,7 @@ def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[di
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     _, status, usage = os.wait4(p.pid, 0)
+    reaped.set()
     p.returncode = os.waitstatus_to_exitcode(status)
     watcher.join()
     peak = usage.ru_maxrss / 1024  # kilobytes on Linux

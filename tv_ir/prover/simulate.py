@@ -17,6 +17,7 @@ from ..algebra import NumpyAlgebra
 from ..closeness import RTOL, close, close_elementwise  # noqa: F401 (re-exported)
 from ..interp import Interpreter
 from ..ir import Function, Module, TensorType
+from ..limits import check_time
 
 
 def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False) -> list:
@@ -190,6 +191,7 @@ def run_traced_devices(
     n = num_replicas * num_partitions
 
     def hook(op, results):
+        check_time()  # a program run at its real sizes may be long: limits hold here too
         for k, v in enumerate(op.results):
             trace.values[v.id] = [results[d][k] for d in range(n)]
         return results
