@@ -105,14 +105,15 @@ SEQ, DIM = 16, 16
 
 def sp_impl(bug=None):
     def body(x, w1, w2):
+        seq, dim = x.shape[0] * TP, x.shape[1]
         if bug == "sp_all_gather_wrong_dim":
-            xg = jax.lax.all_gather(x, "model", axis=1).reshape(SEQ, DIM)  # BUG: sp_all_gather_wrong_dim  # fmt: skip  # noqa: E501
+            xg = jax.lax.all_gather(x, "model", axis=1).reshape(seq, dim)  # BUG: sp_all_gather_wrong_dim  # fmt: skip  # noqa: E501
         else:
-            xg = jax.lax.all_gather(x, "model", axis=0).reshape(SEQ, DIM)
+            xg = jax.lax.all_gather(x, "model", axis=0).reshape(seq, dim)
         y = jax.nn.relu(xg @ w1) @ w2
         if bug == "sp_psum_scatter_wrong_dim":
-            return jax.lax.psum_scatter(y.reshape(SEQ // TP, TP, DIM), "model", scatter_dimension=1)  # BUG: sp_psum_scatter_wrong_dim  # fmt: skip  # noqa: E501
-        return jax.lax.psum_scatter(y.reshape(TP, SEQ // TP, DIM), "model", scatter_dimension=0)  # fmt: skip  # noqa: E501
+            return jax.lax.psum_scatter(y.reshape(seq // TP, TP, dim), "model", scatter_dimension=1)  # BUG: sp_psum_scatter_wrong_dim  # fmt: skip  # noqa: E501
+        return jax.lax.psum_scatter(y.reshape(TP, seq // TP, dim), "model", scatter_dimension=0)  # fmt: skip  # noqa: E501
 
     specs = (P("model", None), P(None, "model"), P("model", None))
     return smap(body, mesh_1d("model"), specs, P("model", None))
@@ -129,14 +130,15 @@ def seqnorm_spec(x):
 
 def seqnorm_impl(bug=None):
     def body(x):
+        seq = x.shape[0] * TP
         if bug == "seqnorm_mean_not_reduced":
             mu = jnp.mean(x, axis=0)  # BUG: seqnorm_mean_not_reduced
         else:
-            mu = jax.lax.psum(jnp.sum(x, axis=0), "model") / SEQ
+            mu = jax.lax.psum(jnp.sum(x, axis=0), "model") / seq
         if bug == "seqnorm_var_not_reduced":
             var = jnp.mean((x - mu) ** 2, axis=0)  # BUG: seqnorm_var_not_reduced
         else:
-            var = jax.lax.psum(jnp.sum((x - mu) ** 2, axis=0), "model") / SEQ
+            var = jax.lax.psum(jnp.sum((x - mu) ** 2, axis=0), "model") / seq
         return (x - mu) * jax.lax.rsqrt(var + 1e-5)
 
     return smap(body, mesh_1d("model"), (P("model", None),), P("model", None))
@@ -170,15 +172,16 @@ def dp_impl(bug=None):
 
 def fsdp_impl(bug=None):
     def body(w, x, y):
+        whole = (w.shape[0] * TP, w.shape[1])
         if bug == "fsdp_gather_wrong_dim":
-            wf = jax.lax.all_gather(w, "data", axis=1).reshape(8, 8)  # BUG: fsdp_gather_wrong_dim
+            wf = jax.lax.all_gather(w, "data", axis=1).reshape(whole)  # BUG: fsdp_gather_wrong_dim
         else:
-            wf = jax.lax.all_gather(w, "data", axis=0).reshape(8, 8)
+            wf = jax.lax.all_gather(w, "data", axis=0).reshape(whole)
         g = jax.grad(mse)(wf, x, y)
         if bug == "fsdp_grad_unscaled":
             return jax.lax.psum_scatter(g, "data", tiled=True)  # BUG: fsdp_grad_unscaled
         if bug == "fsdp_grad_not_reduced":
-            return g.reshape(TP, 2, 8)[jax.lax.axis_index("data")]  # BUG: fsdp_grad_not_reduced
+            return g.reshape(TP, -1, g.shape[1])[jax.lax.axis_index("data")]  # BUG: fsdp_grad_not_reduced  # fmt: skip  # noqa: E501
         return jax.lax.psum_scatter(g, "data", tiled=True) / TP
 
     rows = P("data", None)
@@ -225,7 +228,7 @@ CAP = 2  # tokens per (group, expert)
 
 
 def ep_spec(x, ws):
-    xr = x.reshape(TP, TP, CAP, x.shape[-1])  # (group, expert, capacity, dim)
+    xr = x.reshape(TP, TP, -1, x.shape[-1])  # (group, expert, capacity, dim)
     y = jax.nn.relu(jnp.einsum("gecd,edf->gecf", xr, ws))
     return y.reshape(x.shape)
 
@@ -288,7 +291,7 @@ def cp_impl(bug=None):
             return jax.lax.psum(jnp.mean(d * d, axis=0), "context")  # BUG: cp_loss_overscaled
         if bug == "cp_loss_not_reduced":
             return jnp.mean(d * d, axis=0)  # BUG: cp_loss_not_reduced
-        return jax.lax.psum(jnp.sum(d * d, axis=0), "context") / SEQ
+        return jax.lax.psum(jnp.sum(d * d, axis=0), "context") / (d.shape[0] * TP)
 
     return smap(body, mesh_1d("context"), (P("context", None),) * 2, P())
 

@@ -614,7 +614,7 @@ FAMILIES = [
             Bug(rope_dp_theta, "theta", site=(rope, "# BUG-SITE")),
         ],
         (f32(B, T, D),),
-        arg(0, 0, 1),  # the frequency table (numpy) keeps the head dimension
+        arg(0, 0, 1, 2),  # the frequency table (numpy) shrinks, standing for any values
     ),
     Family(
         "psum",
@@ -1039,6 +1039,60 @@ def argmax_halves(x):
 )
 def test_reduced_verdict_is_real_verdict(fn, spec, args, verdict) -> None:
     both(fn, *args, spec=spec, expect=verdict)  # reduced (or kept), never another verdict
+
+
+# -- constant tables, normalisers of nested sums ----------------------------------------
+#
+# A float table computed with numpy (RoPE frequencies) stands for any values at reduced
+# shapes: its elements are symbols, the same in both programs. Where the proof needs the
+# table's own values, tv checks again with the table kept.
+
+
+def test_constant_table_shrinks_as_symbols() -> None:
+    reduced, _ = both(rope_dp_ok, f32(B, T, D), spec=rope_dp_spec, expect="equivalent")
+    assert reduced.reduction["tables"] >= 2, reduced.reduction["summary"]
+    assert "spec argument 0 dim 2" in shrunk(reduced), reduced.reduction["summary"]
+    assert "constant tables shrank" in reduced.reduction["summary"]
+
+
+ALTERNATING = np.tile(np.array([1.0, 2.0], np.float32), D // 2)
+
+
+def alternating_spec(x):
+    return x * ALTERNATING  # a (D,) table
+
+
+def alternating_tiled(x):
+    return x * jnp.tile(jnp.array([1.0, 2.0], F32), D // 2)  # the same values from a (2,) one
+
+
+def test_table_whose_values_matter_is_checked_again_kept() -> None:
+    reduced, _ = both(alternating_tiled, f32(B, D), spec=alternating_spec, expect="equivalent")
+    assert reduced.reduction["tables"] == 0, reduced.reduction["summary"]
+    assert any("checked again with the tables kept" in n for n in reduced.notes), str(reduced)
+
+
+N_TOK, N_VOC = D, 16  # as many tokens as the model is wide: a count that is also a size
+
+
+def xent_spec(x, w, targets):
+    logp = jax.nn.log_softmax(x @ w, axis=-1)
+    return -jnp.mean(jnp.sum(targets * logp, axis=-1))  # mean over tokens of a vocab sum
+
+
+def xent_dp(x, w, targets):
+    def body(x, w, targets):
+        logp = jax.nn.log_softmax(x @ w, axis=-1)
+        return -jax.lax.psum(jnp.sum(targets * logp), "data") / N_TOK
+
+    return smap(body, (P("data"), P(), P("data")), P(), check_vma=False)(x, w, targets)
+
+
+def test_mean_of_sums_is_a_normaliser_of_the_last_sum() -> None:
+    args = (f32(N_TOK, D), f32(D, N_VOC), f32(N_TOK, N_VOC))
+    reduced, _ = both(xent_dp, *args, spec=xent_spec, expect="equivalent")
+    # N_TOK normalises the tokens only; the model width of the same size shrinks
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
 
 
 # -- the tv command ------------------------------------------------------------------------

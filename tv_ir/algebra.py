@@ -53,6 +53,11 @@ class NumpyAlgebra:
     def constant(self, value: np.ndarray, t: TensorType) -> np.ndarray:
         return np.asarray(value, dtype=t.numpy_dtype)
 
+    def table(self, value: np.ndarray, t: TensorType, key: str) -> np.ndarray:
+        """A constant that stands for any table of its shape (ops.shape.TABLE_ATTR): run
+        concretely, its own values."""
+        return self.constant(value, t)
+
     def convert(self, x, src: TensorType, dst: TensorType):
         with _errstate():
             if dst.is_bool:

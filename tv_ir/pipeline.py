@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from .errors import BadInput, Unsupported
@@ -156,26 +157,19 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
         _name_mesh(impl_m, meshes)
     placement = placement or Placement.from_module(spec_m.main, impl_m)
     check_signatures(spec_m, impl_m, placement)
-    reduction = None
     real = (spec_m, impl_m, placement)
-    if reduce_shapes:
-        from tv_ir.passes.shape_reduction import reduce_pair
-
-        reduction = reduce_pair(spec_m, impl_m, placement)
-        if reduction.reduced:
-            spec_m, impl_m, placement = reduction.spec, reduction.impl, reduction.placement
-        elif reduction.failed and progress:
-            progress(reduction.failed)
-    for role, m in (("spec", spec_m), ("impl", impl_m)):
-        try:  # tv evaluates what it checks on concrete arrays: they must fit
-            refuse_oversized(m, m.source)
-        except BadInput as e:
-            raise BadInput(f"{role}: {e}") from None
-    t_import = time.perf_counter() - t0
-    left = time_left()  # what import left of the time limit is the prover's
-    if left is not None and left <= 0:
-        raise OutOfTime(time_limit_reason("while importing"))
-    report = _prove(spec_m, impl_m, placement, Options(timeout, seed, progress, left))
+    reduction, report, t_import = _reduce_and_prove(
+        real, reduce_shapes, True, t0, Options(timeout, seed, progress, None)
+    )
+    limited = report.reason.startswith(("time limit of ", "memory limit of "))
+    if reduction is not None and reduction.tables and report.verdict != EQUIVALENT and not limited:
+        # tables stood for any values: a difference may need the table's own values
+        note = "with constant tables standing for any values the verdict was "
+        note += f"{report.verdict}; checked again with the tables kept"
+        reduction, report, _ = _reduce_and_prove(
+            real, True, False, t0, Options(timeout, seed, progress, None)
+        )
+        report.notes.append(note)
     if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
         # the prover was given what import left of the limit: name the user's limit
         report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
@@ -208,6 +202,31 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
+
+
+def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, options: Options):
+    """(reduction or None, report at the reduced shapes, seconds from t0 to the proof)."""
+    spec_m, impl_m, placement = real
+    reduction = None
+    if reduce_shapes:
+        from tv_ir.passes.shape_reduction import reduce_pair
+
+        reduction = reduce_pair(spec_m, impl_m, placement, tables)
+        if reduction.reduced:
+            spec_m, impl_m, placement = reduction.spec, reduction.impl, reduction.placement
+        elif reduction.failed and options.progress:
+            options.progress(reduction.failed)
+    for role, m in (("spec", spec_m), ("impl", impl_m)):
+        try:  # tv evaluates what it checks on concrete arrays: they must fit
+            refuse_oversized(m, m.source)
+        except BadInput as e:
+            raise BadInput(f"{role}: {e}") from None
+    t_import = time.perf_counter() - t0
+    left = time_left()  # what import left of the time limit is the prover's
+    if left is not None and left <= 0:
+        raise OutOfTime(time_limit_reason("while importing"))
+    options = dataclasses.replace(options, time_limit=left)
+    return reduction, _prove(spec_m, impl_m, placement, options), t_import
 
 
 def _prove(spec: Module, impl: Module, placement, options: Options) -> Report:

@@ -141,6 +141,11 @@ _conjunction = _folding(T.TRUE, T.logical_and, T.lift_bool)
 _disjunction = _folding(T.FALSE, T.logical_or, T.lift_bool)
 
 
+# the value each table symbol has in simulation (atom id -> its element of the table): the
+# table's own values, as concrete runs read them
+TABLE_VALUES: dict[int, float] = {}
+
+
 class SymbolicAlgebra(NumpyAlgebra):
     """Element arithmetic on terms; falls back to numpy when all operands are concrete."""
 
@@ -148,6 +153,14 @@ class SymbolicAlgebra(NumpyAlgebra):
 
     def is_symbolic(self, x) -> bool:
         return _sym(x)
+
+    def table(self, value: np.ndarray, t: TensorType, key: str) -> np.ndarray:
+        """One symbol per element, named by the real table and the element's index: both
+        programs read the same symbols, and a proof holds for every value of the table."""
+        arr = T.symbol_array(T.Key("table", key, t.dtype, f"table.{key[:8]}"), value.shape)
+        for idx in np.ndindex(*value.shape):
+            TABLE_VALUES[T.as_atom(arr[idx]).id] = float(value[idx])
+        return arr
 
     def convert(self, x, src: TensorType, dst: TensorType):
         if not _sym(x):

@@ -11,13 +11,15 @@ reduction".
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tv_ir.ir import Module, TensorType, elements
+from tv_ir.ir import Module, TensorType, elements, walk
+from tv_ir.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
 from .factors import choose, witnesses
@@ -58,6 +60,7 @@ class Reduction:
     # the pair again with one class larger, to check concretely before trusting a proof
     witnesses: list = field(default_factory=list)
     failed: str | None = None  # why the pair could not be reduced after all
+    tables: int = 0  # constant tables that shrank and stand for any values
 
     @property
     def reduced(self) -> bool:
@@ -73,6 +76,8 @@ class Reduction:
         lines = [head] + ["  " + str(c) for c in shrunk[:12]]
         if len(shrunk) > 12:
             lines.append(f"  ... {len(shrunk) - 12} more")
+        if self.tables:
+            lines.append(f"  {self.tables} constant tables shrank: proved for any values they hold")
         lines += ["  " + str(c) for c in kept[:6]]
         if len(kept) > 6:
             lines.append(f"  ... {len(kept) - 6} more kept")
@@ -85,6 +90,7 @@ class Reduction:
             "summary": self.summary(),
             "real_elements": self.real_elements,
             "reduced_elements": self.reduced_elements,
+            "tables": self.tables,
             "classes": [
                 {"name": c.name, "real": c.real, "reduced": c.reduced, "kept": c.kept}
                 for c in self.classes
@@ -125,9 +131,11 @@ class _Builder:
             if f > 1:
                 normalised[(id(n.op), n.operand)] = value * f if power < 0 else value / f
         sp, ip = self.spec_rules.pos, self.impl_rules.pos
-        spec = Rewriter(d, factor, sp.rescales, 1, normalised, sp.splats).module(self.spec)
+        spec = Rewriter(d, factor, sp.rescales, 1, normalised, sp.splats, sp.tables).module(
+            self.spec
+        )
         impl = Rewriter(
-            d, factor, ip.rescales, self.placement.num_partitions, normalised, ip.splats
+            d, factor, ip.rescales, self.placement.num_partitions, normalised, ip.splats, ip.tables
         ).module(self.impl)
         for m in (spec, impl):
             bad = inconsistent(m)
@@ -136,12 +144,16 @@ class _Builder:
         return spec, impl, _scaled_placement(d, factor, self.spec, self.placement)
 
 
-def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
-    """The pair at reduced shapes (`Reduction.reduced` False when nothing could shrink)."""
+def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> Reduction:
+    """The pair at reduced shapes (`Reduction.reduced` False when nothing could shrink).
+    `tables`: finite float tables may shrink, standing for any values (see rule_constant);
+    a verdict other than `equivalent` with them is checked again with `tables=False`."""
     d = DimClasses()
-    spec_rules = ShapeRules(d, spec, "spec", 1, 1)
+    spec_rules = ShapeRules(d, spec, "spec", 1, 1, tables)
     spec_rules.run(spec.main)
-    impl_rules = ShapeRules(d, impl, "impl", placement.num_partitions, placement.num_replicas)
+    impl_rules = ShapeRules(
+        d, impl, "impl", placement.num_partitions, placement.num_replicas, tables
+    )
     impl_rules.run(impl.main)
     for what, svals, ivals, layouts in (
         ("argument", spec.main.args, impl.main.args, placement.args),
@@ -184,6 +196,12 @@ def reduce_pair(spec: Module, impl: Module, placement) -> Reduction:
         if root not in only_splats
     ]
     red.reduced_elements = elements(red.spec) + elements(red.impl)
+    red.tables = sum(
+        1
+        for m in (red.spec, red.impl)
+        for op in walk(m.main.body)
+        if op.name == "stablehlo.constant" and TABLE_ATTR in op.attrs
+    )
     return red
 
 
@@ -221,24 +239,32 @@ def _normalisers(d: DimClasses, rules) -> list:
             if n >= 3:
                 by_size.setdefault(n, []).append(root)
 
-    accepted, explained = [], set()
+    accepted = []
     for r in rules:
         for n in r.pos.normalisers:
             c = r.pos.floats[n.constant]
             # what is summed here (a shard's count), or the whole dimension's count: any
-            # member's size of each class summed over shrinks by that class's factor
-            counts = {1}
-            for k in n.keys:
-                counts = {a * b for a in counts for b in sizes[d.find(k)]}
-                if len(counts) > 256:
-                    counts = set()
-                    break
-            power = next((p for p in (_matches(c, m) for m in counts if m > 1) if p), 0)
+            # member's size of each class summed over shrinks by that class's factor. A sum
+            # may be normalised by some of what it sums only (`mean(sum(x, -1))`, the sum
+            # of a loss over tokens and vocabulary divided by the tokens): each set of its
+            # classes is a candidate, and only one may match
+            found = {}
+            for keys in _key_subsets(n.keys):
+                power = _normalises(c, keys, d, sizes)
+                if power:
+                    found.setdefault(frozenset(d.find(k) for k in keys), (keys, power))
             if os.environ.get("TV_REDUCTION_DEBUG"):
-                print(f"normaliser? {c} of {sorted(counts)[:6]}: {power}", file=sys.stderr)
-            if power:
-                accepted.append((n, power, c))
-                explained.add((id(n.op), n.operand))
+                print(f"normaliser? {c} of {n.keys}: {list(found.values())}", file=sys.stderr)
+            if len(found) == 1:
+                keys, power = next(iter(found.values()))
+                accepted.append((replace(n, keys=keys), power, c))
+    # one constant normalising several uses (a spread splat) must shrink the same way in all
+    by_operand: dict = {}
+    for n, power, _ in accepted:
+        classes = frozenset(d.find(k) for k in n.keys)
+        by_operand.setdefault((id(n.op), n.operand), set()).add((classes, power))
+    accepted = [a for a in accepted if len(by_operand[(id(a[0].op), a[0].operand)]) == 1]
+    explained = {(id(n.op), n.operand) for n, _, _ in accepted}
     for r in rules:
         for n, loc in r.pos.counts:  # a count computed from the size normalises anything
             for root in by_size.get(n, ()):
@@ -254,6 +280,24 @@ def _normalisers(d: DimClasses, rules) -> list:
                     for root in by_size.get(n, ()):
                         d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
     return accepted
+
+
+def _key_subsets(keys: tuple, most: int = 6) -> list[tuple]:
+    """The non-empty subsets of `keys` (all of them only, past `most` keys)."""
+    if len(keys) > most:
+        return [keys]
+    return [sub for r in range(len(keys), 0, -1) for sub in itertools.combinations(keys, r)]
+
+
+def _normalises(c: float, keys: tuple, d: DimClasses, sizes: dict) -> int:
+    """1 (c is N) or -1 (c is 1/N) when c is a count of the positions of `keys` (any member's
+    size of each class), else 0."""
+    counts = {1}
+    for k in keys:
+        counts = {a * b for a in counts for b in sizes[d.find(k)]}
+        if len(counts) > 256:
+            return 0
+    return next((p for p in (_matches(c, m) for m in counts if m > 1) if p), 0)
 
 
 def _matches(c: float, n: int) -> int:

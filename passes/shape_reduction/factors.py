@@ -45,9 +45,9 @@ def choose(d: DimClasses) -> dict[Key, int]:
         if d.reason_kept(members) is not None:
             g, cap = 1, 1
         limits[root] = (g, cap)
-    defs: dict[Key, list[tuple[Key, ...]]] = {}
-    for whole, parts in d.products:
-        defs.setdefault(d.find(whole), []).append(tuple(d.find(p) for p in parts))
+    defs, pinned = _products(d)
+    for r in pinned:
+        limits[r] = (1, 1)
 
     def atoms(root: Key, seen: frozenset = frozenset()) -> list[Key] | None:
         if root not in defs:
@@ -118,12 +118,26 @@ def _prod(xs) -> int:
     return n
 
 
+def _products(d: DimClasses) -> tuple[dict[Key, list[tuple[Key, ...]]], set[Key]]:
+    """Each merged dimension's class -> every product of classes that defines it, and the
+    classes that cannot shrink because a product holds its own whole: W = A x W (a tile
+    gathered from the devices along A, W being the tile's class by the layout) says A's
+    factor is 1, and is no definition of W."""
+    defs: dict[Key, list[tuple[Key, ...]]] = {}
+    pinned: set[Key] = set()
+    for whole, parts in d.products:
+        w, ps = d.find(whole), [d.find(p) for p in parts]
+        if w in ps:
+            ps.remove(w)
+            pinned.update(ps)
+            continue
+        defs.setdefault(w, []).append(tuple(ps))
+    return defs, pinned
+
+
 def _definitions(d: DimClasses) -> dict[Key, list[tuple[Key, ...]]]:
     """Each merged dimension's class -> every product of classes that defines it."""
-    defs: dict[Key, list[tuple[Key, ...]]] = {}
-    for whole, parts in d.products:
-        defs.setdefault(d.find(whole), []).append(tuple(d.find(p) for p in parts))
-    return defs
+    return _products(d)[0]
 
 
 def _value(defs, factor: dict, root: Key, seen=frozenset()) -> set[int]:

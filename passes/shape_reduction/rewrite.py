@@ -9,14 +9,23 @@ source locations, so a refutation at reduced shapes names the user's op and line
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 
 from tv_ir.ir import Block, Function, Module, Op, Region, TensorType, Value
 from tv_ir.layout import Layout
+from tv_ir.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
 from .rules import ELEMENTWISE, Rescale
+
+
+def table_key(value: np.ndarray) -> str:
+    """A name for a real table: equal tables in the two programs get equal names."""
+    h = hashlib.sha1(f"{value.dtype}{value.shape}".encode())
+    h.update(np.ascontiguousarray(value).tobytes())
+    return h.hexdigest()[:16]
 
 
 class Rewriter:
@@ -28,6 +37,7 @@ class Rewriter:
         num_partitions: int,
         normalised: dict | None = None,
         splats: dict | None = None,
+        tables: dict | None = None,
     ):
         self.d = d
         self.factor = factor
@@ -35,6 +45,7 @@ class Rewriter:
         # (id(op), operand) -> the float constant's value at the reduced size
         self.normalised = normalised or {}
         self.splats = splats or {}
+        self.tables = tables or {}  # value ids of float tables that become symbols
         self.num_partitions = num_partitions
         self.vmap: dict[int, Value] = {}
 
@@ -110,8 +121,13 @@ class Rewriter:
         if name == "constant":
             value = np.asarray(attrs["value"])
             shape = self.type_of(op.results[0]).shape
-            if tuple(shape) != value.shape:
-                # only splats shrink (a table keeps its dimensions: rules.rule_constant)
+            if tuple(shape) != value.shape and op.results[0].id in self.tables:
+                # a table proved for any values: its leading block, so that element i of
+                # the reduced table and of the real one are the same symbol in both programs
+                attrs["value"] = value[tuple(slice(0, n) for n in shape)]
+                attrs[TABLE_ATTR] = table_key(value)
+            elif tuple(shape) != value.shape:
+                # a splat (other tables keep their dimensions: rules.rule_constant)
                 attrs["value"] = np.broadcast_to(value.reshape(-1)[:1].reshape(()), shape)
         elif name == "slice":
             x = op.operands[0]
@@ -143,6 +159,21 @@ class Rewriter:
             return self.splat(np.asarray(vals[0], dtype=dt), t, loc)
         if len(vals) != self.num_partitions:
             raise AssertionError("per-device offsets across replicas")
+        mapped = self.vmap.get(v.id)
+        if mapped is not None and mapped.type == t and all((x + r.bias) % k == 0 for x in r.values):
+            # (v + bias) / k - bias, from v itself: exact (k divides v + bias), and a wrong
+            # offset stays traceable to the ops that computed it (localisation)
+            where = v.owner.loc if v.owner is not None else loc
+            ops: list[Op] = []
+            x: object = mapped
+            for name, c in (("add", r.bias), ("divide", k), ("subtract", r.bias)):
+                if (name == "divide" and c == 1) or (name != "divide" and c == 0):
+                    continue
+                const = _op("stablehlo.constant", [], t, where)
+                const.attrs["value"] = np.broadcast_to(np.asarray(c, dtype=dt), t.shape)
+                ops += [const, _op(f"stablehlo.{name}", [x, const], t, where)]
+                x = ops[-1]
+            return ops, ops[-1].results[0]
         table = _op("stablehlo.constant", [], TensorType((len(vals),), t.dtype), loc)
         table.attrs["value"] = np.array(vals, dtype=dt)
         pid = _op("stablehlo.partition_id", [], TensorType((), "ui32"), loc)

@@ -95,6 +95,11 @@ class Positions:
     splats: dict[int, Op] = field(default_factory=dict)
     # every use of a float constant by an arithmetic op: (op, operand, value id)
     float_uses: list[tuple[Op, int, int]] = field(default_factory=list)
+    # splats of c / N spread over positions (the cotangent of a mean): value id -> (op,
+    # operand of N); each elementwise use normalises the positions of its own shape
+    spread_splats: dict[int, tuple[Op, int]] = field(default_factory=dict)
+    # finite float tables proved for every value they could hold: value id -> constant op
+    tables: dict[int, Op] = field(default_factory=dict)
 
 
 def dims_of(d: DimClasses, v: Value, where: str) -> list[Key]:
@@ -108,9 +113,16 @@ class ShapeRules:
     """Walks one program, tying its dimensions and tracking positions."""
 
     def __init__(
-        self, dims: DimClasses, module: Module, side: str, num_partitions: int, num_replicas: int
+        self,
+        dims: DimClasses,
+        module: Module,
+        side: str,
+        num_partitions: int,
+        num_replicas: int,
+        tables: bool = True,
     ):
         self.d = dims
+        self.tables = tables  # finite float tables may become symbols (rule_constant)
         self.module = module
         self.side = side
         self.num_partitions = num_partitions
@@ -278,6 +290,12 @@ class ShapeRules:
         name = op.short_name
         if name == "convert":
             self._carry_sums(op.operands[0], op.results[0])
+        if name == "negate":  # still a sum, which a count normalises
+            a, b = op.operands[0], op.results[0]
+            if a.id in self.pos.summed:
+                self.pos.summed[b.id] = self.pos.summed[a.id]
+            if a.id in self.pos.floats:
+                self.pos.floats[b.id] = -self.pos.floats[a.id]
         if name not in ("multiply", "divide") or len(op.operands) != 2:
             for k, v in enumerate(op.operands):
                 if v.id in self.pos.floats and name != "convert":
@@ -295,6 +313,12 @@ class ShapeRules:
         for k, (a, b) in enumerate((op.operands, op.operands[::-1])):
             if a.id in self.pos.floats and b.id not in self.pos.floats:
                 self.pos.scaled[res.id] = (op, k)
+        a, b = op.operands
+        if name == "divide" and a.id in self.pos.floats and self.pos.floats.get(b.id):
+            # c / N of two constants (the cotangent of a mean, before XLA folds it): a
+            # constant scaled by N, which spread over N positions normalises them
+            self.pos.floats[res.id] = self.pos.floats[a.id] / self.pos.floats[b.id]
+            self.pos.scaled[res.id] = (op, 1)
 
     # -- rules -----------------------------------------------------------------------------
 
@@ -313,6 +337,12 @@ class ShapeRules:
         ]
         for v in ranked[1:]:
             self.tie_all(ranked[0], v)
+        if ranked and len(op.results) == 1:
+            for v in op.operands:
+                if v.id in self.pos.spread_splats:
+                    src, k = self.pos.spread_splats[v.id]
+                    keys = tuple(self.keys(op.results[0]))
+                    self.pos.normalisers.append(Normaliser(src, k, keys, src.operands[k].id))
         self.fold(op)
         self.normaliser(op)
         idx = [self.pos.index.get(v.id) for v in op.operands]
@@ -378,9 +408,17 @@ class ShapeRules:
         splat = value.size <= 1 or bool(np.all(value.reshape(-1) == value.reshape(-1)[0]))
         if splat and value.ndim:
             self.pos.splats[r.id] = op
-        if not splat:
-            # a table of values by position (RoPE angles, a mask built with numpy): nothing
-            # says which function of position it holds, so its dimensions keep their sizes
+        if not splat and self.tables and r.type.is_float and np.all(np.isfinite(value)):
+            # a table of finite floats (RoPE frequencies computed with numpy): its elements
+            # become symbols shared by both programs (TABLE_ATTR), so what is proved holds
+            # for every value the table could hold, its own included, and its dimensions
+            # shrink like an argument's
+            self.pos.independent.discard(r.id)
+            self.pos.tables[r.id] = op
+        elif not splat:
+            # a table of values by position (a mask built with numpy, an integer table):
+            # nothing says which function of position it holds, so its dimensions keep
+            # their sizes
             for k, n in zip(self.keys(r), r.type.shape, strict=True):
                 if n > 1:
                     self.d.keep(k, f"constant tensor at {op.loc}")
@@ -439,7 +477,12 @@ class ShapeRules:
             self.pos.summed[r.id] = self.pos.summed.get(x.id, ()) + spread
         if spread and x.id in self.pos.scaled:  # (g / N) broadcast over the N positions
             src, k = self.pos.scaled[x.id]
-            self.pos.normalisers.append(Normaliser(src, k, spread, src.operands[k].id))
+            if r.id in self.pos.splats:
+                # a constant spread: its dimensions are its own (splats tie nothing); the
+                # positions it spreads over are those of each elementwise use (elementwise)
+                self.pos.spread_splats[r.id] = (src, k)
+            else:
+                self.pos.normalisers.append(Normaliser(src, k, spread, src.operands[k].id))
         self._splat(op)
 
     def _splat(self, op: Op) -> None:
@@ -596,6 +639,68 @@ class ShapeRules:
             self.untrack(v, f"dynamic_update_slice at {op.loc}")
         self.fold(op)
 
+    def rule_gather(self, op: Op) -> None:
+        """A window dimension taken whole and not indexed (its start is always 0) is the
+        operand's dimension moved; every other dimension keeps its size (indexed positions,
+        partial windows, the batch of indices)."""
+        x, r = op.operands[0], op.results[0]
+        dn, sizes = op.attrs["dimension_numbers"], op.attrs["slice_sizes"]
+        kx, kr = self.keys(x), self.keys(r)
+        skipped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+        window = [j for j in range(len(kx)) if j not in skipped]
+        whole = self._whole_windows(x, window, list(dn.offset_dims), dn.start_index_map, sizes)
+        why = f"gather at {op.loc} indexes it"
+        for j, i in zip(window, dn.offset_dims, strict=True):
+            if (j, i) in whole:
+                self.d.tie(kx[j], kr[i])
+        self._keep_unless(kx, {j for j, _ in whole}, why)
+        self._keep_unless(kr, {i for _, i in whole}, why)
+        self.keep_value(op.operands[1], why)
+        self.untrack(x, f"gather at {op.loc}")
+
+    def rule_scatter(self, op: Op) -> None:
+        """As gather: whole, unindexed window dimensions of the updates are the inputs'
+        dimensions; the others keep their sizes."""
+        n = (len(op.operands) - 1) // 2
+        xs, idx, us = op.operands[:n], op.operands[n], op.operands[n + 1 :]
+        dn = op.attrs["scatter_dimension_numbers"]
+        for v in (*xs[1:], *op.results):
+            self.tie_all(xs[0], v)
+        for u in us[1:]:
+            self.tie_all(us[0], u)
+        kx, ku = self.keys(xs[0]), self.keys(us[0])
+        skipped = set(dn.inserted_window_dims) | set(dn.input_batching_dims)
+        window = [j for j in range(len(kx)) if j not in skipped]
+        sizes = [
+            us[0].type.shape[dn.update_window_dims[window.index(j)]] if j in window else 1
+            for j in range(len(kx))
+        ]
+        whole = self._whole_windows(
+            xs[0], window, list(dn.update_window_dims), dn.scattered_dims_to_operand_dims, sizes
+        )
+        why = f"scatter at {op.loc} indexes it"
+        for j, i in whole:
+            self.d.tie(kx[j], ku[i])
+        self._keep_unless(kx, {j for j, _ in whole}, why)
+        self._keep_unless(ku, {i for _, i in whole}, why)
+        self.keep_value(idx, why)
+        for v in (*xs, *us):
+            self.untrack(v, f"scatter at {op.loc}")
+
+    @staticmethod
+    def _whole_windows(x: Value, window, positions, indexed, sizes) -> set:
+        """(operand dimension, window dimension) pairs taken whole and never indexed."""
+        return {
+            (j, i)
+            for j, i in zip(window, positions, strict=True)
+            if j not in indexed and sizes[j] == x.type.shape[j]
+        }
+
+    def _keep_unless(self, keys: list, free: set, why: str) -> None:
+        for a, k in enumerate(keys):
+            if a not in free:
+                self.d.keep(k, why)
+
     def rule_all_gather(self, op: Op) -> None:
         self.pass_through(op)
 
@@ -619,6 +724,7 @@ class ShapeRules:
         for a, b in zip(op.operands, body.args, strict=True):
             dims_of(self.d, b, "shard_map argument")
             self.tie_all(a, b)
+            self._shard_boundaries(a, b)
             if a.id in self.pos.independent:
                 self.pos.independent.add(b.id)
             if a.id in self.pos.index:
@@ -626,7 +732,18 @@ class ShapeRules:
         self.block(body)
         for a, b in zip(body.results, op.results, strict=True):
             self.tie_all(a, b)
+            self._shard_boundaries(b, a)
             self.untrack(a, f"sdy.manual_computation at {op.loc}")
+
+    def _shard_boundaries(self, whole: Value, local: Value) -> None:
+        """Every shard's boundary in a dimension split over devices is an offset that must
+        stay on the reduced grid (in a merged dimension, on the same digit: _digits)."""
+        if not isinstance(whole.type, TensorType) or not isinstance(local.type, TensorType):
+            return
+        for k, n, m in zip(self.keys(whole), whole.type.shape, local.type.shape, strict=True):
+            if m and n != m and n % m == 0:
+                for start in range(0, n + 1, m):
+                    self.d.divides(k, start)
 
     def rule_return(self, op: Op) -> None:
         pass

@@ -24,9 +24,19 @@ def start_indices(ctx, operand_shape, sizes, index_arrays) -> list[int]:
     return starts
 
 
+# a constant that stands for any table of its shape: shape reduction marks a float table it
+# shrank with a key naming the real table (passes/shape_reduction, rule_constant); concrete
+# runs read its values, proofs one symbol per element, the same in both programs
+TABLE_ATTR = "tv.table"
+
+
 @op("stablehlo.constant")
 def constant(ctx):
-    return ctx.alg.constant(np.asarray(ctx.attr("value")), ctx.result_type)
+    value = np.asarray(ctx.attr("value"))
+    key = ctx.attr(TABLE_ATTR)
+    if key is not None:
+        return ctx.alg.table(value, ctx.result_type, key)
+    return ctx.alg.constant(value, ctx.result_type)
 
 
 @op("stablehlo.iota")
