@@ -68,3 +68,17 @@ def test_bug_refuted_at_its_line_at_real_size(bug):
         assert corpus.bug_line(bug) in [r.line for r in report.location.related], str(report)
         return
     assert site.line == corpus.bug_line(bug), str(site)
+
+
+def test_refutation_that_does_not_carry_over_is_unknown(monkeypatch):
+    """A refutation at reduced shapes that the real programs are too large to replay is
+    replayed with each shrunk class a prime times larger: where the programs agree there, the
+    verdict is unknown, not not_equivalent. Planted by undoing one shape rule (shard_map
+    shard boundaries as offsets): heads split over devices then shrink past their shards,
+    and the correct attention differs at the reduced shapes only."""
+    from tv_ir.passes.shape_reduction.rules import ShapeRules
+
+    monkeypatch.setattr(ShapeRules, "_shard_boundaries", lambda self, whole, local: None)
+    report = run("tp_attention", None)
+    assert report.verdict == "unknown", str(report)
+    assert "agree on the same counterexample" in report.reason

@@ -182,10 +182,11 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
         if reduction.reduced and report.verdict == NOT_EQUIVALENT:
             from .prover.real_size import replay_at_real_size
 
-            stands = replay_at_real_size(
-                report, *real, reduction.arg_factors, reduction.real_elements
-            )
-            if not stands:  # the real programs fit: check them as they are
+            stands = replay_at_real_size(report, *real, reduction, seed=seed)
+            if isinstance(stands, str):  # too large to run, and a larger reduction agrees
+                report = Report(UNKNOWN, stats=report.stats, reason=stands)
+                report.reduction = reduction.to_json()
+            elif not stands:  # the real programs fit: check them as they are
                 options = Options(timeout, seed, progress, time_left())
                 report = _prove(real[0], real[1], real[2], options)
                 report.notes.append(

@@ -249,7 +249,9 @@ def _normalisers(d: DimClasses, rules) -> list:
             # of a loss over tokens and vocabulary divided by the tokens): each set of its
             # classes is a candidate, and only one may match
             found = {}
-            for keys in _key_subsets(n.keys):
+            # a class of size 1 (a kept dimension of a keepdims sum) counts nothing
+            real_keys = tuple(k for k in n.keys if max(sizes[d.find(k)]) > 1)
+            for keys in _key_subsets(real_keys):
                 power = _normalises(c, keys, d, sizes)
                 if power:
                     found.setdefault(frozenset(d.find(k) for k in keys), (keys, power))
@@ -263,6 +265,10 @@ def _normalisers(d: DimClasses, rules) -> list:
     for n, power, _ in accepted:
         classes = frozenset(d.find(k) for k in n.keys)
         by_operand.setdefault((id(n.op), n.operand), set()).add((classes, power))
+    if os.environ.get("TV_REDUCTION_DEBUG"):
+        for v in by_operand.values():
+            if len(v) > 1:
+                print(f"normaliser conflict: {v}", file=sys.stderr)
     accepted = [a for a in accepted if len(by_operand[(id(a[0].op), a[0].operand)]) == 1]
     explained = {(id(n.op), n.operand) for n, _, _ in accepted}
     for r in rules:
@@ -277,6 +283,8 @@ def _normalisers(d: DimClasses, rules) -> list:
                 continue
             for n in {round(abs(c)), round(1 / abs(c))}:
                 if n >= 3 and _matches(c, n):
+                    if os.environ.get("TV_REDUCTION_DEBUG") and by_size.get(n):
+                        print(f"unexplained {c:g}: {op.name} operand {k} {op}", file=sys.stderr)
                     for root in by_size.get(n, ()):
                         d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
     return accepted

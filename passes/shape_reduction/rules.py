@@ -337,7 +337,11 @@ class ShapeRules:
         ]
         for v in ranked[1:]:
             self.tie_all(ranked[0], v)
-        if ranked and len(op.results) == 1:
+        spread = [v for v in op.operands if v.id in self.pos.spread_splats]
+        if len(spread) == 1 and op.results[0].id in self.pos.splats:
+            # a spread constant times other constants: still spread, by the same N
+            self.pos.spread_splats[op.results[0].id] = self.pos.spread_splats[spread[0].id]
+        elif ranked and len(op.results) == 1:
             for v in op.operands:
                 if v.id in self.pos.spread_splats:
                     src, k = self.pos.spread_splats[v.id]
@@ -475,6 +479,12 @@ class ShapeRules:
         )
         if spread or x.id in self.pos.summed:
             self.pos.summed[r.id] = self.pos.summed.get(x.id, ()) + spread
+        if x.id in self.pos.spread_splats:  # a spread constant broadcast further
+            src, k = self.pos.spread_splats[x.id]
+            if r.id in self.pos.splats:
+                self.pos.spread_splats[r.id] = (src, k)
+            else:
+                self.pos.normalisers.append(Normaliser(src, k, tuple(kr), src.operands[k].id))
         if spread and x.id in self.pos.scaled:  # (g / N) broadcast over the N positions
             src, k = self.pos.scaled[x.id]
             if r.id in self.pos.splats:

@@ -20,29 +20,28 @@ REPLAY_LIMIT = 20_000_000  # elements over all values of both real programs
 
 
 def replay_at_real_size(
-    report: Report, spec: Module, impl: Module, placement, arg_factors, real_elements: int
-) -> bool:
-    """Whether the refutation stands at the real sizes (True also when they are too large
-    to run: the reduced counterexample stands, and the report says so). False: the real
-    programs fit and do not differ there; the caller checks them as they are."""
+    report: Report, spec: Module, impl: Module, placement, reduction, seed: int = 0
+) -> bool | str:
+    """Whether the refutation stands at the real sizes. False: the real programs fit and do
+    not differ there; the caller checks them as they are. When they are too large to run,
+    the counterexample is replayed on the pair with each shrunk class a prime times larger
+    (blown up the same way): True when it differs there too (the reduced counterexample
+    stands, and the report says so), else the reason the verdict is unknown."""
     ce = report.counterexample
     if ce is None:
         return True
-    if real_elements > REPLAY_LIMIT:
+    if reduction.real_elements > REPLAY_LIMIT:
+        why = _differs_at_witnesses(report, reduction, seed)
+        if why is not None:
+            return why
         report.notes.append(
             "the counterexample is of the reduced programs (same ops and source lines); the "
-            f"real programs ({real_elements:,} elements) are too large to replay it on"
+            f"real programs ({reduction.real_elements:,} elements) are too large to replay "
+            "it on; it also differs with each shrunk class a prime times larger"
         )
         return True
-    inputs = []
-    for x, factors, t in zip(ce.inputs.values(), arg_factors, spec.main.arg_types, strict=True):
-        if isinstance(t, TensorType) and x is not None:
-            x = np.asarray(x)
-            for axis, k in enumerate(factors):
-                if k > 1:
-                    x = np.repeat(x, k, axis=axis)
-        inputs.append(x)
-    found = refutation(spec, impl, placement, inputs) or _differs(spec, impl, placement, 0)
+    inputs = _blown_up(ce, reduction.arg_factors, spec)
+    found = refutation(spec, impl, placement, inputs) or _differs(spec, impl, placement, seed)
     if found is None:
         return False
     report.counterexample, report.location, report.outputs = found
@@ -51,6 +50,53 @@ def replay_at_real_size(
         "one with each element repeated over the positions it stands for, or random inputs)"
     )
     return True
+
+
+def _blown_up(ce, arg_factors, spec: Module) -> list:
+    """The counterexample's inputs with each element repeated over the positions it stands
+    for (arg_factors: per argument, per dimension)."""
+    inputs = []
+    for x, factors, t in zip(ce.inputs.values(), arg_factors, spec.main.arg_types, strict=True):
+        if isinstance(t, TensorType) and x is not None:
+            x = np.asarray(x)
+            for axis, k in enumerate(factors):
+                if k > 1:
+                    x = np.repeat(x, k, axis=axis)
+        inputs.append(x)
+    return inputs
+
+
+def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
+    """None when the reduced counterexample (blown up), or random inputs, show a difference
+    on every witness pair that fits in WITNESS_LIMIT; else why the refutation does not
+    carry over."""
+    reduced_types = reduction.spec.main.arg_types
+    for w in reduction.witnesses:
+        try:
+            w_spec, w_impl, w_place = w.build()
+        except Exception:  # inconsistent shapes at this size: no check from it
+            continue
+        if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
+            continue
+        factors = [
+            [a // b for a, b in zip(wt.shape, rt.shape, strict=True)]
+            if isinstance(wt, TensorType) and isinstance(rt, TensorType)
+            else []
+            for wt, rt in zip(w_spec.main.arg_types, reduced_types, strict=True)
+        ]
+        inputs = _blown_up(report.counterexample, factors, w_spec)
+        if refutation(w_spec, w_impl, w_place, inputs) is not None:
+            continue
+        if _differs(w_spec, w_impl, w_place, seed) is not None:
+            continue
+        return (
+            f"refuted at reduced shapes, but with {w.name} at {w.larger} positions instead "
+            f"of {w.reduced} the programs agree on the same counterexample and on random "
+            "inputs: their meaning depends on that size in a way shape reduction does not "
+            "follow; the real programs are too large to run; check with --no-reduce "
+            "(reduce_shapes=False)"
+        )
+    return None
 
 
 WITNESS_LIMIT = 5_000_000  # elements over all values of one witness pair
