@@ -503,18 +503,28 @@ def test_reduced_verdict_is_real_verdict(fn, spec, args, verdict) -> None:
     both(fn, *args, spec=spec, expect=verdict)
 
 
+# equal pairs still refuted when the real programs cannot run: the reduced programs differ
+# with each class a prime times larger too (a count tv does not see as one), so the
+# replay on larger reductions does not catch them
+FALSE_AT_SCALE = {
+    "mean_as_quarter_times_quarter",
+    "count_in_sum_of_constant_term",
+    "int_count_constant",
+    "sum_over_broadcast_vs_loop",
+    "bias_gradient_by_hand",
+}
 AT_SCALE = [
-    p
-    if p.values[3] == "not_equivalent"
-    else pytest.param(
+    pytest.param(
         *p.values,
         id=p.id,
         marks=pytest.mark.xfail(
-            strict=False,
-            reason="at a size whose programs cannot run, a refutation at reduced shapes is "
-            "not replayed at the real sizes: a counterexample of the reduced programs only",
+            strict=True,
+            reason="at a size whose programs cannot run, a refutation at reduced shapes "
+            "that larger reductions confirm stands: a counterexample of the reduced programs",
         ),
     )
+    if p.id in FALSE_AT_SCALE
+    else p
     for p in BUGS
 ]
 
