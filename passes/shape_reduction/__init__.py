@@ -161,6 +161,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     ):
         for k, (s, i, lay) in enumerate(zip(svals, ivals, layouts, strict=True)):
             _tie_by_layout(d, s, i, lay, f"{what} {k}")
+    _same_factorisation(d)
     _arity(d)
     _digits(d)
     rules = (spec_rules, impl_rules)
@@ -203,6 +204,29 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         if op.name == "stablehlo.constant" and TABLE_ATTR in op.attrs
     )
     return red
+
+
+def _same_factorisation(d: DimClasses) -> None:
+    """Merged dimensions of one class split the same way (heads x head_dim in the spec,
+    local heads x head_dim on a device) shrink part by part alike: the parts after the first
+    are tied when their real sizes agree, and the first parts then scale together too.
+    Otherwise each program could shrink a different part, and the reduced programs would
+    split their heads differently (a difference the real programs do not have)."""
+    for _ in range(4):  # a tie may put two more wholes in one class
+        by_whole: dict = {}
+        for whole, parts in d.products:
+            by_whole.setdefault(d.find(whole), []).append(parts)
+        before = len({d.find(k) for k in d.parent})
+        for splits in by_whole.values():
+            first = splits[0]
+            for parts in splits[1:]:
+                if len(parts) != len(first):
+                    continue
+                if all(d.real[a] == d.real[b] for a, b in zip(first[1:], parts[1:], strict=True)):
+                    for a, b in zip(first, parts, strict=True):
+                        d.tie(a, b)
+        if len({d.find(k) for k in d.parent}) == before:
+            break
 
 
 def _arity(d: DimClasses) -> None:
