@@ -40,8 +40,9 @@ MAX_TENSOR_ELEMENTS = 2**31
 
 def refuse_oversized(module, name: str) -> None:
     """BadInput naming the first value of `module` with more than MAX_TENSOR_ELEMENTS
-    elements (arguments first, then results, then values computed inside)."""
-    for fn in module.functions.values():
+    elements (arguments first, then results, then values computed inside), in the functions
+    main calls (a function left uncalled, after inlining, is never run)."""
+    for fn in _called_from_main(module):
         where = f"@{fn.name}" if fn.name != "main" else ""
         for k, t in enumerate(fn.arg_types):
             arg = fn.arg_names[k] if k < len(fn.arg_names) and fn.arg_names[k] else None
@@ -56,6 +57,26 @@ def refuse_oversized(module, name: str) -> None:
                 for r in op.results:
                     _refuse(r.type, f"{op.name} at {op.loc}", name)
                 stack.extend(region.block for region in op.regions)
+
+
+def _called_from_main(module) -> list:
+    functions = module.functions
+    if "main" not in functions:
+        return list(functions.values())
+    seen, order, stack = {"main"}, [], ["main"]
+    while stack:
+        fn = functions[stack.pop()]
+        order.append(fn)
+        blocks = [fn.body]
+        while blocks:
+            for op in blocks.pop().ops:
+                for key in ("callee", "decomposition"):
+                    callee = op.attrs.get(key)
+                    if isinstance(callee, str) and callee in functions and callee not in seen:
+                        seen.add(callee)
+                        stack.append(callee)
+                blocks.extend(region.block for region in op.regions)
+    return order
 
 
 def _refuse(t, what: str, name: str) -> None:
