@@ -1174,3 +1174,22 @@ def test_cli_json_reduction(mlir, capsys) -> None:
         assert code == 1 and report["verdict"] == "not_equivalent", out
         site = report["location"]["impl"]
         assert site["line"] == line and site["file"].endswith("test_shape_reduction.py")
+
+
+@jax.jit
+def _inner_tanh(x):  # a nested jit: a private function, inlined into main
+    return jnp.tanh(x)
+
+
+def big_spec(x):
+    return jnp.sum(_inner_tanh(x), axis=0)
+
+
+def big_dp(x):
+    return smap(lambda x: jax.lax.psum(jnp.sum(_inner_tanh(x), axis=0), "data"), P("data"), P())(x)
+
+
+def test_uncalled_private_function_past_2_31_is_not_refused() -> None:
+    # 2^32 elements: only a function main no longer calls (after inlining) holds them whole
+    report = verify(big_dp, f32(1 << 16, 1 << 16), spec=big_spec)
+    assert report.verdict == "equivalent", str(report)
