@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from tv_ir.frontends.jax import verify
 
-from tv_ir.report import EQUIVALENT
+from tv_ir.report import EQUIVALENT, NOT_EQUIVALENT
 
 F32 = jnp.float32
 MASK = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
@@ -34,3 +34,52 @@ def test_guard_inputs_that_overflow_floats_are_no_counterexample():
     v = jax.ShapeDtypeStruct((4, 4), F32)
     report = verify(impl, v, v, v, v, spec=spec)
     assert report.verdict == EQUIVALENT, report
+
+
+VOCAB, WIDTH, BATCH, SEQ = 16, 64, 4, 8
+TOKENS = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
+
+
+def embedding_step(emb, w, tokens):
+    """An embedding lookup `emb[tokens]` (a gather) and its gradient (a scatter-add)."""
+
+    def loss(emb, w):
+        return jnp.mean(jnp.tanh(emb[tokens] @ w) ** 2)
+
+    g_emb, g_w = jax.grad(loss, argnums=(0, 1))(emb, w)
+    return emb - 0.1 * g_emb, w - 0.1 * g_w
+
+
+def test_embedding_width_shrinks_through_gather_and_scatter():
+    """MaxText's step kept its embedding width (and everything tied to it) at the real size
+    because gather and scatter had no shape rule: only the indexed dimension (the
+    vocabulary) needs its size; the width and the token positions are size-generic."""
+    args = (
+        jax.ShapeDtypeStruct((VOCAB, WIDTH), F32),
+        jax.ShapeDtypeStruct((WIDTH, WIDTH), F32),
+        TOKENS,
+    )
+    report = verify(jax.jit(embedding_step), *args, spec=embedding_step)
+    assert report.verdict == EQUIVALENT, report
+    classes = report.reduction["classes"]
+    assert all(c["reduced"] < c["real"] for c in classes if c["real"] in (WIDTH, SEQ)), (
+        report.reduction["summary"]
+    )
+    assert any(c["real"] == c["reduced"] == VOCAB for c in classes)  # the indexed dimension
+
+
+def test_scatter_that_overwrites_instead_of_adding_is_refuted():
+    """Colliding token ids must stay possible at reduced shapes: the scatter's update
+    positions keep at least two, so `.set` for `.add` is refuted."""
+
+    def grad_of_lookup(emb, tokens, g, add=True):
+        zeros = jnp.zeros_like(emb)
+        return zeros.at[tokens].add(g) if add else zeros.at[tokens].set(g)
+
+    args = (
+        jax.ShapeDtypeStruct((VOCAB, WIDTH), F32),
+        TOKENS,
+        jax.ShapeDtypeStruct((BATCH, SEQ, WIDTH), F32),
+    )
+    report = verify(lambda e, t, g: grad_of_lookup(e, t, g, add=False), *args, spec=grad_of_lookup)
+    assert report.verdict == NOT_EQUIVALENT, report
