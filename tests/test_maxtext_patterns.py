@@ -83,3 +83,36 @@ def test_scatter_that_overwrites_instead_of_adding_is_refuted():
     )
     report = verify(lambda e, t, g: grad_of_lookup(e, t, g, add=False), *args, spec=grad_of_lookup)
     assert report.verdict == NOT_EQUIVALENT, report
+
+
+def test_memory_limit_in_the_spec_pass_names_the_spec_op(monkeypatch):
+    """MaxText's step ran over its memory limit while tv evaluated the spec symbolically,
+    before any implementation value was compared: the reason named no op. It now names the
+    spec op being evaluated, with its line."""
+    from tv_ir import limits
+    from tv_ir.prover import engine
+
+    def spec(x, w):
+        return jnp.tanh(x @ w)  # LINE: spec op
+
+    monkeypatch.setattr(limits, "MEMORY_POLL_SECONDS", 0.0)
+    over = [0]
+    real_rss = limits.rss_mb
+    monkeypatch.setattr(limits, "rss_mb", lambda: 1e9 if over[0] >= 1 else real_rss())
+    carry = engine._carry_definedness
+
+    def counting(*args):
+        over[0] += 1
+        return carry(*args)
+
+    monkeypatch.setattr(engine, "_carry_definedness", counting)
+    x, w = jax.ShapeDtypeStruct((4, 8), F32), jax.ShapeDtypeStruct((8, 8), F32)
+    report = verify(jax.jit(spec), x, w, spec=spec, memory_limit=50_000, reduce_shapes=False)
+    assert report.verdict == "unknown", report
+    assert "while evaluating the spec symbolically, at spec stablehlo." in report.reason, report
+    line = next(
+        i
+        for i, text in enumerate(open(__file__).read().splitlines(), 1)
+        if text.endswith("# LINE: spec op")
+    )
+    assert f"test_maxtext_patterns.py:{line}" in report.reason, report.reason

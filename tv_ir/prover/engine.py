@@ -107,6 +107,7 @@ class StageProver:
         self.sim_inputs: list = []
         self.deadline: float | None = None
         self.obligation: tuple | None = None  # (impl op, spec value id): see _now_proving
+        self.spec_op = None  # the spec op being evaluated symbolically (before any obligation)
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -251,9 +252,17 @@ class StageProver:
             return out
 
         interp = Interpreter(self.spec, SymbolicAlgebra(), hook=hook)
+        evaluate = interp.evaluate_op
+
+        def tracked(op):  # a stop (time, memory) before any obligation names this op
+            self.spec_op = op
+            return evaluate(op)
+
+        interp.evaluate_op = tracked
         for v, a in zip(self.spec.main.args, inputs, strict=True):
             self.spec_env[v.id] = a
         interp.run(self.spec.main, inputs)
+        self.spec_op = None
         return [v.id for v in self.spec.main.body.results]
 
     def expr(self, vid: int) -> np.ndarray:
@@ -600,7 +609,9 @@ class StageProver:
     def _obligation_text(self) -> str:
         """`while proving impl OP at FILE:LINE equal to spec candidate OP at FILE:LINE`."""
         if self.obligation is None:
-            return ""
+            if self.spec_op is None:
+                return ""
+            return f"while evaluating the spec symbolically, at spec {_describe_op(self.spec_op)}"
         impl_op, spec_vid, output = self.obligation
         spec_op = _defining_op(self.spec.main, spec_vid)
         what = f"output {output}: " if output is not None else ""
