@@ -116,3 +116,40 @@ def test_memory_limit_in_the_spec_pass_names_the_spec_op(monkeypatch):
         if text.endswith("# LINE: spec op")
     )
     assert f"test_maxtext_patterns.py:{line}" in report.reason, report.reason
+
+
+def test_remat_inside_scan_with_fsdp_and_tensor_shardings():
+    """MaxText's layers: `jax.checkpoint` (nothing saved) inside `lax.scan`, parameters
+    sharded fsdp x tensor under `jax.jit`, so XLA reduce-scatters the weight gradients.
+    Rematerialised values are spec values of their own: proved stage by stage."""
+    from jax.sharding import PartitionSpec as P
+
+    def layer(h, w):
+        w1, w2 = w
+        x = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-5)
+        return h + jnp.tanh(x @ w1) @ w2
+
+    def loss(params, x):
+        body = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+        h, _ = jax.lax.scan(lambda h, w: (body(h, w), None), x, params)
+        return jnp.mean(h * h)
+
+    def step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    layers, batch, width = 2, 8, 16
+    params = (
+        jax.ShapeDtypeStruct((layers, width, 2 * width), F32),
+        jax.ShapeDtypeStruct((layers, 2 * width, width), F32),
+    )
+    specs = (P(None, "fsdp", "tensor"), P(None, "tensor", "fsdp"))
+    report = verify(
+        step,
+        params,
+        jax.ShapeDtypeStruct((batch, width), F32),
+        mesh={"fsdp": 4, "tensor": 2},
+        in_shardings=(specs, P("fsdp")),
+        out_shardings=(specs, P()),
+    )
+    assert report.verdict == EQUIVALENT, report
