@@ -153,3 +153,26 @@ def test_remat_inside_scan_with_fsdp_and_tensor_shardings():
         out_shardings=(specs, P()),
     )
     assert report.verdict == EQUIVALENT, report
+
+
+def test_a_large_definedness_condition_is_carried_as_it_is(monkeypatch):
+    """A cut symbol takes over its definition's definedness condition. In a clipped AdamW
+    step every gradient is divided by the global norm, whose condition covers every
+    gradient element (thousands of nodes in MaxText's step); simplifying it under its own
+    facts for every element of every value took minutes per value. A condition above
+    `SETTLE_LIMIT` nodes is carried unsimplified (it is equivalent either way)."""
+    from tv_ir import terms as T
+    from tv_ir.prover import engine
+
+    xs = [T.symbol(f"g{i}") for i in range(engine.SETTLE_LIMIT)]
+    norm = T.sum_of([T.div(T.const(1.0), x) for x in xs])  # defined where every g != 0
+    definition = np.array([T.div(xs[0], norm)], dtype=object)
+    assert T.size(definition[0].dom) > engine.SETTLE_LIMIT
+
+    def settle(p):
+        raise AssertionError("a large condition was simplified")
+
+    monkeypatch.setattr(T, "settle", settle)
+    sym = T.symbol_array(T.Key("cut", 0, "f32", "%divide"), (1,))
+    engine._carry_definedness(sym, definition)
+    assert sym[0].dom is definition[0].dom

@@ -58,6 +58,11 @@ EXPANSION_BUDGET = 2_000_000  # term nodes, per output obligation
 STAGE_BUDGET = 20_000  # term nodes, per intermediate cut-point obligation
 MONOMIAL_LIMIT = 400_000  # monomials in one expanded term (memory guard), outputs
 STAGE_MONOMIAL_LIMIT = 20_000  # the same, intermediate cut-points
+# largest definedness condition (nodes) simplified under its own facts when a cut symbol
+# takes it over: a training step's conditions accumulate every upstream guard (a global
+# gradient norm's covers every gradient element), and simplifying them for every element
+# of every value grew with the program (MaxText's clipped AdamW step: minutes per value)
+SETTLE_LIMIT = 500
 
 
 @dataclass
@@ -760,7 +765,8 @@ def _carry_definedness(sym: np.ndarray, definition) -> None:
     for idx in np.ndindex(*sym.shape):
         d = definition[idx]
         if isinstance(d, T.Poly):
-            d = T.settle(d)
+            if T.size(d.dom, SETTLE_LIMIT + 1) <= SETTLE_LIMIT:
+                d = T.settle(d)  # an equivalent condition, simpler; too costly when large
             T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
             if d.dom is not T.TRUE:
                 sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)
