@@ -4,8 +4,9 @@ the step on an fsdp x tensor mesh of 8 CPU devices is proved equal to the unpart
 Runs in a separate environment with MaxText 0.2.4 (Python 3.12; see docs/jax.md, "MaxText"):
 
     DECOUPLE_GCLOUD=TRUE /work/envs/maxtext/bin/python examples/maxtext_train_step.py \
-        [--layers 1] [--emb 32] [--seq 8] [--fsdp 4] [--tensor 2] \
-        [--time-limit S] [--memory-limit MB] [--no-verify] [KEY=VALUE ...]
+        [--layers 1] [--emb 32] [--seq 8] [--heads 2] [--head-dim 12] [--vocab 20] \
+        [--batch 4] [--fsdp 4] [--tensor 2] [--time-limit S] [--memory-limit MB] \
+        [--progress] [--no-verify] [KEY=VALUE ...]
 
 The step is built as MaxText's `train_compile.py` builds it (its NNX Llama-2 decoder, AdamW
 with a warmup-cosine schedule and global-norm clipping, scanned layers, full remat, its
@@ -21,6 +22,7 @@ import contextlib
 import os
 import resource
 import sys
+import tempfile
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
@@ -43,6 +45,7 @@ def config_argv(args: argparse.Namespace) -> list[str]:
         "maxtext",
         BASE_CONFIG,
         "run_name=tv",
+        f"base_output_directory={os.path.join(tempfile.gettempdir(), 'maxtext_output')}",
         "hardware=cpu",
         "skip_jax_distributed_system=true",
         "enable_checkpointing=false",
