@@ -145,6 +145,13 @@ class Rewriter:
                 attrs[key] = tuple(p // self.f(x.id, a) for a, p in enumerate(attrs[key]))
         elif name == "dynamic_slice":
             attrs["slice_sizes"] = tuple(self.type_of(op.results[0]).shape)
+        elif name == "gather":  # a dimension taken whole stays whole (rules.rule_gather)
+            x = op.operands[0]
+            reduced = self.type_of(x).shape
+            attrs["slice_sizes"] = tuple(
+                reduced[a] if size == n else size
+                for a, (size, n) in enumerate(zip(attrs["slice_sizes"], x.type.shape, strict=True))
+            )
         return attrs
 
     def rescaled(self, r: Rescale, v: Value, user: Op) -> tuple[list[Op], Value]:

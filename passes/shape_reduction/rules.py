@@ -650,66 +650,83 @@ class ShapeRules:
         self.fold(op)
 
     def rule_gather(self, op: Op) -> None:
-        """A window dimension taken whole and not indexed (its start is always 0) is the
-        operand's dimension moved; every other dimension keeps its size (indexed positions,
-        partial windows, the batch of indices)."""
-        x, r = op.operands[0], op.results[0]
+        """`x[indices]` (an embedding lookup): the indexed dimensions of `x` are data-dependent
+        positions and keep their size; a dimension taken whole (the embedding width) is
+        size-generic and ties to its output dimension; the indices' batch dimensions tie to
+        the output's."""
+        x, idx, r = op.operands[0], op.operands[1], op.results[0]
         dn, sizes = op.attrs["dimension_numbers"], op.attrs["slice_sizes"]
-        kx, kr = self.keys(x), self.keys(r)
-        skipped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
-        window = [j for j in range(len(kx)) if j not in skipped]
-        whole = self._whole_windows(x, window, list(dn.offset_dims), dn.start_index_map, sizes)
-        why = f"gather at {op.loc} indexes it"
-        for j, i in zip(window, dn.offset_dims, strict=True):
-            if (j, i) in whole:
-                self.d.tie(kx[j], kr[i])
-        self._keep_unless(kx, {j for j, _ in whole}, why)
-        self._keep_unless(kr, {i for _, i in whole}, why)
-        self.keep_value(op.operands[1], why)
-        self.untrack(x, f"gather at {op.loc}")
+        kx, ki, kr = self.keys(x), self.keys(idx), self.keys(r)
+        why = f"the indexed dimension of a gather at {op.loc}"
+        batch_out = [d for d in range(len(kr)) if d not in dn.offset_dims]
+        batch_idx = [d for d in range(len(ki)) if d != dn.index_vector_dim]
+        for a, b in zip(batch_idx, batch_out, strict=True):
+            self.d.tie(ki[a], kr[b])
+        if dn.index_vector_dim < len(ki):
+            self.d.keep(ki[dn.index_vector_dim], why)
+        window = [
+            d
+            for d in range(len(kx))
+            if d not in dn.collapsed_slice_dims and d not in dn.operand_batching_dims
+        ]
+        for d in range(len(kx)):
+            if d in dn.operand_batching_dims:
+                k = dn.operand_batching_dims.index(d)
+                self.d.tie(kx[d], ki[dn.start_indices_batching_dims[k]])
+            elif d in dn.start_index_map or sizes[d] != x.type.shape[d]:
+                self.d.keep(kx[d], why)
+            if d in window:
+                o = kr[dn.offset_dims[window.index(d)]]
+                if d in dn.start_index_map or sizes[d] != x.type.shape[d]:
+                    self.d.keep(o, why)
+                else:
+                    self.d.tie(kx[d], o)
+        for v in (x, idx):
+            self.untrack(v, f"gather at {op.loc}")
 
     def rule_scatter(self, op: Op) -> None:
-        """As gather: whole, unindexed window dimensions of the updates are the inputs'
-        dimensions; the others keep their sizes."""
+        """The transpose of `rule_gather` (an embedding gradient, a scatter-add): the
+        scattered-into dimensions keep their size, whole windows tie to the operand, the
+        update positions tie to the indices' batch dimensions and are summed over when indices
+        collide (at least 2 positions, as any reduction)."""
         n = (len(op.operands) - 1) // 2
-        xs, idx, us = op.operands[:n], op.operands[n], op.operands[n + 1 :]
+        inputs, idx, updates = op.operands[:n], op.operands[n], op.operands[n + 1 :]
         dn = op.attrs["scatter_dimension_numbers"]
-        for v in (*xs[1:], *op.results):
-            self.tie_all(xs[0], v)
-        for u in us[1:]:
-            self.tie_all(us[0], u)
-        kx, ku = self.keys(xs[0]), self.keys(us[0])
-        skipped = set(dn.inserted_window_dims) | set(dn.input_batching_dims)
-        window = [j for j in range(len(kx)) if j not in skipped]
-        sizes = [
-            us[0].type.shape[dn.update_window_dims[window.index(j)]] if j in window else 1
-            for j in range(len(kx))
+        for x, r in zip(inputs, op.results, strict=True):
+            self.tie_all(inputs[0], x)
+            self.tie_all(x, r)
+        for u in updates[1:]:
+            self.tie_all(updates[0], u)
+        x, u = inputs[0], updates[0]
+        kx, ki, ku = self.keys(x), self.keys(idx), self.keys(u)
+        why = f"the indexed dimension of a scatter at {op.loc}"
+        scatter_dims = [d for d in range(len(ku)) if d not in dn.update_window_dims]
+        batch_idx = [d for d in range(len(ki)) if d != dn.index_vector_dim]
+        for a, b in zip(batch_idx, scatter_dims, strict=True):
+            self.d.tie(ki[a], ku[b])
+            self.d.at_least(ku[b], 2)
+        if dn.index_vector_dim < len(ki):
+            self.d.keep(ki[dn.index_vector_dim], why)
+        window = [
+            d
+            for d in range(len(kx))
+            if d not in dn.inserted_window_dims and d not in dn.input_batching_dims
         ]
-        whole = self._whole_windows(
-            xs[0], window, list(dn.update_window_dims), dn.scattered_dims_to_operand_dims, sizes
-        )
-        why = f"scatter at {op.loc} indexes it"
-        for j, i in whole:
-            self.d.tie(kx[j], ku[i])
-        self._keep_unless(kx, {j for j, _ in whole}, why)
-        self._keep_unless(ku, {i for _, i in whole}, why)
-        self.keep_value(idx, why)
-        for v in (*xs, *us):
+        for d in range(len(kx)):
+            if d in dn.input_batching_dims:
+                k = dn.input_batching_dims.index(d)
+                self.d.tie(kx[d], ki[dn.scatter_indices_batching_dims[k]])
+            elif d in dn.scattered_dims_to_operand_dims or d not in window:
+                self.d.keep(kx[d], why)
+            if d in window:
+                w = dn.update_window_dims[window.index(d)]
+                if d in dn.scattered_dims_to_operand_dims or u.type.shape[w] != x.type.shape[d]:
+                    self.d.keep(kx[d], why)
+                    self.d.keep(ku[w], why)
+                else:
+                    self.d.tie(kx[d], ku[w])
+        for v in op.operands:
             self.untrack(v, f"scatter at {op.loc}")
-
-    @staticmethod
-    def _whole_windows(x: Value, window, positions, indexed, sizes) -> set:
-        """(operand dimension, window dimension) pairs taken whole and never indexed."""
-        return {
-            (j, i)
-            for j, i in zip(window, positions, strict=True)
-            if j not in indexed and sizes[j] == x.type.shape[j]
-        }
-
-    def _keep_unless(self, keys: list, free: set, why: str) -> None:
-        for a, k in enumerate(keys):
-            if a not in free:
-                self.d.keep(k, why)
 
     def rule_all_gather(self, op: Op) -> None:
         self.pass_through(op)

@@ -58,6 +58,11 @@ EXPANSION_BUDGET = 2_000_000  # term nodes, per output obligation
 STAGE_BUDGET = 20_000  # term nodes, per intermediate cut-point obligation
 MONOMIAL_LIMIT = 400_000  # monomials in one expanded term (memory guard), outputs
 STAGE_MONOMIAL_LIMIT = 20_000  # the same, intermediate cut-points
+# largest definedness condition (nodes) simplified under its own facts when a cut symbol
+# takes it over: a training step's conditions accumulate every upstream guard (a global
+# gradient norm's covers every gradient element), and simplifying them for every element
+# of every value grew with the program (MaxText's clipped AdamW step: minutes per value)
+SETTLE_LIMIT = 500
 
 
 @dataclass
@@ -107,6 +112,7 @@ class StageProver:
         self.sim_inputs: list = []
         self.deadline: float | None = None
         self.obligation: tuple | None = None  # (impl op, spec value id): see _now_proving
+        self.spec_op = None  # the spec op being evaluated symbolically (before any obligation)
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -180,6 +186,8 @@ class StageProver:
                 i = self._run_impl(x)
             except Unsupported:
                 return None
+            if overflowed(self.spec, s) or overflowed(self.impl, i):
+                continue  # a huge compared constant (a mask) overflowed floats: no evidence
             if not all(close(a, b) for a, b in self._output_copy_pairs(s, i)):
                 refuted = self._refuted(x, "simulation on a guard set")
                 if refuted.verdict == NOT_EQUIVALENT:
@@ -249,9 +257,17 @@ class StageProver:
             return out
 
         interp = Interpreter(self.spec, SymbolicAlgebra(), hook=hook)
+        evaluate = interp.evaluate_op
+
+        def tracked(op):  # a stop (time, memory) before any obligation names this op
+            self.spec_op = op
+            return evaluate(op)
+
+        interp.evaluate_op = tracked
         for v, a in zip(self.spec.main.args, inputs, strict=True):
             self.spec_env[v.id] = a
         interp.run(self.spec.main, inputs)
+        self.spec_op = None
         return [v.id for v in self.spec.main.body.results]
 
     def expr(self, vid: int) -> np.ndarray:
@@ -602,7 +618,9 @@ class StageProver:
     def _obligation_text(self) -> str:
         """`while proving impl OP at FILE:LINE equal to spec candidate OP at FILE:LINE`."""
         if self.obligation is None:
-            return ""
+            if self.spec_op is None:
+                return ""
+            return f"while evaluating the spec symbolically, at spec {_describe_op(self.spec_op)}"
         impl_op, spec_vid, output = self.obligation
         spec_op = _defining_op(self.spec.main, spec_vid)
         what = f"output {output}: " if output is not None else ""
@@ -753,7 +771,8 @@ def _carry_definedness(sym: np.ndarray, definition) -> None:
     for idx in np.ndindex(*sym.shape):
         d = definition[idx]
         if isinstance(d, T.Poly):
-            d = T.settle(d)
+            if T.size(d.dom, SETTLE_LIMIT + 1) <= SETTLE_LIMIT:
+                d = T.settle(d)  # an equivalent condition, simpler; too costly when large
             T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
             if d.dom is not T.TRUE:
                 sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)

@@ -1,0 +1,178 @@
+"""Patterns of MaxText's training step (issue #13), written as a user would in plain JAX, so
+the suite covers them without MaxText installed (examples/maxtext_train_step.py runs the real
+step in its own environment, docs/jax.md "MaxText")."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tv_ir.frontends.jax import verify
+
+from tv_ir.report import EQUIVALENT, NOT_EQUIVALENT
+
+F32 = jnp.float32
+MASK = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
+
+
+def test_guard_inputs_that_overflow_floats_are_no_counterexample():
+    """Simulation draws guard inputs from the constants a program compares against; for
+    MaxText that is its attention mask value (-0.7 * finfo(float32).max). Such an input
+    overflows float64 a few multiplications later, and the two programs then differ by where
+    the overflow happens, not over the reals: MaxText's step was refuted that way. Equal
+    over the reals, the pair below differs in float64 only where x**16 overflows."""
+
+    def masked(x):
+        return jnp.where(x > MASK, x, 1.0)
+
+    def spec(*xs):
+        return sum(jnp.sum(masked(x) ** 8 * masked(x) ** 8 - masked(x) ** 16) for x in xs)
+
+    def impl(*xs):
+        return sum(jnp.sum(masked(x) - masked(x)) for x in xs)
+
+    v = jax.ShapeDtypeStruct((4, 4), F32)
+    report = verify(impl, v, v, v, v, spec=spec)
+    assert report.verdict == EQUIVALENT, report
+
+
+VOCAB, WIDTH, BATCH, SEQ = 16, 64, 4, 8
+TOKENS = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
+
+
+def embedding_step(emb, w, tokens):
+    """An embedding lookup `emb[tokens]` (a gather) and its gradient (a scatter-add)."""
+
+    def loss(emb, w):
+        return jnp.mean(jnp.tanh(emb[tokens] @ w) ** 2)
+
+    g_emb, g_w = jax.grad(loss, argnums=(0, 1))(emb, w)
+    return emb - 0.1 * g_emb, w - 0.1 * g_w
+
+
+def test_embedding_width_shrinks_through_gather_and_scatter():
+    """MaxText's step kept its embedding width (and everything tied to it) at the real size
+    because gather and scatter had no shape rule: only the indexed dimension (the
+    vocabulary) needs its size; the width and the token positions are size-generic."""
+    args = (
+        jax.ShapeDtypeStruct((VOCAB, WIDTH), F32),
+        jax.ShapeDtypeStruct((WIDTH, WIDTH), F32),
+        TOKENS,
+    )
+    report = verify(jax.jit(embedding_step), *args, spec=embedding_step)
+    assert report.verdict == EQUIVALENT, report
+    classes = report.reduction["classes"]
+    assert all(c["reduced"] < c["real"] for c in classes if c["real"] in (WIDTH, SEQ)), (
+        report.reduction["summary"]
+    )
+    assert any(c["real"] == c["reduced"] == VOCAB for c in classes)  # the indexed dimension
+
+
+def test_scatter_that_overwrites_instead_of_adding_is_refuted():
+    """Colliding token ids must stay possible at reduced shapes: the scatter's update
+    positions keep at least two, so `.set` for `.add` is refuted."""
+
+    def grad_of_lookup(emb, tokens, g, add=True):
+        zeros = jnp.zeros_like(emb)
+        return zeros.at[tokens].add(g) if add else zeros.at[tokens].set(g)
+
+    args = (
+        jax.ShapeDtypeStruct((VOCAB, WIDTH), F32),
+        TOKENS,
+        jax.ShapeDtypeStruct((BATCH, SEQ, WIDTH), F32),
+    )
+    report = verify(lambda e, t, g: grad_of_lookup(e, t, g, add=False), *args, spec=grad_of_lookup)
+    assert report.verdict == NOT_EQUIVALENT, report
+
+
+def test_memory_limit_in_the_spec_pass_names_the_spec_op(monkeypatch):
+    """MaxText's step ran over its memory limit while tv evaluated the spec symbolically,
+    before any implementation value was compared: the reason named no op. It now names the
+    spec op being evaluated, with its line."""
+    from tv_ir import limits
+    from tv_ir.prover import engine
+
+    def spec(x, w):
+        return jnp.tanh(x @ w)  # LINE: spec op
+
+    monkeypatch.setattr(limits, "MEMORY_POLL_SECONDS", 0.0)
+    over = [0]
+    real_rss = limits.rss_mb
+    monkeypatch.setattr(limits, "rss_mb", lambda: 1e9 if over[0] >= 1 else real_rss())
+    carry = engine._carry_definedness
+
+    def counting(*args):
+        over[0] += 1
+        return carry(*args)
+
+    monkeypatch.setattr(engine, "_carry_definedness", counting)
+    x, w = jax.ShapeDtypeStruct((4, 8), F32), jax.ShapeDtypeStruct((8, 8), F32)
+    report = verify(jax.jit(spec), x, w, spec=spec, memory_limit=50_000, reduce_shapes=False)
+    assert report.verdict == "unknown", report
+    assert "while evaluating the spec symbolically, at spec stablehlo." in report.reason, report
+    line = next(
+        i
+        for i, text in enumerate(open(__file__).read().splitlines(), 1)
+        if text.endswith("# LINE: spec op")
+    )
+    assert f"test_maxtext_patterns.py:{line}" in report.reason, report.reason
+
+
+def test_remat_inside_scan_with_fsdp_and_tensor_shardings():
+    """MaxText's layers: `jax.checkpoint` (nothing saved) inside `lax.scan`, parameters
+    sharded fsdp x tensor under `jax.jit`, so XLA reduce-scatters the weight gradients.
+    Rematerialised values are spec values of their own: proved stage by stage."""
+    from jax.sharding import PartitionSpec as P
+
+    def layer(h, w):
+        w1, w2 = w
+        x = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-5)
+        return h + jnp.tanh(x @ w1) @ w2
+
+    def loss(params, x):
+        body = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+        h, _ = jax.lax.scan(lambda h, w: (body(h, w), None), x, params)
+        return jnp.mean(h * h)
+
+    def step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    layers, batch, width = 2, 8, 16
+    params = (
+        jax.ShapeDtypeStruct((layers, width, 2 * width), F32),
+        jax.ShapeDtypeStruct((layers, 2 * width, width), F32),
+    )
+    specs = (P(None, "fsdp", "tensor"), P(None, "tensor", "fsdp"))
+    report = verify(
+        step,
+        params,
+        jax.ShapeDtypeStruct((batch, width), F32),
+        mesh={"fsdp": 4, "tensor": 2},
+        in_shardings=(specs, P("fsdp")),
+        out_shardings=(specs, P()),
+    )
+    assert report.verdict == EQUIVALENT, report
+
+
+def test_a_large_definedness_condition_is_carried_as_it_is(monkeypatch):
+    """A cut symbol takes over its definition's definedness condition. In a clipped AdamW
+    step every gradient is divided by the global norm, whose condition covers every
+    gradient element (thousands of nodes in MaxText's step); simplifying it under its own
+    facts for every element of every value took minutes per value. A condition above
+    `SETTLE_LIMIT` nodes is carried unsimplified (it is equivalent either way)."""
+    from tv_ir import terms as T
+    from tv_ir.prover import engine
+
+    xs = [T.symbol(f"g{i}") for i in range(engine.SETTLE_LIMIT)]
+    norm = T.sum_of([T.div(T.const(1.0), x) for x in xs])  # defined where every g != 0
+    definition = np.array([T.div(xs[0], norm)], dtype=object)
+    assert T.size(definition[0].dom) > engine.SETTLE_LIMIT
+
+    def settle(p):
+        raise AssertionError("a large condition was simplified")
+
+    monkeypatch.setattr(T, "settle", settle)
+    sym = T.symbol_array(T.Key("cut", 0, "f32", "%divide"), (1,))
+    engine._carry_definedness(sym, definition)
+    assert sym[0].dom is definition[0].dom
