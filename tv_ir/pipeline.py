@@ -98,11 +98,14 @@ def check(
     time_limit: float | None = None,
     memory_limit: float | None = None,
     reduce_shapes: bool = True,
+    layouts=None,
 ) -> Report:
     """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module).
 
     `impl` may be a per-device program: its argument/result layouts come from `placement`,
-    else from its `mhlo.sharding` attributes (single device when it has none).
+    else from its own `mhlo.sharding` / XLA SPMD module attributes, the spec's annotations
+    (a pre-partition spec), then `layouts` (`tv_ir.boundary_layouts.GivenLayouts`); single
+    device when nothing says it is per-device.
     `time_limit` bounds the whole run (import, unrolling, simulation, proof): when it runs
     out the verdict is unknown. `memory_limit` (MB) bounds the process's resident memory,
     polled between steps: going over it makes the verdict unknown. `reduce_shapes` proves
@@ -121,6 +124,7 @@ def check(
             progress,
             placement,
             reduce_shapes,
+            layouts,
         )
 
 
@@ -144,7 +148,7 @@ def _bounded(run, time_limit, *args) -> Report:
     return report
 
 
-def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Report:
+def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts) -> Report:
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec")
     impl_m = prepare(impl, "impl")
@@ -154,7 +158,8 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
         meshes = impl_m.attrs.get("sdy.meshes")
         impl_m, placement = _partitioned(impl, spec_m)
         _name_mesh(impl_m, meshes)
-    placement = placement or Placement.from_module(spec_m.main, impl_m)
+    if placement is None:
+        placement = _boundary_placement(spec_m, impl_m, layouts)
     check_signatures(spec_m, impl_m, placement)
     reduction = None
     real = (spec_m, impl_m, placement)
@@ -208,6 +213,16 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes) -> Rep
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
+
+
+def _boundary_placement(spec: Module, impl: Module, layouts) -> Placement:
+    """Where `impl`'s arguments and results live (`tv_ir.boundary_layouts`); a program that
+    is not per-device runs on one device, a shard_map module on its mesh."""
+    from .boundary_layouts import boundary_placement, says_per_device
+
+    if says_per_device(spec, impl, layouts):
+        return boundary_placement(spec, impl, layouts)
+    return Placement.from_module(spec.main, impl)
 
 
 def _prove(spec: Module, impl: Module, placement, options: Options) -> Report:
