@@ -53,7 +53,8 @@ def test_spmd_module_attributes_give_the_layouts_and_device_count() -> None:
 
 def test_a_wrong_spmd_output_sharding_is_refuted() -> None:
     impl = per_device(
-        f'mhlo.spmd_parameters_shardings = [{TILED}], mhlo.spmd_output_sharding = "{{devices=[2,1]1,0}}"',
+        f"mhlo.spmd_parameters_shardings = [{TILED}], "
+        'mhlo.spmd_output_sharding = "{devices=[2,1]1,0}"',
         DOUBLE,
         "tensor<2x2xf32>",
     )
@@ -149,7 +150,8 @@ AFTER_HLO = """HloModule m, num_partitions=2
 ENTRY main {
   x = f32[2,2] parameter(0), sharding={devices=[2,1]0,1}
   y = f32[2,2] add(x, x)
-  ROOT g = f32[4,2] all-gather(y), channel_id=1, replica_groups={{0,1}}, dimensions={0}, use_global_device_ids=true
+  ROOT g = f32[4,2] all-gather(y), channel_id=1, replica_groups={{0,1}}, dimensions={0},
+    use_global_device_ids=true
 }
 """
 
