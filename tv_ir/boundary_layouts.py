@@ -187,8 +187,10 @@ def _sharding_devices(shardings: list[str]) -> tuple[int, int]:
 def _collective_devices(impl: Module) -> tuple[int, str | None, list[int]]:
     """(devices covered by the replica groups of group collectives, 0 if none; the first
     device-dependent op; lower bounds from collective_permute pairs)."""
+    from .attrs import MeshAxesGroups
     from .ops.registry import COLLECTIVES, PROCESS_OPS
 
+    meshes = impl.attrs.get("sdy.meshes") or {}
     covered, first, bounds = 0, None, []
     stack = [fn.body for fn in impl.functions.values()]
     while stack:
@@ -199,7 +201,11 @@ def _collective_devices(impl: Module) -> tuple[int, str | None, list[int]]:
                 continue
             first = first or op.name
             groups = op.attrs.get("replica_groups")
-            if groups is not None and np.asarray(groups).size:
+            if isinstance(groups, MeshAxesGroups):  # groups over every device of a mesh
+                mesh = meshes.get(groups.mesh)
+                if mesh is not None:
+                    covered = max(covered, int(np.prod([size for _, size in mesh.axes])))
+            elif groups is not None and np.asarray(groups).size:
                 ids = np.asarray(groups).reshape(-1)
                 ids = ids[ids >= 0]
                 if ids.size and sorted(ids.tolist()) == list(range(ids.size)):
