@@ -110,7 +110,7 @@ def run_child(name: str, devices: int, a) -> dict:
     cmd = [sys.executable, __file__, "--worker", name]
     cmd += ["--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
     t0 = time.perf_counter()
-    p, killed = _run_watched(cmd, env, a.time_limit + 300, a.rss_limit)
+    p, killed = _run_watched(cmd, env, a.time_limit + 90, a.rss_limit)
     if killed:
         return {"name": name, "outcome": "unknown", "reason": killed}
     lines = p.stdout.strip().splitlines()

@@ -41,8 +41,9 @@ class GivenLayouts:
 
 def says_per_device(spec: Module, impl: Module, given: GivenLayouts | None) -> bool:
     """Whether `impl` is a per-device program whose layouts are to be read here: it carries
-    shardings or SPMD attributes of its own, a partition count, the caller gave layouts, or
-    it shows it is per-device (`per_device_evidence`)."""
+    shardings or SPMD attributes of its own, the caller gave layouts, or it shows it is
+    per-device (`per_device_evidence`). A partition count alone does not say it: a module in
+    the global view (shardings only inside, on a nested jit) has one too."""
     from .pipeline import per_device_evidence
     from .prover.placement import has_manual_computation
 
@@ -52,8 +53,6 @@ def says_per_device(spec: Module, impl: Module, given: GivenLayouts | None) -> b
     if has_manual_computation(impl):  # shard_map: replicated on its mesh (Placement.from_module)
         return False
     if PARAMETERS_ATTR in impl.attrs or OUTPUT_ATTR in impl.attrs:
-        return True
-    if int(impl.attrs.get("mhlo.num_partitions", 1) or 1) > 1:
         return True
     if given is not None and given.any:
         return True
