@@ -37,7 +37,7 @@ OUTCOMES = ("proved", "refuted", "unknown", "bad_input", "error", "not_partition
 
 def worker(name: str, time_limit: float, memory_limit: float) -> dict:
     """Child process: partition one module, check it, replay a refutation on XLA."""
-    from xla_spmd_corpus import cases, partition_case, replay_on_xla
+    from xla_spmd_corpus import cases, partition_case, replay_on_xla, xla_layouts
 
     from tv_ir.errors import BadInput, TvError
 
@@ -58,7 +58,11 @@ def worker(name: str, time_limit: float, memory_limit: float) -> dict:
     t0 = time.perf_counter()
     try:
         report = check(
-            case.path, parted.per_device_hlo, time_limit=time_limit, memory_limit=memory_limit
+            case.path,
+            parted.per_device_hlo,
+            time_limit=time_limit,
+            memory_limit=memory_limit,
+            layouts=xla_layouts(parted),
         )
     except BadInput as e:
         return out | _tv_time(t0) | {"outcome": "bad_input", "reason": _one_line(e)}

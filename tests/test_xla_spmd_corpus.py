@@ -13,7 +13,14 @@ corpus: `python bench/xla_spmd.py` (docs/distributed.md, "XLA SPMD corpus").
 from __future__ import annotations
 
 import pytest
-from xla_spmd_corpus import ROOT, cases, partition_case, replay_on_xla, unpartitioned
+from xla_spmd_corpus import (
+    ROOT,
+    cases,
+    partition_case,
+    replay_on_xla,
+    unpartitioned,
+    xla_layouts,
+)
 
 import tv_ir
 
@@ -21,7 +28,6 @@ CASES = {c.name: c for c in cases()}
 pytestmark = pytest.mark.skipif(not CASES, reason="XLA SPMD corpus folder is absent")
 
 TIME_LIMIT = 120.0  # seconds (never asserted: a run out of time is an unknown, a failure)
-MEMORY_LIMIT = 3000.0  # MB
 
 # one or a few per kind of op and sharding (each proves in about a second)
 PROVED = [
@@ -68,7 +74,10 @@ def test_xla_partitioning_is_proved(name: str) -> None:
     case = CASES[name]
     _, parted = partition_case(case)
     r = tv_ir.check(
-        case.path, parted.per_device_hlo, time_limit=TIME_LIMIT, memory_limit=MEMORY_LIMIT
+        case.path,
+        parted.per_device_hlo,
+        time_limit=TIME_LIMIT,
+        layouts=xla_layouts(parted),
     )
     assert r.verdict == "equivalent", f"{name}: {r.verdict}: {r.reason}\n{r}"
 
@@ -79,7 +88,7 @@ def test_stablehlo_form_with_spmd_attributes_is_proved(name: str) -> None:
     before, parted = partition_case(case, as_stablehlo=True)
     impl = parted.per_device_stablehlo
     assert "mhlo.spmd_output_sharding" in impl and "mhlo.num_partitions" not in impl
-    r = tv_ir.check(unpartitioned(before), impl, time_limit=TIME_LIMIT, memory_limit=MEMORY_LIMIT)
+    r = tv_ir.check(unpartitioned(before), impl, time_limit=TIME_LIMIT)
     assert r.verdict == "equivalent", f"{name}: {r.verdict}: {r.reason}"
 
 
@@ -88,7 +97,10 @@ def test_xla_miscompile_is_refuted_and_xla_confirms_it(name: str) -> None:
     case = CASES[name]
     before, parted = partition_case(case)
     r = tv_ir.check(
-        case.path, parted.per_device_hlo, time_limit=TIME_LIMIT, memory_limit=MEMORY_LIMIT
+        case.path,
+        parted.per_device_hlo,
+        time_limit=TIME_LIMIT,
+        layouts=xla_layouts(parted),
     )
     assert r.verdict == "not_equivalent", f"{name}: {r.verdict}: {r.reason}"
     replay = replay_on_xla(before, parted, list(r.counterexample.inputs.values()))

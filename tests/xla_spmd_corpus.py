@@ -57,6 +57,14 @@ def partition_case(case: Case, as_stablehlo: bool = False):
     return before, partition(before, case.num_devices, propagate=False, as_stablehlo=as_stablehlo)
 
 
+def xla_layouts(parted):
+    """The executable's result shardings, as the caller's layouts: where the module leaves
+    a result unannotated (replicated, as the unit tests read it) neither program says."""
+    from tv_ir.boundary_layouts import GivenLayouts
+
+    return GivenLayouts(out_shardings=list(parted.out_shardings))
+
+
 def unpartitioned(before: str) -> str:
     """The module for one device: every `mhlo.sharding` and the partition count dropped."""
     from jaxlib.mlir import ir
