@@ -106,6 +106,7 @@ def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
     n = parted.num_partitions
     devs = jax.devices("cpu")[:n]
     exe = parted.executable
+    inputs = [_as_parameter(x, t) for x, t in zip(inputs, _argument_types(before), strict=True)]
     with jax.enable_x64(True):
         opts = compiler.get_compile_options(num_replicas=1, num_partitions=1)
         single = devs[0].client.compile_and_load(
@@ -131,6 +132,21 @@ def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
                 if got.shape != block.shape or not _close(got, block):
                     return {"differs": True, "output": k, "device": d}
         return worst
+
+
+def _argument_types(before: str) -> list:
+    from tv_ir.pipeline import prepare
+
+    return list(prepare(before, "module").main.arg_types)
+
+
+def _as_parameter(x, t) -> np.ndarray:
+    """A counterexample input (floats replayed in float64) in the parameter's own type."""
+    import ml_dtypes
+
+    names = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32, "f64": np.float64}
+    dtype = names.get(t.dtype) or np.dtype(t.numpy_dtype)
+    return np.asarray(x).astype(dtype)
 
 
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
