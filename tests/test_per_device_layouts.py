@@ -182,3 +182,25 @@ def _tv(cwd, *args) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "tv_ir.cli", *args], capture_output=True, text=True, cwd=cwd
     )
+
+
+def test_xla_spmd_output_is_not_partitioned_again() -> None:
+    """Global shapes, replicated shardings, no collectives: only the `_spmd` entry name that
+    XLA's partitioner gives says this HLO is already per-device."""
+    before = """HloModule m
+
+ENTRY entry {
+  x = f32[4] parameter(0), sharding={replicated}
+  ROOT y = f32[4] add(x, x), sharding={replicated}
+}
+"""
+    after = """HloModule m, num_partitions=2
+
+ENTRY main_spmd {
+  x = f32[4] parameter(0), sharding={replicated}
+  ROOT y = f32[4] add(x, x)
+}
+"""
+    r = tv_ir.check(before, after)
+    assert r.verdict == "equivalent", r.reason
+    assert "partitioning of" not in r.impl_name

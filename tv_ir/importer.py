@@ -123,12 +123,21 @@ def parse_mlir(source: str | bytes | os.PathLike):
     return m, name
 
 
+# XLA's SPMD partitioner names the entry computation it makes `<name>_spmd`
+SPMD_ENTRY = re.compile(r"^\s*ENTRY\s+%?[\w.\-]+_spmd\b", re.MULTILINE)
+SPMD_PARTITIONED_ATTR = "tv.spmd_partitioned"
+
+
 def _hlo_module_config(text: str) -> dict[str, int]:
     """`num_partitions` from an HLO module's header line (its conversion to StableHLO drops
-    it; per-device programs need it to know their devices)."""
+    it; per-device programs need it to know their devices), and whether the entry is XLA's
+    SPMD partitioner output (`SPMD_PARTITIONED_ATTR`)."""
     header = text.lstrip().split("\n", 1)[0]
     m = re.search(r"\bnum_partitions=(\d+)", header)
-    return {"mhlo.num_partitions": int(m.group(1))} if m else {}
+    config = {"mhlo.num_partitions": int(m.group(1))} if m else {}
+    if SPMD_ENTRY.search(text):
+        config[SPMD_PARTITIONED_ATTR] = 1
+    return config
 
 
 def _keep_hlo_config(m, config: dict[str, int]) -> None:

@@ -255,12 +255,15 @@ GSPMD_MANUAL = ("SPMDFullToShardShape", "SPMDShardToFullShape")
 def per_device_evidence(spec: Module, impl: Module) -> str | None:
     """Why `impl` must be a per-device program rather than a module to partition (None when
     nothing says so): results of other shapes than the spec's (a pre-partition module keeps
-    global shapes), XLA's SPMD module attributes, or device-dependent ops
+    global shapes), XLA's SPMD module attributes or `_spmd` entry name, or device-dependent ops
     (`partition_id`, `replica_id`, collectives) outside shard_map bodies."""
+    from .importer import SPMD_PARTITIONED_ATTR
     from .ops.registry import COLLECTIVES, PROCESS_OPS
 
     if impl.main.result_types != spec.main.result_types:
         return "its results have per-device shapes"
+    if impl.attrs.get(SPMD_PARTITIONED_ATTR):
+        return "it is XLA's SPMD partitioner output (an entry computation named *_spmd)"
     for key in PER_DEVICE_ATTRS:
         if key in impl.attrs:
             return f"it has {key}"
