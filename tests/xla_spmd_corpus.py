@@ -95,18 +95,22 @@ def unpartitioned(before: str) -> str:
 
 
 def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
-    """Run XLA's partitioned executable on its devices and the unpartitioned module on one,
-    on `inputs` (global values, argument order). `differs` is True when some device's piece
-    of some result differs from its block of the single-device result."""
+    """Run the per-device program XLA dumped after partitioning on its devices (each device
+    its piece of each input, padded as XLA pads; `{manual}` shardings so XLA leaves it as it
+    is) and the unpartitioned module on one device, on `inputs` (global values, argument
+    order). `differs` is True when some device's piece of some result differs from its
+    block of the single-device result (unreduced results: the sum over each group)."""
     import jax
     from jax._src import compiler
     from jax._src.lib import xla_client as xc
-    from jax._src.sharding_impls import GSPMDSharding
+
+    from tv_ir.prover.placement import Placement
 
     n = parted.num_partitions
     devs = jax.devices("cpu")[:n]
-    exe = parted.executable
-    inputs = [_as_parameter(x, t) for x, t in zip(inputs, _argument_types(before), strict=True)]
+    spec = _module(before)
+    inputs = [_as_parameter(x, t) for x, t in zip(inputs, spec.main.arg_types, strict=True)]
+    placement = Placement.from_shardings(spec.main, parted.arg_shardings, parted.out_shardings, n)
     with jax.enable_x64(True):
         opts = compiler.get_compile_options(num_replicas=1, num_partitions=1)
         single = devs[0].client.compile_and_load(
@@ -116,28 +120,126 @@ def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
             np.asarray(o)
             for o in single.execute([jax.device_put(np.asarray(x), devs[0]) for x in inputs])
         ]
-        arrays = []
-        for x, proto in zip(inputs, exe.get_parameter_shardings(), strict=True):
-            x = np.asarray(x)
-            sharding = GSPMDSharding(devs, xc.HloSharding.from_proto(proto))
-            arrays.append(jax.make_array_from_callback(x.shape, sharding, lambda i, x=x: x[i]))
-        outs = exe.execute_sharded(arrays).disassemble_into_single_device_arrays()
-        worst = {"differs": False}
-        for k, (per_device, proto) in enumerate(zip(outs, exe.get_output_shardings(), strict=True)):
-            sharding = GSPMDSharding(devs, xc.HloSharding.from_proto(proto))
-            boxes = sharding.devices_indices_map(want[k].shape)
-            for d, piece in enumerate(per_device):
-                block = want[k][boxes[devs[d]]]
-                got = np.asarray(piece)
-                if got.shape != block.shape or not _close(got, block):
-                    return {"differs": True, "output": k, "device": d}
-        return worst
+        pieces = [
+            [
+                lay.shard(x, d, pad=np.zeros((), x.dtype))
+                for lay, x in zip(placement.args, inputs, strict=True)
+            ]
+            for d in range(n)
+        ]
+        got = run_per_device(_manual_program(parted.per_device_hlo, n), pieces, n)
+    for k, lay in enumerate(placement.results):
+        held = lay.assemble_instances([got[d][k] for d in range(n)])[0]
+        for d in lay.holders:
+            box = tuple(slice(a, b) for a, b in lay.box(d))
+            mine = np.asarray(got[d][k])[tuple(slice(0, b - a) for a, b in lay.box(d))]
+            if lay.unreduced:
+                mine = held[box]
+            if mine.shape != want[k][box].shape or not _close(mine, want[k][box]):
+                return {"differs": True, "output": k, "device": d}
+    return {"differs": False}
+
+
+def run_per_device(text: str, per_device: list[list], n: int) -> list[list]:
+    """Run a per-device StableHLO program on n XLA:CPU devices; [device][result]."""
+    import jax
+    from jax._src import compiler
+    from jax._src.lib import xla_client as xc
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devs = jax.devices("cpu")[:n]
+    opts = compiler.get_compile_options(
+        num_replicas=1, num_partitions=n, device_assignment=np.array(devs).reshape(1, n)
+    )
+    opts.executable_build_options.use_shardy_partitioner = False
+    exe = devs[0].client.compile_and_load(text, xc.DeviceList(tuple(devs)), opts)
+    sharding = NamedSharding(Mesh(np.array(devs), ("d",)), P("d"))
+    arrays = []
+    for k in range(len(per_device[0])):
+        local = [np.asarray(args[k]) for args in per_device]  # equal (padded) shapes
+        shards = [jax.device_put(p[None], d) for p, d in zip(local, devs, strict=True)]
+        shape = (n, *local[0].shape)
+        arrays.append(jax.make_array_from_single_device_arrays(shape, sharding, shards))
+    outs = exe.execute_sharded(arrays).disassemble_into_single_device_arrays()
+    return [[np.asarray(o[d])[0] for o in outs] for d in range(n)]
+
+
+def _manual_program(hlo: str, n: int) -> str:
+    """The per-device HLO as StableHLO that XLA runs as it is on n partitions: every
+    argument and result one more leading dimension of 1 (a device's slot of the stacked
+    inputs) and `{manual}`."""
+    from jaxlib.mlir import ir
+
+    from tv_ir.importer import hlo_text_to_stablehlo_bytecode, mlir_context
+
+    with mlir_context():
+        m = ir.Module.parse(hlo_text_to_stablehlo_bytecode(hlo, "per-device program"))
+        text = m.operation.get_asm()
+    return _wrap_manual(text, n)
+
+
+def _wrap_manual(text: str, n: int) -> str:
+    """Rename @main to @per_device and add a @main over [1, ...]-shaped values that calls it."""
+    from jaxlib.mlir import ir
+
+    from tv_ir.importer import mlir_context
+
+    with mlir_context(), ir.Location.unknown():
+        m = ir.Module.parse(text)
+        main = next(
+            o.operation
+            for o in m.body.operations
+            if o.operation.name == "func.func"
+            and ir.StringAttr(o.operation.attributes["sym_name"]).value == "main"
+        )
+        main.attributes["sym_name"] = ir.StringAttr.get("per_device")
+        main.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        for key in ("arg_attrs", "res_attrs"):
+            if key in main.attributes:
+                del main.attributes[key]
+        ftype = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+        ins, outs = list(ftype.inputs), list(ftype.results)
+        i32 = ir.IntegerType.get_signless(32)
+        m.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, n)
+        m.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, 1)
+        body = m.operation.get_asm()
+
+    def stacked(t) -> str:
+        t = str(t)
+        inner = t[len("tensor<") : -1]
+        return f"tensor<1x{inner}>"
+
+    args = ", ".join(
+        f'%a{k}: {stacked(t)} {{mhlo.sharding = "{{manual}}"}}' for k, t in enumerate(ins)
+    )
+    res = ", ".join(f'{stacked(t)} {{mhlo.sharding = "{{manual}}"}}' for t in outs)
+    lines = [f"  func.func @main({args}) -> ({res}) {{"]
+    for k, t in enumerate(ins):
+        lines.append(f"    %l{k} = stablehlo.reshape %a{k} : ({stacked(t)}) -> {t}")
+    call_args = ", ".join(f"%l{k}" for k in range(len(ins)))
+    call_types = ", ".join(str(t) for t in ins)
+    out_types = ", ".join(str(t) for t in outs)
+    lines.append(
+        f"    %r:{len(outs)} = func.call @per_device({call_args}) : ({call_types}) -> ({out_types})"
+    )
+    for k, t in enumerate(outs):
+        lines.append(f"    %s{k} = stablehlo.reshape %r#{k} : ({t}) -> {stacked(t)}")
+    rets = ", ".join(f"%s{k}" for k in range(len(outs)))
+    lines.append(f"    return {rets} : {', '.join(stacked(t) for t in outs)}")
+    lines.append("  }")
+    head, _, _ = body.rpartition("}")
+    return head + "\n".join(lines) + "\n}\n"
+
+
+def _module(before: str):
+    from tv_ir.pipeline import prepare
+
+    return prepare(before, "module")
 
 
 def _argument_types(before: str) -> list:
-    from tv_ir.pipeline import prepare
-
-    return list(prepare(before, "module").main.arg_types)
+    return list(_module(before).main.arg_types)
 
 
 def _as_parameter(x, t) -> np.ndarray:
