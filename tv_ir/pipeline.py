@@ -209,10 +209,35 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes, layout
             report = confirm_proof(report, reduction, *real, seed=seed)
             report.reduction = reduction.to_json()
         report.stats.seconds["confirm"] = time.perf_counter() - t1
+    if report.verdict == NOT_EQUIVALENT:
+        report = _unless_order_dependent(report, real[0], real[1])
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
+
+
+def _unless_order_dependent(report: Report, spec: Module, impl: Module) -> Report:
+    """A refutation where a reduction's body is not commutative or associative may be a
+    difference of order, which XLA is free to choose: unknown (`tv_ir.reduction_order`)."""
+    from .reduction_order import order_dependent_reductions
+
+    found = order_dependent_reductions(spec) + order_dependent_reductions(impl)
+    if not found:
+        return report
+    c = report.counterexample
+    out = Report(
+        UNKNOWN,
+        reason=f"the programs differ, but {found[0]}: the order XLA combines elements in is "
+        "its choice, so the difference may be one of order",
+    )
+    out.stats, out.reduction, out.notes = report.stats, report.reduction, list(report.notes)
+    if c is not None:
+        out.notes.append(
+            f"not a refutation: output {c.output} at {list(c.index)} differs "
+            f"(spec {c.expected}, impl {c.actual}); the order of reduction may explain it"
+        )
+    return out
 
 
 def _boundary_placement(spec: Module, impl: Module, layouts) -> Placement:
