@@ -167,21 +167,41 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+# what a reason says, most specific first (one line each in the table)
+REASON_CLASSES = [
+    (r"time limit", "time limit (large tensors tv cannot shrink, sorts, windows)"),
+    (r"memory limit", "memory limit (large tensors tv cannot shrink)"),
+    (r"after_all|infeed|outfeed|stablehlo\.rng|custom_call @(?!SPMD)", "opaque op: {op}"),
+    (r"manual\b.*at the boundary|\{manual\}|SPMDFullToShardShape", "manual sharding (boundary)"),
+    (r"depends on the inputs", "input-dependent index or branch with collectives"),
+    (r"needs SPMD execution", "collective in the pre-partition module"),
+    (r"not encodable in SMT", "not encodable in SMT (infinities)"),
+    (r"z3: timeout", "solver timeout"),
+    (r"more than tv handles in one tensor", "a tensor over 2^31 elements"),
+    (r"has no layout", "a result without a layout"),
+    (r"not commutative|not associative", "order-dependent reduction (non-commutative body)"),
+    (r"XLA crashed", "XLA crashed on CPU"),
+    (r"No registered implementation for untyped custom call", "custom call unknown to XLA:CPU"),
+    (r"RET_CHECK|INTERNAL|UNIMPLEMENTED|INVALID_ARGUMENT", "XLA:CPU rejects it"),
+    (r"error expected by the test", "the test expects a partitioner error"),
+]
+OPAQUE = "opaque op"
+
+
 def reason_class(r: dict) -> str:
-    """A reason with its specifics (shapes, numbers, names) blurred, for grouping."""
+    """The kind of reason, for the table."""
     reason = r.get("reason", "")
     if r["outcome"] == "refuted":
         confirmed = r.get("xla_confirms")
         return {True: "confirmed by XLA", False: "NOT confirmed by XLA"}.get(
             confirmed, "replay failed"
         )
-    m = re.match(r"unsupported: ([\w.]+)", reason) or re.search(r"unsupported op ([\w.]+)", reason)
-    if m:
-        return f"unsupported {m.group(1)}"
-    reason = re.sub(r"tensor<[^>]*>", "T", reason)
-    reason = re.sub(r"\{[^{}]*\}", "{..}", reason)
-    reason = re.sub(r"\d+", "N", reason)
-    return reason[:110]
+    for pattern, label in REASON_CLASSES:
+        m = re.search(pattern, reason)
+        if m:
+            op = re.search(r"(after_all|infeed|outfeed|rng|custom_call @\w+)", reason)
+            return label.format(op=op.group(1) if op else "?")
+    return re.sub(r"\d+", "N", reason)[:110]
 
 
 def table(results: list[dict]) -> str:
@@ -200,7 +220,20 @@ def table(results: list[dict]) -> str:
         if outcome != "proved":
             for reason, k in Counter(reason_class(r) for r in rs).most_common():
                 lines.append(f"    {k:>4}  {reason}")
+    partitioned = [r for r in results if r["outcome"] != "not_partitionable"]
+    excluded = [
+        r
+        for r in partitioned
+        if reason_class(r).startswith(OPAQUE)
+        or (r["outcome"] == "refuted" and r.get("xla_confirms"))
+    ]
     proved = [r for r in results if r["outcome"] == "proved"]
+    target = len(partitioned) - len(excluded)
+    lines.append(
+        f"proved {len(proved)} of {target} partitionable modules with a meaning to verify "
+        f"({100 * len(proved) / max(target, 1):.0f}%; {len(excluded)} opaque or miscompiled "
+        "set apart)"
+    )
     if proved:
         tvs = sorted(r["tv_seconds"] for r in proved)
         lines.append(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import attrs as A
-from .errors import BadInput
+from .errors import BadInput, Unsupported
 from .ir import (
     UNKNOWN_LOC,
     Block,
@@ -376,7 +376,7 @@ class _Converter:
 
     def op(self, o) -> Op:
         operands = [self.values[x] for x in o.operands]
-        attrs = {n: decode_attr(o.attributes[n]) for n in o.attributes}
+        attrs = {n: _attribute(o, n) for n in o.attributes}
         regions = [Region(self.block(r.blocks[0])) for r in o.regions if len(r.blocks)]
         new = Op(o.name, operands, [], attrs, regions, convert_location(o.location, self.name))
         for i, r in enumerate(o.results):
@@ -384,6 +384,18 @@ class _Converter:
             self.values[r] = v
             new.results.append(v)
         return new
+
+
+def _attribute(o, name: str):
+    try:
+        return decode_attr(o.attributes[name])
+    except TypeError as e:  # the bindings cannot hand out some attributes (complex constants)
+        if "complex" in str(e):
+            raise Unsupported(
+                f"{o.name}: a complex-valued {name} (complex numbers are not in the op table)",
+                op=o.name,
+            ) from None
+        raise
 
 
 def _sym_name(op) -> str:
@@ -636,6 +648,8 @@ def _dense_to_numpy(a) -> np.ndarray:
 
     t = ir.ShapedType(a.type)
     et = str(t.element_type)
+    if et.startswith("complex"):
+        raise Unsupported(f"a constant of {et} (complex numbers are not in the op table)")
     dt = _small_float_dtype(et) if et != "f16" else None
     if dt is not None:
         # the bindings cannot hand these buffers to numpy: read the printed form, each
