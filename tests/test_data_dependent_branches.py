@@ -86,3 +86,36 @@ def test_per_device_if_on_a_replicated_predicate_runs_both_branches_in_lockstep(
     assert r.verdict == "equivalent", r.reason
     wrong = IF_PER_DEVICE.replace("stablehlo.add %g, %g", "stablehlo.multiply %g, %g")
     assert tv_ir.check(IF_SPEC, wrong).verdict == "not_equivalent"
+
+
+SLICE = """
+func.func @main(%x: tensor<6xf32>, %i: tensor<i32>) -> tensor<2xf32> {
+  %0 = stablehlo.dynamic_slice %x, %i, sizes = [2] : (tensor<6xf32>, tensor<i32>) -> tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+"""
+# the same window read as a dynamic_slice of the reversed vector at the mirrored (clamped)
+# offset, reversed back
+MIRRORED = """
+func.func @main(%x: tensor<6xf32>, %i: tensor<i32>) -> tensor<2xf32> {
+  %lo = stablehlo.constant dense<0> : tensor<i32>
+  %hi = stablehlo.constant dense<4> : tensor<i32>
+  %c = stablehlo.clamp %lo, %i, %hi : tensor<i32>
+  %four = stablehlo.constant dense<4> : tensor<i32>
+  %j = stablehlo.subtract %four, %c : tensor<i32>
+  %r = stablehlo.reverse %x, dims = [0] : tensor<6xf32>
+  %s = stablehlo.dynamic_slice %r, %j, sizes = [2] : (tensor<6xf32>, tensor<i32>) -> tensor<2xf32>
+  %0 = stablehlo.reverse %s, dims = [0] : tensor<2xf32>
+  return %0 : tensor<2xf32>
+}
+"""
+
+
+def test_dynamic_slice_at_an_input_offset_is_read_by_cases() -> None:
+    r = tv_ir.check(SLICE, MIRRORED, reduce_shapes=False)
+    assert r.verdict == "equivalent", r.reason
+    off_by_one = MIRRORED.replace(
+        "%four = stablehlo.constant dense<4>", "%four = stablehlo.constant dense<3>"
+    )
+    r = tv_ir.check(SLICE, off_by_one, reduce_shapes=False)
+    assert r.verdict == "not_equivalent"
