@@ -204,3 +204,11 @@ ENTRY main_spmd {
     r = tv_ir.check(before, after)
     assert r.verdict == "equivalent", r.reason
     assert "partitioning of" not in r.impl_name
+
+
+def test_hlo_text_without_a_module_header_is_read() -> None:
+    """XLA's tests write some modules as their entry computation alone."""
+    headless = BEFORE_HLO.split("\n", 2)[2]
+    assert headless.lstrip().startswith("ENTRY")
+    r = tv_ir.check(headless, AFTER_HLO)
+    assert r.verdict == "equivalent", r.reason

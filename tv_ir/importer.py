@@ -72,7 +72,7 @@ def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
         isinstance(source, str)
         and "\n" not in source
         and len(source) < 4096
-        and not source.lstrip().startswith(("module", "func.func", "HloModule"))
+        and not source.lstrip().startswith(("module", "func.func", *HLO_TEXT_STARTS))
     ):
         path = Path(source)
         if not path.exists():
@@ -91,13 +91,19 @@ def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
     return source, "<text>"
 
 
+# HLO text: a module header, or (as XLA's tests write them) the entry computation first
+HLO_TEXT_STARTS = ("HloModule", "ENTRY")
+
+
 def parse_mlir(source: str | bytes | os.PathLike):
     """Parse into an `ir.Module` (jaxlib bindings), converting HLO text first."""
     from jaxlib.mlir import ir
 
     data, name = read_source(source)
     hlo_config = {}
-    if isinstance(data, str) and data.lstrip().startswith("HloModule"):
+    if isinstance(data, str) and data.lstrip().startswith(HLO_TEXT_STARTS):
+        if not data.lstrip().startswith("HloModule"):  # XLA's parser wants the header line
+            data = "HloModule module\n\n" + data
         hlo_config = _hlo_module_config(data)
         data = hlo_text_to_stablehlo_bytecode(data, name)
     if isinstance(data, bytes) and not data.startswith(_BYTECODE_MAGIC):
