@@ -50,6 +50,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("spec", help="specification: .mlir (StableHLO text), .mlirbc or .hlo (HLO text)")
     c.add_argument("impl", help="implementation, in any of the same forms")
+    c.add_argument(
+        "--num-partitions",
+        type=int,
+        metavar="N",
+        help="devices a per-device IMPL runs on, when it has no mhlo.num_partitions",
+    )
+    for flag, what in (("--in-shardings", "arguments"), ("--out-shardings", "results")):
+        c.add_argument(
+            flag,
+            metavar="JSON",
+            help=f"a JSON list of mhlo.sharding strings for a per-device IMPL's {what}, used "
+            "where neither IMPL nor a pre-partition SPEC says (null: no sharding given)",
+        )
     _common(c)
     pt = sub.add_parser(
         "partition",
@@ -136,9 +149,36 @@ def _print(report, args, progress) -> int:
     return EXIT_CODES[report.verdict]
 
 
+def _given_layouts(args):
+    """`--num-partitions`, `--in-shardings`, `--out-shardings` (None when absent)."""
+    from .boundary_layouts import GivenLayouts
+
+    def strings(flag, text):
+        if text is None:
+            return None
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{flag}: not a JSON list of sharding strings ({e.msg})") from None
+        if not isinstance(value, list) or not all(v is None or isinstance(v, str) for v in value):
+            raise BadInput(f"{flag}: not a JSON list of sharding strings")
+        return value
+
+    n = getattr(args, "num_partitions", None)
+    if n is not None and n < 1:
+        raise BadInput(f"--num-partitions must be at least 1, got {n}")
+    given = GivenLayouts(
+        n,
+        strings("--in-shardings", getattr(args, "in_shardings", None)),
+        strings("--out-shardings", getattr(args, "out_shardings", None)),
+    )
+    return given if given.any else None
+
+
 def _run_check(spec, impl, args) -> int:
     from .pipeline import check
 
+    layouts = _given_layouts(args)
     progress = _progress(sys.stderr.isatty() and not args.json)
     report = check(
         spec,
@@ -149,6 +189,7 @@ def _run_check(spec, impl, args) -> int:
         time_limit=args.time_limit,
         memory_limit=args.memory_limit,
         reduce_shapes=not args.no_reduce,
+        layouts=layouts,
     )
     return _print(report, args, progress)
 

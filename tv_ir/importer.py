@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import attrs as A
-from .errors import BadInput
+from .errors import BadInput, Unsupported
 from .ir import (
     UNKNOWN_LOC,
     Block,
@@ -72,7 +72,7 @@ def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
         isinstance(source, str)
         and "\n" not in source
         and len(source) < 4096
-        and not source.lstrip().startswith(("module", "func.func", "HloModule"))
+        and not source.lstrip().startswith(("module", "func.func", *HLO_TEXT_STARTS))
     ):
         path = Path(source)
         if not path.exists():
@@ -91,13 +91,19 @@ def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
     return source, "<text>"
 
 
+# HLO text: a module header, or (as XLA's tests write them) the entry computation first
+HLO_TEXT_STARTS = ("HloModule", "ENTRY")
+
+
 def parse_mlir(source: str | bytes | os.PathLike):
     """Parse into an `ir.Module` (jaxlib bindings), converting HLO text first."""
     from jaxlib.mlir import ir
 
     data, name = read_source(source)
     hlo_config = {}
-    if isinstance(data, str) and data.lstrip().startswith("HloModule"):
+    if isinstance(data, str) and data.lstrip().startswith(HLO_TEXT_STARTS):
+        if not data.lstrip().startswith("HloModule"):  # XLA's parser wants the header line
+            data = "HloModule module\n\n" + data
         hlo_config = _hlo_module_config(data)
         data = hlo_text_to_stablehlo_bytecode(data, name)
     if isinstance(data, bytes) and not data.startswith(_BYTECODE_MAGIC):
@@ -123,12 +129,21 @@ def parse_mlir(source: str | bytes | os.PathLike):
     return m, name
 
 
+# XLA's SPMD partitioner names the entry computation it makes `<name>_spmd`
+SPMD_ENTRY = re.compile(r"^\s*ENTRY\s+%?[\w.\-]+_spmd\b", re.MULTILINE)
+SPMD_PARTITIONED_ATTR = "tv.spmd_partitioned"
+
+
 def _hlo_module_config(text: str) -> dict[str, int]:
     """`num_partitions` from an HLO module's header line (its conversion to StableHLO drops
-    it; per-device programs need it to know their devices)."""
+    it; per-device programs need it to know their devices), and whether the entry is XLA's
+    SPMD partitioner output (`SPMD_PARTITIONED_ATTR`)."""
     header = text.lstrip().split("\n", 1)[0]
     m = re.search(r"\bnum_partitions=(\d+)", header)
-    return {"mhlo.num_partitions": int(m.group(1))} if m else {}
+    config = {"mhlo.num_partitions": int(m.group(1))} if m else {}
+    if SPMD_ENTRY.search(text):
+        config[SPMD_PARTITIONED_ATTR] = 1
+    return config
 
 
 def _keep_hlo_config(m, config: dict[str, int]) -> None:
@@ -367,7 +382,7 @@ class _Converter:
 
     def op(self, o) -> Op:
         operands = [self.values[x] for x in o.operands]
-        attrs = {n: decode_attr(o.attributes[n]) for n in o.attributes}
+        attrs = {n: _attribute(o, n) for n in o.attributes}
         regions = [Region(self.block(r.blocks[0])) for r in o.regions if len(r.blocks)]
         new = Op(o.name, operands, [], attrs, regions, convert_location(o.location, self.name))
         for i, r in enumerate(o.results):
@@ -375,6 +390,18 @@ class _Converter:
             self.values[r] = v
             new.results.append(v)
         return new
+
+
+def _attribute(o, name: str):
+    try:
+        return decode_attr(o.attributes[name])
+    except TypeError as e:  # the bindings cannot hand out some attributes (complex constants)
+        if "complex" in str(e):
+            raise Unsupported(
+                f"{o.name}: a complex-valued {name} (complex numbers are not in the op table)",
+                op=o.name,
+            ) from None
+        raise
 
 
 def _sym_name(op) -> str:
@@ -627,6 +654,8 @@ def _dense_to_numpy(a) -> np.ndarray:
 
     t = ir.ShapedType(a.type)
     et = str(t.element_type)
+    if et.startswith("complex"):
+        raise Unsupported(f"a constant of {et} (complex numbers are not in the op table)")
     dt = _small_float_dtype(et) if et != "f16" else None
     if dt is not None:
         # the bindings cannot hand these buffers to numpy: read the printed form, each

@@ -14,7 +14,9 @@ import glob
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import BadInput
 
@@ -36,6 +38,11 @@ class Partitioned:
     num_replicas: int
     arg_shardings: list[str]  # HloSharding strings, one per @main argument
     out_shardings: list[str]  # one per result
+    compile_seconds: float = 0.0  # XLA's compile_and_load (partitioning and the CPU backend)
+    executable: Any = None  # XLA's loaded executable (runs the partitioned program)
+    # the same program as StableHLO from XLA's proto dump: XLA's spmd module attributes
+    # (mhlo.spmd_parameters_shardings / spmd_output_sharding), no mhlo.num_partitions
+    per_device_stablehlo: str | None = None
 
 
 def num_partitions_of(text: str) -> int:
@@ -43,8 +50,35 @@ def num_partitions_of(text: str) -> int:
     return int(m.group(1)) if m else 1
 
 
-def partition(text: str, num_partitions: int | None = None) -> Partitioned:
-    """Partition an annotated StableHLO module with XLA; return the per-device program."""
+def hlo_to_stablehlo_text(hlo_text: str, num_partitions: int, num_replicas: int = 1) -> str:
+    """An HLO module (text, e.g. with `sharding=` annotations) as StableHLO text XLA will
+    partition for `num_partitions` devices (jaxlib's conversion keeps the shardings as
+    `mhlo.sharding` but not the partition count, which is added)."""
+    from jaxlib.mlir import ir
+
+    from .importer import hlo_text_to_stablehlo_bytecode, mlir_context
+
+    data = hlo_text_to_stablehlo_bytecode(hlo_text, "HLO module")
+    with mlir_context():
+        m = ir.Module.parse(data)
+        i32 = ir.IntegerType.get_signless(32)
+        m.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(i32, num_partitions)
+        m.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(i32, num_replicas)
+        return m.operation.get_asm(enable_debug_info=True)
+
+
+def partition(
+    text: str,
+    num_partitions: int | None = None,
+    propagate: bool = True,
+    as_stablehlo: bool = False,
+) -> Partitioned:
+    """Partition an annotated StableHLO module with XLA; return the per-device program.
+
+    `propagate=False` disables XLA's sharding propagation (`xla_disable_hlo_passes`), as
+    XLA's partitioner unit tests run: an instruction without a sharding is replicated.
+    `as_stablehlo` also gives the program as StableHLO converted from XLA's proto dump.
+    """
     import jax
     import numpy as np
     from jax._src import compiler
@@ -68,19 +102,53 @@ def partition(text: str, num_partitions: int | None = None) -> Partitioned:
                 "xla_dump_hlo_pass_re": "spmd-partitioning",
                 # without it XLA prints constants of more than a few elements as `{...}`
                 "xla_dump_large_constants": True,
+                **({} if propagate else {"xla_disable_hlo_passes": "sharding-propagation"}),
+                **(
+                    {"xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
+                    if as_stablehlo
+                    else {}
+                ),
             },
         )
         if "sdy." not in text:
             opts.executable_build_options.use_shardy_partitioner = False
+        t0 = time.perf_counter()
         try:
             exe = devs[0].client.compile_and_load(text, xc.DeviceList(tuple(devs)), opts)
         except Exception as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise BadInput(f"XLA could not partition the module: {first}") from None
-        files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*")))
+        seconds = time.perf_counter() - t0
+        files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
         if not files:
             raise BadInput("XLA ran no SPMD partitioning on this module (no shardings?)")
         hlo = open(files[0]).read()
+        stablehlo = None
+        if as_stablehlo:
+            with open(files[0].removesuffix(".txt") + ".hlo.pb", "rb") as f:
+                stablehlo = _stablehlo_of_hlo_proto_dump(f.read())
     args = [str(xc.HloSharding.from_proto(s)) for s in exe.get_parameter_shardings()]
     outs = [str(xc.HloSharding.from_proto(s)) for s in exe.get_output_shardings()]
-    return Partitioned(hlo, n, 1, args, outs)
+    return Partitioned(hlo, n, 1, args, outs, seconds, exe, stablehlo)
+
+
+def _stablehlo_of_hlo_proto_dump(data: bytes) -> str:
+    """StableHLO text of XLA's `.hlo.pb` dump (an HloProto whose field 1 is the
+    HloModuleProto that jaxlib's converter takes)."""
+    from jax._src.lib import _jax
+    from jaxlib.mlir import ir
+
+    from .importer import mlir_context
+
+    if not data or data[0] != 0x0A:  # field 1, length-delimited
+        raise BadInput("XLA's HLO proto dump is not an HloProto")
+    size, shift, i = 0, 0, 1
+    while True:
+        byte = data[i]
+        size |= (byte & 0x7F) << shift
+        shift, i = shift + 7, i + 1
+        if byte < 0x80:
+            break
+    bytecode = _jax.mlir.hlo_to_stablehlo(data[i : i + size])
+    with mlir_context():
+        return ir.Module.parse(bytecode).operation.get_asm(enable_debug_info=True)

@@ -42,7 +42,13 @@ from .ir import Block, Function, Module, Op, TensorType
 from .layout import Layout
 from .limits import check_time
 from .mesh_coords import mesh_coords
-from .ops.control import MAX_TRIP_COUNT
+from .ops.control import (
+    MAX_TRIP_COUNT,
+    known_truth,
+    refuse_collective_branches,
+    select_case,
+    select_results,
+)
 from .ops.registry import COLLECTIVES, GLOBAL_VIEW
 from .process_grid import ProcessGrid
 
@@ -204,13 +210,37 @@ class SpmdInterpreter:
         raise Unsupported(f"{op.name}: loop did not terminate within {MAX_TRIP_COUNT} iterations")
 
     def _case(self, op: Op, operands: PerDevice) -> PerDevice:
-        i = self._agreed(op, "the branch index", [self.alg.index(o[0]) for o in operands])
         n = len(op.regions)
-        return self._region(op, i if 0 <= i < n else n - 1, [[] for _ in self.procs])
+        known = [self.alg.known_index(o[0]) for o in operands]
+        if all(i is not None for i in known):
+            i = self._agreed(op, "the branch index", known)
+            return self._region(op, i if 0 <= i < n else n - 1, [[] for _ in self.procs])
+        self._every_branch_may_run(op, operands, "the branch index")
+        results = [self._region(op, k, [[] for _ in self.procs]) for k in range(n)]
+        return [
+            select_case(self.alg, o[0], [r[d] for r in results]) for d, o in enumerate(operands)
+        ]
 
     def _if(self, op: Op, operands: PerDevice) -> PerDevice:
-        pred = self._agreed(op, "the predicate", [self.alg.truth(o[0]) for o in operands])
-        return self._region(op, 0 if pred else 1, [[] for _ in self.procs])
+        known = [known_truth(self.alg, o[0]) for o in operands]
+        if all(p is not None for p in known):
+            pred = self._agreed(op, "the predicate", known)
+            return self._region(op, 0 if pred else 1, [[] for _ in self.procs])
+        self._every_branch_may_run(op, operands, "the predicate")
+        on_true = self._region(op, 0, [[] for _ in self.procs])
+        on_false = self._region(op, 1, [[] for _ in self.procs])
+        return [
+            select_results(self.alg, o[0], on_true[d], on_false[d]) for d, o in enumerate(operands)
+        ]
+
+    def _every_branch_may_run(self, op: Op, operands: PerDevice, what: str) -> None:
+        """A decision that depends on the inputs runs every branch in lockstep and each
+        device picks its results: the same as running the chosen branch when every device
+        decides on the same term, or when no branch talks to other devices."""
+        first = np.asarray(operands[0][0]).reshape(())
+        if all(np.asarray(o[0]).reshape(()).item() == first.item() for o in operands):
+            return
+        refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc)
 
     def _call(self, op: Op, operands: PerDevice) -> PerDevice:
         """func.call (callee) and composite (its decomposition) run the function in lockstep."""

@@ -1321,7 +1321,7 @@ def _factor(touched: tuple, mapping, memo) -> Poly:
 
 def _subst_atom(a: Atom, mapping, memo) -> Poly:
     if a.id in mapping:
-        return mapping[a.id]
+        return lift(mapping[a.id])  # a cut-point's expression may be a plain number
     hit = memo.get(("a", a.id))
     if hit is not None:
         return hit

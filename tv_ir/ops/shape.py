@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from .registry import op
@@ -79,19 +81,70 @@ def slice_(ctx, x):
     return x[tuple(slice(s, e, k) for s, e, k in zip(starts, limits, strides, strict=True))]
 
 
+# at most this many start combinations are enumerated for offsets that depend on the inputs
+MAX_START_CASES = 4096
+
+
 @op("stablehlo.dynamic_slice")
 def dynamic_slice(ctx, x, *indices):
     sizes = ctx.attr("slice_sizes")
-    starts = start_indices(ctx, x.shape, sizes, indices)
-    return x[tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))]
+
+    def at(starts):
+        return x[tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))]
+
+    return _by_start_cases(ctx, x.shape, sizes, indices, at)
 
 
 @op("stablehlo.dynamic_update_slice")
 def dynamic_update_slice(ctx, x, update, *indices):
-    starts = start_indices(ctx, x.shape, update.shape, indices)
-    out = _common(x, update).copy()
-    out[tuple(slice(s, s + n) for s, n in zip(starts, update.shape, strict=True))] = update
-    return out
+    def at(starts):
+        out = _common(x, update).copy()
+        out[tuple(slice(s, s + n) for s, n in zip(starts, update.shape, strict=True))] = update
+        return out
+
+    return _by_start_cases(ctx, x.shape, update.shape, indices, at)
+
+
+def _by_start_cases(ctx, operand_shape, sizes, index_arrays, at):
+    """`at(starts)` at the clamped starts; an offset that depends on the inputs is read by
+    cases: a `select` over every start it can clamp to (the first and last take every index
+    below and above the range)."""
+    known = [ctx.alg.known_index(i) for i in index_arrays]
+    if all(k is not None for k in known):
+        return at(start_indices(ctx, operand_shape, sizes, index_arrays))
+    ranges = []
+    for d, k in enumerate(known):
+        top = operand_shape[d] - sizes[d]
+        ranges.append([min(max(k, 0), top)] if k is not None else list(range(top + 1)))
+    cases = list(itertools.product(*ranges))
+    if len(cases) > MAX_START_CASES:
+        raise ctx.unsupported(
+            f"an offset that depends on the inputs can take {len(cases)} start combinations "
+            f"(more than {MAX_START_CASES})"
+        )
+    result = None
+    for starts in reversed(cases):
+        value = np.asarray(at(list(starts)))
+        if result is None:
+            result = value
+            continue
+        cond = None
+        for d, (k, idx) in enumerate(zip(known, index_arrays, strict=True)):
+            if k is not None:
+                continue
+            top = operand_shape[d] - sizes[d]
+            idx = np.asarray(idx)
+            bound = np.asarray(starts[d], dtype=idx.dtype)
+            if starts[d] == 0:
+                c = ctx.alg.compare("LE", idx, bound)
+            elif starts[d] == top:
+                c = ctx.alg.compare("GE", idx, bound)
+            else:
+                c = ctx.alg.compare("EQ", idx, bound)
+            cond = c if cond is None else ctx.alg.logical_and(cond, c)
+        pred = np.broadcast_to(np.asarray(cond, dtype=object), value.shape)
+        result = np.asarray(ctx.alg.select(pred, value, result))
+    return result
 
 
 def _common(*arrays):

@@ -129,7 +129,7 @@ class Placement:
         main = impl.main
         args = [a.get("mhlo.sharding") for a in main.arg_attrs]
         if not any(args):
-            if _has_manual_computation(impl):
+            if has_manual_computation(impl):
                 return cls.replicated(spec, _mesh_devices(impl))
             return cls.single_device(spec)
         n = int(impl.attrs.get("mhlo.num_partitions", 0)) or _devices_in(args)
@@ -263,7 +263,7 @@ def _devices_in(shardings: list) -> int:
     return n
 
 
-def _has_manual_computation(module: Module) -> bool:
+def has_manual_computation(module: Module) -> bool:
     def walk(block) -> bool:
         for op in block.ops:
             if op.name == "sdy.manual_computation" or (

@@ -1,0 +1,295 @@
+"""XLA's SPMD partitioner unit tests, partitioned by jaxlib's XLA on CPU and verified by tv.
+
+    python bench/xla_spmd.py [--jobs 2] [--json] [--only NAME ...] [--time-limit S]
+
+For every module of ../shared/corpus/xla_spmd (or TV_XLA_SPMD_CORPUS; read in place): XLA
+partitions it on CPU as its unit test does (sharding propagation off, `num_devices`
+partitions; the tests' partitioner options are not exposed by XLA:CPU and are recorded,
+not applied), and tv checks the per-device program dumped right after `spmd-partitioning`
+(HLO text) against the module (`tv check BEFORE AFTER`). Each refutation is replayed on XLA
+itself (the partitioned executable on its devices vs the unpartitioned module on one
+device). One fresh process per module, `--jobs` at a time; a table of outcomes by reason
+beside XLA's compile time and tv's time, or one JSON object per module with `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+TIME_LIMIT = 120.0  # seconds for tv per module
+MEMORY_LIMIT = 2000.0  # MB for tv per module
+RSS_LIMIT = 2800.0  # MB resident per child process (XLA and tv), then it is killed
+OUTCOMES = ("proved", "refuted", "unknown", "bad_input", "error", "not_partitionable")
+
+
+def worker(name: str, time_limit: float, memory_limit: float) -> dict:
+    """Child process: partition one module, check it, replay a refutation on XLA."""
+    from xla_spmd_corpus import cases, partition_case, replay_on_xla, xla_layouts
+
+    from tv_ir.errors import BadInput, TvError
+
+    case = next(c for c in cases() if c.name == name)
+    out = {"name": name, "devices": case.num_devices, "options": case.test_options}
+    print(json.dumps({"phase": "partition"}), flush=True)  # a crash in XLA ends here
+    try:
+        before, parted = partition_case(case)
+    except Exception as e:  # XLA (or jaxlib's HLO conversion) refused the module
+        reason = _one_line(str(e).removeprefix("XLA could not partition the module: "))
+        if case.expects_partitioner_error:
+            return out | {"outcome": "not_partitionable", "reason": "error expected by the test"}
+        return out | {"outcome": "not_partitionable", "reason": reason}
+    out["xla_seconds"] = round(parted.compile_seconds, 3)
+    from tv_ir.pipeline import check
+
+    print(json.dumps({"phase": "check"}), flush=True)
+    t0 = time.perf_counter()
+    try:
+        report = check(
+            case.path,
+            parted.per_device_hlo,
+            time_limit=time_limit,
+            memory_limit=memory_limit,
+            layouts=xla_layouts(parted),
+        )
+    except BadInput as e:
+        return out | _tv_time(t0) | {"outcome": "bad_input", "reason": _one_line(e)}
+    except TvError as e:
+        return out | _tv_time(t0) | {"outcome": "unknown", "reason": _one_line(e)}
+    except Exception as e:  # a bug in tv
+        return out | _tv_time(t0) | {"outcome": "error", "reason": f"{type(e).__name__}: {e}"}
+    out |= _tv_time(t0)
+    if report.verdict == "equivalent":
+        return out | {"outcome": "proved"}
+    if report.verdict == "unknown":
+        return out | {"outcome": "unknown", "reason": _one_line(report.reason)}
+    cex = report.counterexample
+    out |= {"outcome": "refuted", "reason": _refutation(report)}
+    try:
+        replay = replay_on_xla(before, parted, list(cex.inputs.values()))
+        out["xla_confirms"] = replay["differs"]
+    except Exception as e:
+        out["xla_confirms"] = None
+        out["replay_error"] = _one_line(e)
+    return out
+
+
+def _tv_time(t0: float) -> dict:
+    return {"tv_seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _refutation(report) -> str:
+    c = report.counterexample
+    where = report.location.impl if report.location else None
+    at = f" at {where.op}" if where is not None else ""
+    return (
+        f"output {c.output} {list(c.index)} on device {c.device}: "
+        f"expected {c.expected}, got {c.actual}{at}"
+    )
+
+
+def _one_line(e, limit: int = 300) -> str:
+    msg = " ".join(str(e).split())
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def run_child(name: str, devices: int, a) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={max(devices, 1)}"
+    ).strip()
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    cmd = [sys.executable, __file__, "--worker", name]
+    cmd += ["--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
+    t0 = time.perf_counter()
+    p, killed = _run_watched(cmd, env, a.time_limit + 90, a.rss_limit)
+    if killed:
+        return {"name": name, "outcome": "unknown", "reason": killed}
+    lines = p.stdout.strip().splitlines()
+    try:
+        last = json.loads(lines[-1])
+    except (ValueError, IndexError):
+        last = {}
+    if "outcome" in last:
+        return last
+    if last.get("phase") == "partition" and p.returncode < 0:
+        reason = f"XLA crashed (signal {-p.returncode})"
+        return {"name": name, "outcome": "not_partitionable", "reason": reason}
+    tail = " ".join(p.stderr.strip().splitlines()[-2:])
+    return {
+        "name": name,
+        "outcome": "error",
+        "reason": f"child exited {p.returncode} while {last.get('phase', '?')}: {tail[-300:]}",
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def _run_watched(cmd, env, timeout: float, rss_mb: float):
+    """Run `cmd`, killing it past `timeout` seconds or `rss_mb` MB resident (tv's own
+    memory limit is polled between steps; XLA and a single large step are not)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        t0, killed = time.monotonic(), None
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if time.monotonic() - t0 > timeout:
+                killed = f"bench wall-clock limit ({timeout:.0f} s)"
+            elif _rss_mb(proc.pid) > rss_mb:
+                killed = f"bench memory limit ({rss_mb:.0f} MB resident)"
+            if killed:
+                proc.kill()
+                proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()), killed
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+# what a reason says, most specific first (one line each in the table)
+REASON_CLASSES = [
+    (r"time limit", "time limit (large tensors tv cannot shrink, sorts, windows)"),
+    (r"memory limit", "memory limit (large tensors tv cannot shrink)"),
+    (r"after_all|infeed|outfeed|stablehlo\.rng|custom_call @(?!SPMD)", "opaque op: {op}"),
+    (r"manual\b.*at the boundary|\{manual\}|SPMDFullToShardShape", "manual sharding (boundary)"),
+    (r"depends on the inputs", "input-dependent index or branch with collectives"),
+    (r"needs SPMD execution", "collective in the pre-partition module"),
+    (r"not encodable in SMT", "not encodable in SMT (infinities)"),
+    (r"z3: timeout", "solver timeout"),
+    (r"more than tv handles in one tensor", "a tensor over 2^31 elements"),
+    (r"has no layout", "a result without a layout"),
+    (r"not commutative|not associative", "order-dependent reduction (non-commutative body)"),
+    (r"XLA crashed", "XLA crashed on CPU"),
+    (r"No registered implementation for untyped custom call", "custom call unknown to XLA:CPU"),
+    (r"RET_CHECK|INTERNAL|UNIMPLEMENTED|INVALID_ARGUMENT", "XLA:CPU rejects it"),
+    (r"error expected by the test", "the test expects a partitioner error"),
+]
+OPAQUE = "opaque op"
+
+
+def reason_class(r: dict) -> str:
+    """The kind of reason, for the table."""
+    reason = r.get("reason", "")
+    if r["outcome"] == "refuted":
+        confirmed = r.get("xla_confirms")
+        return {True: "confirmed by XLA", False: "NOT confirmed by XLA"}.get(
+            confirmed, "replay failed"
+        )
+    for pattern, label in REASON_CLASSES:
+        m = re.search(pattern, reason)
+        if m:
+            op = re.search(r"(after_all|infeed|outfeed|rng|custom_call @\w+)", reason)
+            return label.format(op=op.group(1) if op else "?")
+    return re.sub(r"\d+", "N", reason)[:110]
+
+
+def table(results: list[dict]) -> str:
+    by = defaultdict(list)
+    for r in results:
+        by[r["outcome"]].append(r)
+    lines = [f"{len(results)} modules"]
+    lines.append(f"{'outcome':<18} {'count':>5} {'xla s (sum)':>11} {'tv s (sum)':>10}")
+    for outcome in OUTCOMES:
+        rs = by.get(outcome, [])
+        if not rs:
+            continue
+        xla = sum(r.get("xla_seconds", 0) for r in rs)
+        tv = sum(r.get("tv_seconds", 0) for r in rs)
+        lines.append(f"{outcome:<18} {len(rs):>5} {xla:>11.1f} {tv:>10.1f}")
+        if outcome != "proved":
+            for reason, k in Counter(reason_class(r) for r in rs).most_common():
+                lines.append(f"    {k:>4}  {reason}")
+    partitioned = [r for r in results if r["outcome"] != "not_partitionable"]
+    excluded = [
+        r
+        for r in partitioned
+        if reason_class(r).startswith(OPAQUE)
+        or (r["outcome"] == "refuted" and r.get("xla_confirms"))
+    ]
+    proved = [r for r in results if r["outcome"] == "proved"]
+    target = len(partitioned) - len(excluded)
+    lines.append(
+        f"proved {len(proved)} of {target} partitionable modules with a meaning to verify "
+        f"({100 * len(proved) / max(target, 1):.0f}%; {len(excluded)} opaque or miscompiled "
+        "set apart)"
+    )
+    if proved:
+        tvs = sorted(r["tv_seconds"] for r in proved)
+        lines.append(
+            f"proved: tv median {tvs[len(tvs) // 2]:.2f} s, max {tvs[-1]:.1f} s; "
+            f"XLA compile median {sorted(r['xla_seconds'] for r in proved)[len(tvs) // 2]:.3f} s"
+        )
+    refuted = [r for r in results if r["outcome"] == "refuted"]
+    for r in refuted:
+        lines.append(f"refuted {r['name']}: {r['reason']} (XLA confirms: {r.get('xla_confirms')})")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=2, help="modules checked at once (default 2)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per module")
+    ap.add_argument("--only", nargs="*", help="these modules only")
+    ap.add_argument("--time-limit", type=float, default=TIME_LIMIT, help="tv seconds per module")
+    ap.add_argument("--memory-limit", type=float, default=MEMORY_LIMIT, help="tv MB per module")
+    ap.add_argument(
+        "--rss-limit", type=float, default=RSS_LIMIT, help="MB resident per child, then killed"
+    )
+    ap.add_argument("--out", help="also append each module's JSON object to this file")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker, a.time_limit, a.memory_limit)), flush=True)
+        return
+    from xla_spmd_corpus import CORPUS, cases
+
+    todo = [c for c in cases() if not a.only or c.name in a.only]
+    if not todo:
+        sys.exit(f"no corpus modules at {CORPUS} (set TV_XLA_SPMD_CORPUS)")
+    results = []
+    out = open(a.out, "a") if a.out else None
+
+    def one(case):
+        if not case.num_devices:
+            return {"name": case.name, "outcome": "not_partitionable", "reason": "no device count"}
+        return run_child(case.name, case.num_devices, a)
+
+    with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
+        for future in as_completed([pool.submit(one, c) for c in todo]):
+            r = future.result()
+            results.append(r)
+            line = json.dumps(r)
+            if out:
+                out.write(line + "\n")
+                out.flush()
+            if a.json:
+                print(line, flush=True)
+            else:
+                print(f"{r['name']}: {r['outcome']} {r.get('reason', '')}"[:200], file=sys.stderr)
+    if not a.json:
+        print(table(results))
+
+
+if __name__ == "__main__":
+    main()

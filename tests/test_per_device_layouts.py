@@ -1,0 +1,214 @@
+"""Per-device programs as XLA emits them: where their layouts and device count come from.
+
+The module's own `mhlo.sharding`s and XLA's `mhlo.spmd_parameters_shardings` /
+`mhlo.spmd_output_sharding` (no `mhlo.num_partitions`: jaxlib's conversion drops it), the
+pre-partition module given as spec (`tv check BEFORE AFTER`), or the caller's
+`--num-partitions` / `--in-shardings` / `--out-shardings`; nothing guessed
+(`tv_ir.boundary_layouts`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import tv_ir
+from tv_ir.errors import BadInput
+
+SPEC = """
+func.func @main(%x: tensor<4x2xf32>) -> tensor<4x2xf32> {
+  %0 = stablehlo.add %x, %x : tensor<4x2xf32>
+  return %0 : tensor<4x2xf32>
+}
+"""
+
+
+def per_device(attrs: str, body: str, results: str, args: str = "%x: tensor<2x2xf32>") -> str:
+    return f"""
+module @m attributes {{{attrs}}} {{
+  func.func @main({args}) -> ({results}) {{
+{body}
+  }}
+}}
+"""
+
+
+TILED = '"{devices=[2,1]0,1}"'
+DOUBLE = """    %0 = stablehlo.add %x, %x : tensor<2x2xf32>
+    return %0 : tensor<2x2xf32>"""
+
+
+def test_spmd_module_attributes_give_the_layouts_and_device_count() -> None:
+    impl = per_device(
+        f"mhlo.spmd_parameters_shardings = [{TILED}], mhlo.spmd_output_sharding = {TILED}",
+        DOUBLE,
+        "tensor<2x2xf32>",
+    )
+    r = tv_ir.check(SPEC, impl)
+    assert r.verdict == "equivalent", r.reason
+
+
+def test_a_wrong_spmd_output_sharding_is_refuted() -> None:
+    impl = per_device(
+        f"mhlo.spmd_parameters_shardings = [{TILED}], "
+        'mhlo.spmd_output_sharding = "{devices=[2,1]1,0}"',
+        DOUBLE,
+        "tensor<2x2xf32>",
+    )
+    r = tv_ir.check(SPEC, impl)
+    assert r.verdict == "not_equivalent"
+
+
+def test_tuple_output_sharding_gives_each_result_its_layout() -> None:
+    spec = """
+func.func @main(%x: tensor<4x2xf32>) -> (tensor<4x2xf32>, tensor<4x2xf32>) {
+  %0 = stablehlo.add %x, %x : tensor<4x2xf32>
+  return %0, %x : tensor<4x2xf32>, tensor<4x2xf32>
+}
+"""
+    body = """    %0 = stablehlo.add %x, %x : tensor<2x2xf32>
+    %g = "stablehlo.all_gather"(%x) {all_gather_dim = 0 : i64,
+      replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>,
+      channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>,
+      use_global_device_ids} : (tensor<2x2xf32>) -> tensor<4x2xf32>
+    return %0, %g : tensor<2x2xf32>, tensor<4x2xf32>"""
+    impl = per_device(
+        f"mhlo.spmd_parameters_shardings = [{TILED}], "
+        'mhlo.spmd_output_sharding = "{{devices=[2,1]0,1}, {replicated}}"',
+        body,
+        "tensor<2x2xf32>, tensor<4x2xf32>",
+    )
+    r = tv_ir.check(spec, impl)
+    assert r.verdict == "equivalent", r.reason
+
+
+def test_device_count_from_the_collectives_groups() -> None:
+    body = """    %0 = "stablehlo.all_reduce"(%x) ({
+      ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+        %s = stablehlo.add %a, %b : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+      }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>,
+          channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>,
+          use_global_device_ids} : (tensor<4x2xf32>) -> tensor<4x2xf32>
+    return %0 : tensor<4x2xf32>"""
+    impl = per_device(
+        'mhlo.spmd_parameters_shardings = ["{replicated}"], '
+        'mhlo.spmd_output_sharding = "{replicated}"',
+        body,
+        "tensor<4x2xf32>",
+        args="%x: tensor<4x2xf32>",
+    )
+    r = tv_ir.check(SPEC, impl)
+    assert r.verdict == "equivalent", r.reason
+
+
+PARTITION_ID_BODY = """    %p = stablehlo.partition_id : tensor<ui32>
+    %c5 = stablehlo.constant dense<5> : tensor<ui32>
+    %is5 = stablehlo.compare EQ, %p, %c5 : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
+    %0 = stablehlo.add %x, %x : tensor<4x2xf32>
+    %1 = stablehlo.multiply %x, %x : tensor<4x2xf32>
+    %2 = stablehlo.select %is5, %1, %0 : tensor<i1>, tensor<4x2xf32>
+    return %2 : tensor<4x2xf32>"""
+
+
+def _replicated_partition_id_program(tmp_path):
+    impl = per_device(
+        'mhlo.spmd_parameters_shardings = ["{replicated}"], '
+        'mhlo.spmd_output_sharding = "{replicated}"',
+        PARTITION_ID_BODY,
+        "tensor<4x2xf32>",
+        args="%x: tensor<4x2xf32>",
+    )
+    (tmp_path / "spec.mlir").write_text(SPEC)
+    (tmp_path / "impl.mlir").write_text(impl)
+    return impl
+
+
+def test_partition_id_without_a_device_count_is_bad_input(tmp_path) -> None:
+    impl = _replicated_partition_id_program(tmp_path)
+    with pytest.raises(BadInput, match="--num-partitions"):
+        tv_ir.check(SPEC, impl)
+    r = _tv(tmp_path, "check", "spec.mlir", "impl.mlir")
+    assert r.returncode == 3 and "--num-partitions" in r.stderr, r.stderr
+    r = _tv(tmp_path, "check", "spec.mlir", "impl.mlir", "--num-partitions", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# XLA's dump after spmd-partitioning: parameters keep their shardings, the root does not
+BEFORE_HLO = """HloModule m
+
+ENTRY entry {
+  x = f32[4,2] parameter(0), sharding={devices=[2,1]0,1}
+  ROOT y = f32[4,2] add(x, x), sharding={replicated}
+}
+"""
+AFTER_HLO = """HloModule m, num_partitions=2
+
+ENTRY main {
+  x = f32[2,2] parameter(0), sharding={devices=[2,1]0,1}
+  y = f32[2,2] add(x, x)
+  ROOT g = f32[4,2] all-gather(y), channel_id=1, replica_groups={{0,1}}, dimensions={0},
+    use_global_device_ids=true
+}
+"""
+
+
+def test_before_after_hlo_result_layout_from_the_pre_partition_module(tmp_path) -> None:
+    r = tv_ir.check(BEFORE_HLO, AFTER_HLO)
+    assert r.verdict == "equivalent", r.reason
+    wrong = BEFORE_HLO.replace("sharding={replicated}", "sharding={devices=[2,1]0,1}")
+    with pytest.raises(BadInput, match="holds"):  # its layout would hold [2, 2]
+        tv_ir.check(wrong, AFTER_HLO)
+
+
+def test_missing_result_layout_names_it_and_explicit_shardings_supply_it(tmp_path) -> None:
+    (tmp_path / "spec.mlir").write_text(SPEC)
+    (tmp_path / "after.hlo").write_text(AFTER_HLO)
+    r = _tv(tmp_path, "check", "spec.mlir", "after.hlo")
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "result 0" in r.stderr and "--out-shardings" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    outs = json.dumps(["{replicated}"])
+    r = _tv(tmp_path, "check", "spec.mlir", "after.hlo", "--out-shardings", outs)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _tv(tmp_path, "check", "spec.mlir", "after.hlo", "--out-shardings", "[1]")
+    assert r.returncode == 3 and "--out-shardings" in r.stderr
+
+
+def _tv(cwd, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tv_ir.cli", *args], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def test_xla_spmd_output_is_not_partitioned_again() -> None:
+    """Global shapes, replicated shardings, no collectives: only the `_spmd` entry name that
+    XLA's partitioner gives says this HLO is already per-device."""
+    before = """HloModule m
+
+ENTRY entry {
+  x = f32[4] parameter(0), sharding={replicated}
+  ROOT y = f32[4] add(x, x), sharding={replicated}
+}
+"""
+    after = """HloModule m, num_partitions=2
+
+ENTRY main_spmd {
+  x = f32[4] parameter(0), sharding={replicated}
+  ROOT y = f32[4] add(x, x)
+}
+"""
+    r = tv_ir.check(before, after)
+    assert r.verdict == "equivalent", r.reason
+    assert "partitioning of" not in r.impl_name
+
+
+def test_hlo_text_without_a_module_header_is_read() -> None:
+    """XLA's tests write some modules as their entry computation alone."""
+    headless = BEFORE_HLO.split("\n", 2)[2]
+    assert headless.lstrip().startswith("ENTRY")
+    r = tv_ir.check(headless, AFTER_HLO)
+    assert r.verdict == "equivalent", r.reason
