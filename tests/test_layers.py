@@ -36,6 +36,8 @@ LAYERS = {
     "tv_ir.report": 4,
     "tv_ir.report_text": 4,  # result types the prover returns, and their rendering
     "tv_ir.prover": 4,
+    "tv_ir.reduction_order": 4,  # reads a reduction's body with the concrete evaluator
+    "tv_ir.boundary_layouts": 5,  # where a per-device program's values live
     "tv_ir.pipeline": 6,
     "tv_ir.cli": 7,
     "tv_ir": 7,

@@ -44,7 +44,6 @@ def says_per_device(spec: Module, impl: Module, given: GivenLayouts | None) -> b
     shardings or SPMD attributes of its own, the caller gave layouts, or it shows it is
     per-device (`per_device_evidence`). A partition count alone does not say it: a module in
     the global view (shardings only inside, on a nested jit) has one too."""
-    from .pipeline import per_device_evidence
     from .prover.placement import has_manual_computation
 
     main = impl.main
@@ -250,3 +249,41 @@ def _given(strings, count: int, flag: str, what: str) -> list[str | None]:
 
 def _first(sources) -> str | None:
     return next((s for s in sources if s), None)
+
+
+# what only a partitioned (per-device) program holds; a pre-partition module has the
+# program's global view, device-independent (collectives appear there only inside shard_map
+# bodies, which are recognised apart)
+PER_DEVICE_ATTRS = ("mhlo.spmd_output_sharding", "mhlo.spmd_parameters_shardings")
+GSPMD_MANUAL = ("SPMDFullToShardShape", "SPMDShardToFullShape")
+
+
+def per_device_evidence(spec: Module, impl: Module) -> str | None:
+    """Why `impl` must be a per-device program rather than a module to partition (None when
+    nothing says so): results of other shapes than the spec's (a pre-partition module keeps
+    global shapes), XLA's SPMD module attributes or `_spmd` entry name, or device-dependent ops
+    (`partition_id`, `replica_id`, collectives) outside shard_map bodies."""
+    from .importer import SPMD_PARTITIONED_ATTR
+    from .ops.registry import COLLECTIVES, PROCESS_OPS
+
+    if impl.main.result_types != spec.main.result_types:
+        return "its results have per-device shapes"
+    if impl.attrs.get(SPMD_PARTITIONED_ATTR):
+        return "it is XLA's SPMD partitioner output (an entry computation named *_spmd)"
+    for key in PER_DEVICE_ATTRS:
+        if key in impl.attrs:
+            return f"it has {key}"
+    found, manual = None, False
+    stack = [fn.body for fn in impl.functions.values()]
+    while stack:
+        block = stack.pop()
+        for op in block.ops:
+            if op.name == "sdy.manual_computation" or (
+                op.name == "stablehlo.custom_call"
+                and op.attrs.get("call_target_name") in GSPMD_MANUAL
+            ):
+                manual = True
+            elif found is None and (op.name in PROCESS_OPS or op.name in COLLECTIVES):
+                found = op.name
+            stack.extend(r.block for r in op.regions)
+    return None if manual or found is None else f"it uses {found}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from .boundary_layouts import per_device_evidence
 from .errors import BadInput, Unsupported
 from .importer import load
 from .ir import Module
@@ -288,44 +289,6 @@ def _pre_partition(spec: Module, impl: Module) -> bool:
     if not any(("sdy.sharding" in a or "mhlo.sharding" in a) for a in impl.main.arg_attrs):
         return False
     return per_device_evidence(spec, impl) is None
-
-
-# what only a partitioned (per-device) program holds; a pre-partition module has the
-# program's global view, device-independent (collectives appear there only inside shard_map
-# bodies, which are recognised apart)
-PER_DEVICE_ATTRS = ("mhlo.spmd_output_sharding", "mhlo.spmd_parameters_shardings")
-GSPMD_MANUAL = ("SPMDFullToShardShape", "SPMDShardToFullShape")
-
-
-def per_device_evidence(spec: Module, impl: Module) -> str | None:
-    """Why `impl` must be a per-device program rather than a module to partition (None when
-    nothing says so): results of other shapes than the spec's (a pre-partition module keeps
-    global shapes), XLA's SPMD module attributes or `_spmd` entry name, or device-dependent ops
-    (`partition_id`, `replica_id`, collectives) outside shard_map bodies."""
-    from .importer import SPMD_PARTITIONED_ATTR
-    from .ops.registry import COLLECTIVES, PROCESS_OPS
-
-    if impl.main.result_types != spec.main.result_types:
-        return "its results have per-device shapes"
-    if impl.attrs.get(SPMD_PARTITIONED_ATTR):
-        return "it is XLA's SPMD partitioner output (an entry computation named *_spmd)"
-    for key in PER_DEVICE_ATTRS:
-        if key in impl.attrs:
-            return f"it has {key}"
-    found, manual = None, False
-    stack = [fn.body for fn in impl.functions.values()]
-    while stack:
-        block = stack.pop()
-        for op in block.ops:
-            if op.name == "sdy.manual_computation" or (
-                op.name == "stablehlo.custom_call"
-                and op.attrs.get("call_target_name") in GSPMD_MANUAL
-            ):
-                manual = True
-            elif found is None and (op.name in PROCESS_OPS or op.name in COLLECTIVES):
-                found = op.name
-            stack.extend(r.block for r in op.regions)
-    return None if manual or found is None else f"it uses {found}"
 
 
 def _name_mesh(per_device: Module, meshes) -> None:

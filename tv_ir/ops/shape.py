@@ -130,9 +130,9 @@ def _by_start_cases(ctx, operand_shape, sizes, index_arrays, at):
             continue
         cond = None
         for d, (k, idx) in enumerate(zip(known, index_arrays, strict=True)):
-            if k is not None:
-                continue
             top = operand_shape[d] - sizes[d]
+            if k is not None or top == 0:
+                continue  # a known start, or one every index clamps to
             idx = np.asarray(idx)
             bound = np.asarray(starts[d], dtype=idx.dtype)
             if starts[d] == 0:
