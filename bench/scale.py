@@ -39,6 +39,8 @@ for p in (ROOT, BENCH):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+from tv_ir.limits import rss_mb as process_rss_mb  # noqa: E402
+
 TRAINVERIFY_32_LAYERS_S = 61.5  # issue #10: TrainVerify, 32-layer configuration, this machine kind
 
 # the MLP of issue #10: batch / d / ffn
@@ -235,17 +237,6 @@ def numerics() -> int:
     return bad
 
 
-def rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def killed_in(stderr: str) -> str:
     """The innermost tv frame of the stacks a killed child dumped (faulthandler)."""
     for m in re.finditer(r'File "([^"]+)", line (\d+) in (\S+)', stderr):
@@ -270,7 +261,7 @@ def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[di
             elapsed = time.monotonic() - t0
             if elapsed > timeout:
                 killed.append(f"timeout ({timeout:.0f} s)")
-            elif memory is not None and rss_mb(p.pid) > memory:
+            elif memory is not None and process_rss_mb(p.pid) > memory:
                 killed.append(f"{memory:.0f} MB at {elapsed:.0f} s")
             if killed:
                 p.send_signal(signal.SIGUSR1)  # the verifying child dumps its stacks

@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from tv_ir.limits import rss_mb as process_rss_mb  # noqa: E402
+
 TIME_LIMIT = 120.0  # seconds for tv per module
 MEMORY_LIMIT = 2000.0  # MB for tv per module
 RSS_LIMIT = 2800.0  # MB resident per child process (XLA and tv), then it is killed
@@ -146,7 +148,7 @@ def _run_watched(cmd, env, timeout: float, rss_mb: float):
             time.sleep(0.2)
             if time.monotonic() - t0 > timeout:
                 killed = f"bench wall-clock limit ({timeout:.0f} s)"
-            elif _rss_mb(proc.pid) > rss_mb:
+            elif process_rss_mb(proc.pid) > rss_mb:
                 killed = f"bench memory limit ({rss_mb:.0f} MB resident)"
             if killed:
                 proc.kill()
@@ -154,17 +156,6 @@ def _run_watched(cmd, env, timeout: float, rss_mb: float):
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()), killed
-
-
-def _rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 # what a reason says, most specific first (one line each in the table)

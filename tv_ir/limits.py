@@ -185,8 +185,15 @@ def memory_limit() -> float | None:
     return _memory_mb.get()
 
 
-def rss_mb() -> float:
-    """The process's resident memory now, in MB (its peak where /proc is not available)."""
+def rss_mb(pid: int | None = None) -> float:
+    """A process's resident memory now, in MB (this one's by default; for this one, its
+    peak where /proc is not available; for another, 0.0 once it is gone)."""
+    if pid is not None:
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                return int(f.read().split()[1]) * _PAGE_SIZE / 2**20
+        except (OSError, ValueError, IndexError):
+            return 0.0
     try:
         with open("/proc/self/statm") as f:
             pages = int(f.read().split()[1])
