@@ -39,6 +39,8 @@ LAYERS = {
     "tv_ir.reduction_order": 4,  # reads a reduction's body with the concrete evaluator
     "tv_ir.boundary_layouts": 5,  # where a per-device program's values live
     "tv_ir.pipeline": 6,
+    "tv_ir.suite": 7,  # many pairs: workers, the result cache, JUnit
+    "tv_ir.pytest_plugin": 7,
     "tv_ir.cli": 7,
     "tv_ir": 7,
     "tv_ir.frontends": 8,

@@ -1,4 +1,5 @@
-"""The `tv` command: `tv check SPEC IMPL`, `tv partition [--shardy P] MODULE`, `tv demo`.
+"""The `tv` command: `tv check SPEC IMPL`, `tv check SUITE`, `tv partition [--shardy P] MODULE`,
+`tv demo`.
 
 Exit codes: 0 equivalent, 1 not equivalent, 2 unknown or unsupported (never 0 without a
 proof), 3 bad input (one line on stderr, no traceback), 4 internal error (a bug in tv).
@@ -48,8 +49,13 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    c.add_argument("spec", help="specification: .mlir (StableHLO text), .mlirbc or .hlo (HLO text)")
-    c.add_argument("impl", help="implementation, in any of the same forms")
+    c.add_argument(
+        "spec",
+        help="specification: .mlir (StableHLO text), .mlirbc or .hlo (HLO text); alone, a "
+        "suite: a directory of NAME.spec.mlir / NAME.impl.mlir pairs or a .json/.jsonl "
+        "manifest (docs/regression.md)",
+    )
+    c.add_argument("impl", nargs="?", help="implementation, in any of the same forms")
     c.add_argument(
         "--num-partitions",
         type=int,
@@ -64,6 +70,21 @@ def _parser() -> argparse.ArgumentParser:
             "where neither IMPL nor a pre-partition SPEC says (null: no sharding given)",
         )
     _common(c)
+    s = c.add_argument_group("suites (tv check SUITE)")
+    s.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="pairs checked at once, each in its own process (default: all cores)",
+    )
+    s.add_argument("--junit", metavar="FILE", help="write JUnit XML for CI")
+    s.add_argument("--jsonl", metavar="FILE", help="write one JSON object per pair")
+    s.add_argument(
+        "--cache",
+        metavar="DIR",
+        help="where results are kept by content hash (default: ~/.cache/tv/suite)",
+    )
+    s.add_argument("--no-cache", action="store_true", help="check every pair again")
     pt = sub.add_parser(
         "partition",
         help="partition an annotated module (XLA's SPMD partitioner, or Shardy's passes) and "
@@ -194,6 +215,58 @@ def _run_check(spec, impl, args) -> int:
     return _print(report, args, progress)
 
 
+SUITE_TIME_LIMIT = 300.0  # seconds per pair when a suite runs without --time-limit
+
+
+def _run_suite(args) -> int:
+    import time
+
+    from . import suite
+
+    if args.num_partitions or args.in_shardings or args.out_shardings:
+        raise BadInput("in a suite, give num_partitions and shardings per pair, in the manifest")
+    if args.workers is not None and args.workers < 1:
+        raise BadInput(f"--workers must be at least 1, got {args.workers}")
+    pairs = suite.read_suite(args.spec)
+    options = suite.SuiteOptions(
+        timeout=args.timeout,
+        time_limit=args.time_limit if args.time_limit is not None else SUITE_TIME_LIMIT,
+        memory_limit=args.memory_limit,
+        seed=args.seed,
+        reduce_shapes=not args.no_reduce,
+    )
+    cache = None if args.no_cache else suite.ResultCache(args.cache or suite.default_cache_dir())
+
+    def show(result) -> None:
+        if not args.json:
+            print(suite.result_line(result), flush=True)
+
+    t0 = time.perf_counter()
+    results = suite.run_suite(pairs, options, args.workers, cache, show)
+    if args.jsonl:
+        suite.write_jsonl(results, args.jsonl)
+    if args.junit:
+        suite.write_junit(results, args.junit)
+    if args.json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "verdict": r.verdict,
+                        "passed": r.passed,
+                        "detail": r.detail,
+                        "cached": r.cached,
+                    }
+                    for r in results
+                ]
+            )
+        )
+    else:
+        print(suite.summary(results, time.perf_counter() - t0))
+    return suite.exit_code(results)
+
+
 def _run_partition(args) -> int:
     from .pipeline import partition_and_check, shardy_partition_and_check
 
@@ -261,6 +334,10 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command == "partition":
             return _run_partition(args)
+        if args.impl is None:
+            return _run_suite(args)
+        if args.workers or args.junit or args.jsonl or args.cache or args.no_cache:
+            raise BadInput("--workers, --junit, --jsonl and --cache are for suites: tv check SUITE")
         return _run_check(args.spec, args.impl, args)
     except BadInput as e:
         print(f"tv: error: {_one_line(e)}", file=sys.stderr)
