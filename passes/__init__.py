@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from tv_ir.ir import Module
 
-from . import cse, expand_batch_norm, inline_calls
+from . import cse, expand_batch_norm, inline_calls, inline_fusions
 
-PASSES = {p.name: p for p in (inline_calls, expand_batch_norm, cse)}
-DEFAULT_PIPELINE = ("inline-calls", "expand-batch-norm", "cse")
+PASSES = {p.name: p for p in (inline_fusions, inline_calls, expand_batch_norm, cse)}
+DEFAULT_PIPELINE = ("inline-fusions", "inline-calls", "expand-batch-norm", "cse")
 
 
 def run_pipeline(module: Module, names=DEFAULT_PIPELINE) -> Module:

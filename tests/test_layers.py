@@ -41,6 +41,8 @@ LAYERS = {
     "tv_ir.pipeline": 6,
     "tv_ir.suite": 7,  # many pairs: workers, the result cache, JUnit
     "tv_ir.pytest_plugin": 7,
+    "tv_ir.xla_dumps": 1,  # reading XLA's per-pass dump directories
+    "tv_ir.pass_validation": 6,  # tv passes: each snapshot against a proved one
     "tv_ir.cli": 7,
     "tv_ir": 7,
     "tv_ir.frontends": 8,

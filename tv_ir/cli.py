@@ -1,5 +1,5 @@
 """The `tv` command: `tv check SPEC IMPL`, `tv check SUITE`, `tv partition [--shardy P] MODULE`,
-`tv demo`.
+`tv passes DUMP_DIR|MODULE`, `tv demo`.
 
 Exit codes: 0 equivalent, 1 not equivalent, 2 unknown or unsupported (never 0 without a
 proof), 3 bad input (one line on stderr, no traceback), 4 internal error (a bug in tv).
@@ -113,6 +113,43 @@ def _parser() -> argparse.ArgumentParser:
         "global meaning)",
     )
     _common(pt)
+    ps = sub.add_parser(
+        "passes",
+        help="prove each pass of an XLA compilation preserves the program's meaning and name "
+        "the first that does not (XLA's per-pass dumps, or a module tv compiles)",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ps.add_argument(
+        "source",
+        help="a directory of XLA dumps (--xla_dump_to=DIR --xla_dump_hlo_pass_re=.*), or a "
+        "module (.mlir with shardings, or .hlo) that tv compiles with XLA for CPU, dumping "
+        "every pass",
+    )
+    ps.add_argument("--module", metavar="NAME", help="which module of a dump directory")
+    ps.add_argument(
+        "--num-partitions",
+        type=int,
+        metavar="N",
+        help="devices to compile a module for (default: its mhlo.num_partitions)",
+    )
+    ps.add_argument(
+        "--out-shardings",
+        metavar="JSON",
+        help="the results' mhlo.sharding strings after partitioning, when neither the dumps "
+        "nor XLA say (default: {replicated} for a result of the global shape)",
+    )
+    ps.add_argument(
+        "--keep-going", action="store_true", help="check every pass, past the first refuted"
+    )
+    ps.add_argument("--dump-to", metavar="DIR", help="with a module: keep XLA's dumps in DIR")
+    ps.add_argument(
+        "--no-propagation",
+        action="store_true",
+        help="with a module: no sharding propagation, as XLA's partitioner unit tests run "
+        "(an instruction without a sharding is replicated)",
+    )
+    _common(ps)
     d = sub.add_parser("demo", help="check the bundled transformer-block examples")
     _common(d)
     return p
@@ -304,6 +341,67 @@ def _run_partition(args) -> int:
     return _print(report, args, progress)
 
 
+def _run_passes(args) -> int:
+    import tempfile
+
+    from . import pass_validation
+
+    out_shardings = _given_layouts(args).out_shardings if args.out_shardings else None
+    options = dict(
+        timeout=args.timeout,
+        time_limit=args.time_limit,
+        memory_limit=args.memory_limit,
+        seed=args.seed,
+        reduce_shapes=not args.no_reduce,
+    )
+
+    def show(step) -> None:
+        if not args.json:
+            print(pass_validation.step_line(step), flush=True)
+
+    source = args.source
+    with tempfile.TemporaryDirectory() as scratch:
+        if not os.path.isdir(source):
+            if args.module:
+                raise BadInput("--module picks a module of a dump directory, not of a file")
+            out_shardings = out_shardings or _compile_with_dumps(args, args.dump_to or scratch)
+            source = args.dump_to or scratch
+        elif args.num_partitions or args.dump_to or args.no_propagation:
+            raise BadInput(
+                "--num-partitions, --dump-to and --no-propagation are for a module, not a dump "
+                "directory"
+            )
+        result = pass_validation.validate_passes(
+            source, args.module, args.keep_going, out_shardings, show, **options
+        )
+    if args.json:
+        print(json.dumps(pass_validation.to_json(result), default=str))
+    else:
+        print(pass_validation.render(result))
+    return result.exit_code
+
+
+def _compile_with_dumps(args, dump_dir: str) -> list[str] | None:
+    """Compile the module with XLA for CPU, dumping every pass into `dump_dir`; the output
+    shardings XLA chose (None for a module without shardings)."""
+    from .importer import HLO_TEXT_STARTS, read_source
+    from .partitioner import hlo_to_stablehlo_text, num_partitions_of, partition
+
+    data, name = read_source(args.source)
+    if isinstance(data, bytes):
+        raise BadInput(f"{name}: tv passes takes StableHLO or HLO text")
+    n = args.num_partitions
+    if data.lstrip().startswith(HLO_TEXT_STARTS):
+        data = hlo_to_stablehlo_text(data, n or 1)
+    if n is not None and n < 1:
+        raise BadInput(f"--num-partitions must be at least 1, got {n}")
+    os.makedirs(dump_dir, exist_ok=True)
+    parted = partition(
+        data, n or num_partitions_of(data), not args.no_propagation, pass_dumps=dump_dir
+    )
+    return parted.out_shardings if parted.num_partitions > 1 else None
+
+
 def _demo(args) -> int:
     examples = resources.files("tv_ir") / "examples"
     spec = examples / "block_spec.mlir"
@@ -334,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command == "partition":
             return _run_partition(args)
+        if args.command == "passes":
+            return _run_passes(args)
         if args.impl is None:
             return _run_suite(args)
         if args.workers or args.junit or args.jsonl or args.cache or args.no_cache:

@@ -68,12 +68,7 @@ def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
     """Return (contents, display name) for a path, or pass text/bytes through."""
     if isinstance(source, (bytes, bytearray)):
         return bytes(source), "<bytes>"
-    if isinstance(source, os.PathLike) or (
-        isinstance(source, str)
-        and "\n" not in source
-        and len(source) < 4096
-        and not source.lstrip().startswith(("module", "func.func", *HLO_TEXT_STARTS))
-    ):
+    if isinstance(source, os.PathLike) or (isinstance(source, str) and _names_a_file(source)):
         path = Path(source)
         if not path.exists():
             raise BadInput(f"{path}: no such file")
@@ -93,6 +88,19 @@ def read_source(source: str | bytes | os.PathLike) -> tuple[str | bytes, str]:
 
 # HLO text: a module header, or (as XLA's tests write them) the entry computation first
 HLO_TEXT_STARTS = ("HloModule", "ENTRY")
+
+
+def _names_a_file(source: str) -> bool:
+    """A one-line string is a path when such a file exists (XLA's dumps are named
+    `module_0000.jit_f....txt`) or when it does not start like program text."""
+    if "\n" in source or len(source) >= 4096:
+        return False
+    try:
+        if Path(source).exists():
+            return True
+    except (OSError, ValueError):
+        return False
+    return not source.lstrip().startswith(("module", "func.func", *HLO_TEXT_STARTS))
 
 
 def parse_mlir(source: str | bytes | os.PathLike):

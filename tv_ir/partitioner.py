@@ -72,12 +72,16 @@ def partition(
     num_partitions: int | None = None,
     propagate: bool = True,
     as_stablehlo: bool = False,
+    pass_dumps: str | None = None,
 ) -> Partitioned:
     """Partition an annotated StableHLO module with XLA; return the per-device program.
 
     `propagate=False` disables XLA's sharding propagation (`xla_disable_hlo_passes`), as
     XLA's partitioner unit tests run: an instruction without a sharding is replicated.
     `as_stablehlo` also gives the program as StableHLO converted from XLA's proto dump.
+    `pass_dumps` is a directory where XLA dumps the module after every pass that changes it
+    (`xla_dump_hlo_pass_re=.*`, what `tv passes` validates); a module without shardings
+    is then compiled too, and `per_device_hlo` is empty.
     """
     import jax
     import numpy as np
@@ -92,14 +96,15 @@ def partition(
             f"(set XLA_FLAGS=--xla_force_host_platform_device_count={n})"
         )
     devs = devs[:n]
-    with tempfile.TemporaryDirectory() as dump:
+    with tempfile.TemporaryDirectory() as scratch:
+        dump = pass_dumps or scratch
         opts = compiler.get_compile_options(
             num_replicas=1,
             num_partitions=n,
             device_assignment=np.array(devs).reshape(1, n),
             env_options_overrides={
                 "xla_dump_to": dump,
-                "xla_dump_hlo_pass_re": "spmd-partitioning",
+                "xla_dump_hlo_pass_re": ".*" if pass_dumps else "spmd-partitioning",
                 # without it XLA prints constants of more than a few elements as `{...}`
                 "xla_dump_large_constants": True,
                 **({} if propagate else {"xla_disable_hlo_passes": "sharding-propagation"}),
@@ -120,9 +125,9 @@ def partition(
             raise BadInput(f"XLA could not partition the module: {first}") from None
         seconds = time.perf_counter() - t0
         files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
-        if not files:
+        if not files and not pass_dumps:
             raise BadInput("XLA ran no SPMD partitioning on this module (no shardings?)")
-        hlo = open(files[0]).read()
+        hlo = open(files[0]).read() if files else ""
         stablehlo = None
         if as_stablehlo:
             with open(files[0].removesuffix(".txt") + ".hlo.pb", "rb") as f:
