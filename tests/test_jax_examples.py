@@ -65,31 +65,21 @@ def test_script_prints_the_report():
 
 
 # AdamW's bias corrections divide by 1 - b1**t and 1 - b2**t, both zero at step count -1
-# (an int32 input); where they are zero both programs are non-finite, but through two
-# different conditions that the normal forms cannot relate (pow is opaque), so the guards
-# on 1 / (sqrt(nu_hat) + eps) stay open. This step was proved only while denominators were
-# assumed non-zero (issue 9); bounded here by a time limit until conditions on integer
-# inputs (count >= 0 after optax's safe increment) or pow's zeros are reasoned about.
-ADAMW_OPEN = pytest.mark.xfail(
-    strict=True, reason="bias-correction guards: unknown since denominators are not assumed"
-)
-
-
-@ADAMW_OPEN
+# (an int32 input): `1 - b**t == 0` is `t == 0` for a constant base b > 0, b != 1, so the
+# two guards are one condition (terms._power_equals); they were unrelated opaque atoms.
 def test_adamw_fsdp_tp_on_2x4_proved():
     import llama_adamw_fsdp_tp as ex
 
-    report = ex.verify_example(time_limit=60)
+    report = ex.verify_example(time_limit=300)
     assert report.verdict == "equivalent", report.reason
     assert "8 devices" in report.impl_name
 
 
 # attention heads over "model": XLA reshards them with all_to_all over mesh-axes groups
-@ADAMW_OPEN
 def test_adamw_fsdp_tp_attention_heads_proved():
     import llama_adamw_fsdp_tp as ex
 
-    report = ex.verify_example(attention_tp=True, time_limit=60)
+    report = ex.verify_example(attention_tp=True, time_limit=300)
     assert report.verdict == "equivalent", str(report)
 
 

@@ -187,3 +187,73 @@ def test_a_cut_point_keeps_a_one_fact_condition() -> None:
     # isfinite(x / x) is not folded to true (the soundness fuzzer found this)
     r = _verdict(lambda x, y: x + 0 * y, lambda x, y: jnp.where(jnp.isfinite(x / x), x, y), V, V)
     assert r.verdict == "not_equivalent", r.reason
+
+
+# -- AdamW's bias corrections: 1 - b**t is zero exactly where t is ------------------------
+B1, B2 = 0.9, 0.95
+
+
+def _adamw(second_moment_base):
+    def step(p, g, m, v, count):
+        t = (count + 1).astype(jnp.float32)
+        c1, c2 = 1 - B1**t, 1 - second_moment_base**t
+        m = B1 * m + (1 - B1) * g
+        v = B2 * v + (1 - B2) * g * g
+        return p - 3e-4 * ((m / c1) / (jnp.sqrt(v / c2) + 1e-8) + 0.1 * p)
+
+    return step
+
+
+def _sharded_adamw(second_moment_base):
+    import jax
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d",))
+    update = _adamw(second_moment_base)
+
+    def body(p, x, m, v, count):
+        return update(p, jax.lax.psum(x.sum(0), "d"), m, v, count)
+
+    rep = P()
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(rep, P("d"), rep, rep, rep), out_specs=rep, check_vma=False
+    )
+
+
+def test_adamw_bias_corrections_are_one_condition() -> None:
+    """At step count -1 both corrections are zero and both programs non-finite; as opaque
+    `pow` atoms the two conditions were unrelated and the step was never proved."""
+    import jax
+
+    def spec(p, x, m, v, count):
+        return _adamw(B2)(p, x.sum(0), m, v, count)
+
+    f32 = jax.ShapeDtypeStruct((4,), jnp.float32)
+    args = (
+        f32,
+        jax.ShapeDtypeStruct((6, 4), jnp.float32),
+        f32,
+        f32,
+        jax.ShapeDtypeStruct((), jnp.int32),
+    )
+    assert verify(_sharded_adamw(B2), *args, spec=spec).verdict == "equivalent"
+    wrong = verify(_sharded_adamw(B1), *args, spec=spec)  # beta1 in the second correction
+    assert wrong.verdict == "not_equivalent" and wrong.counterexample is not None
+
+
+def test_power_of_a_constant_base_equals_one_only_at_exponent_zero() -> None:
+    from tv_ir import terms as T
+
+    t = T.symbol("t")
+    pow_t = T.power(T.const(0.9), t)
+    one_minus = T.sub(T.ONE, pow_t)
+    assert T.compare("EQ", one_minus, T.ZERO) is T.compare("EQ", t, T.ZERO)
+    assert T.compare("EQ", T.add(pow_t, T.ONE), T.ZERO) is T.FALSE  # b**t > 0
+    # 1 - 2 * b**t == 0 holds at t = log_b(1/2): not simplified
+    half = T.sub(T.ONE, T.mul(T.const(2), pow_t))
+    assert T.compare("EQ", half, T.ZERO) is not T.compare("EQ", t, T.ZERO)
+    # a base of 1, or a negative one, says nothing
+    assert T.compare("EQ", T.sub(T.ONE, T.power(T.const(1), t)), T.ZERO) is not T.compare(
+        "EQ", t, T.ZERO
+    )

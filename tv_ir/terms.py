@@ -927,6 +927,10 @@ def _cmp(rel: str, d: Poly) -> Bool:
     if d.is_const():
         v = d.const_value()
         return bconst(v > 0 if rel == ">" else v >= 0 if rel == ">=" else v == 0)
+    if rel == "==":
+        known = _power_equals(d)
+        if known is not None:
+            return known
     s = sign(d)  # facts that hold wherever d is defined (exp > 0, squares >= 0, ...)
     if s:
         if rel == "==" and abs(s) == 2:
@@ -939,6 +943,29 @@ def _cmp(rel: str, d: Poly) -> Bool:
     if rel == "==" and leading(u)[1] < 0:
         u = neg(u)
     return Bool("cmp", (rel, u))
+
+
+def _power_equals(d: Poly) -> Bool | None:
+    """`a + b * c**e == 0` for a constant base c > 0, c != 1: c**e is positive, and it is 1
+    exactly where e is 0. So AdamW's bias correction `1 - b1**t` is zero where `t == 0`, the
+    same condition as `1 - b2**t`'s (as opaque atoms the two were unrelated)."""
+    if len(d.terms) > 2 or d.dom is not TRUE:
+        return None
+    a = d.terms.get((), 0)
+    rest = [(m, c) for m, c in d.terms.items() if m]
+    if len(rest) != 1 or len(rest[0][0]) != 1 or rest[0][0][0][1] != 1:
+        return None
+    (aid, _), b = rest[0][0][0], rest[0][1]
+    atom = ATOM_BY_ID[aid]
+    if atom.kind != "pow" or not atom.args[0].is_const():
+        return None
+    base, exponent = atom.args[0].const_value(), atom.args[1]
+    if base <= 0 or base == 1 or exponent.dom is not TRUE:
+        return None
+    target = Fraction(-a) / Fraction(b)
+    if target <= 0:
+        return FALSE
+    return _cmp("==", exponent) if target == 1 else None
 
 
 # -- simplification under a term's own condition ----------------------------------------
@@ -1088,6 +1115,9 @@ def _atom_sign(aid: int) -> int:
             s = 1
         elif name in ("tanh", "erf", "sign"):
             s = max(-1, min(1, sign(args[1])))
+    elif k == "pow":  # a positive constant base: positive everywhere (where defined)
+        base = args[0]
+        s = 2 if base.is_const() and base.const_value() > 0 else 0
     elif k == "inv":
         t = sign(args[0])
         s = 2 if t > 0 else -2 if t < 0 else 0
