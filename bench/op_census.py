@@ -49,9 +49,6 @@ UNSUPPORTED_WHY = {
     "async_start": "asynchronous ops: not modelled (XLA introduces them after partitioning)",
     "async_done": "asynchronous ops: not modelled (XLA introduces them after partitioning)",
     "collective_reduce": "newer than jaxlib 0.10.2's StableHLO",
-    "complex": "complex numbers: not modelled",
-    "imag": "complex numbers: not modelled",
-    "fft": "complex numbers: not modelled",
     "dynamic_conv": "XLA cannot translate it to HLO: no reference to check it against",
     "infeed": "host I/O: values from outside the program",
     "outfeed": "host I/O: side effects",
@@ -75,7 +72,13 @@ SUPPORTED_NOTE = {
     "dynamic_gather": "slice sizes known",
     "rng_bit_generator": "XLA's generators bit for bit; a known state, unsigned results",
     "bitcast_convert": "values that do not depend on the inputs",
-    "real": "real operands",
+    "real": "complex operands inside a program (see complex)",
+    "complex": "complex values as pairs of real terms, never cut-points; complex arguments "
+    "and outputs are unknown; ops on complex values: element-wise add/subtract/multiply/divide/"
+    "negate/select/convert, data movement, real/imag/fft",
+    "imag": "see complex",
+    "fft": "FFT/IFFT/RFFT/IRFFT as the DFT sum (n^2 products per transformed dimension); "
+    "coefficients in float64, exact where rational (0, +-1/2, +-1)",
     "sort": "input-dependent keys by a sorting network",
     "while": "unrolled when the trip count is known",
     "if": "predicate known, or both branches as a select",

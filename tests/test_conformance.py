@@ -1626,3 +1626,111 @@ def triangular_solve(draw: Draw) -> Case:
         f"    return %0 : {tb}"
     )
     return Case(module([a, b], [tb], body), [a, b])
+
+
+# ==============================================================================================
+# Complex numbers
+# ==============================================================================================
+
+CT = {"f32": "complex<f32>", "f64": "complex<f64>"}
+
+
+def _complex_arg(shp: tuple, et: str, name: str, a: str, b: str) -> str:
+    """`%name = complex(%a, %b)` of two real arguments."""
+    return f"    %{name} = stablehlo.complex %{a}, %{b} : {ttype(shp, CT[et])}\n"
+
+
+def _parts(value: str, shp: tuple, et: str) -> tuple[str, list[str]]:
+    """real and imag of a complex value, returned: results as reals (tests compare reals)."""
+    t, c = ttype(shp, et), ttype(shp, CT[et])
+    text = (
+        f"    %re = stablehlo.real %{value} : ({c}) -> {t}\n"
+        f"    %im = stablehlo.imag %{value} : ({c}) -> {t}\n"
+        f"    return %re, %im : {t}, {t}"
+    )
+    return text, [t, t]
+
+
+@record("stablehlo.complex", "stablehlo.real", "stablehlo.imag", examples=20)
+def complex_arithmetic(draw: Draw) -> Case:
+    # complex operands through the element-wise ops that know them, a complex constant,
+    # and converts between complex widths and from reals
+    et = draw(st.sampled_from(["f32", "f64"]))
+    shp = shape(draw, hi=3)
+    args = [values(draw, shp, et, special=False) for _ in range(4)]
+    t, c = ttype(shp, et), ttype(shp, CT[et])
+    body = _complex_arg(shp, et, "x", "a0", "a1") + _complex_arg(shp, et, "y", "a2", "a3")
+    name = draw(st.sampled_from(["add", "subtract", "multiply", "divide", "negate", "select"]))
+    if name == "negate":
+        body += f"    %z = stablehlo.negate %x : {c}\n"
+    elif name == "select":
+        body += f"    %p = stablehlo.compare GT, %a0, %a2 : ({t}, {t}) -> {ttype(shp, 'i1')}\n"
+        body += f"    %z = stablehlo.select %p, %x, %y : {ttype(shp, 'i1')}, {c}\n"
+    else:
+        body += f"    %z = stablehlo.{name} %x, %y : {c}\n"
+    re, im = (float(v) for v in rng(draw).uniform(-2, 2, 2))
+    body += f"    %k = stablehlo.constant dense<({re!r}, {im!r})> : {c}\n"
+    body += f"    %w = stablehlo.add %z, %k : {c}\n"
+    if draw(st.booleans()):  # to the other width and back, and a real number as complex
+        other = "f64" if et == "f32" else "f32"
+        body += f"    %v = stablehlo.convert %w : ({c}) -> {ttype(shp, CT[other])}\n"
+        body += f"    %u = stablehlo.convert %v : ({ttype(shp, CT[other])}) -> {c}\n"
+        body += f"    %r = stablehlo.convert %a3 : ({t}) -> {c}\n"
+        body += f"    %s = stablehlo.multiply %u, %r : {c}\n"
+    else:
+        body += f"    %s = stablehlo.add %w, %w : {c}\n"
+    text, results = _parts("s", shp, et)
+    return Case(module(args, results, body + text), args)
+
+
+@record("stablehlo.imag", name="imag_of_real")
+def imag_of_real(draw: Draw) -> Case:
+    # the imaginary part of a real number: zero
+    x = values(draw, shape(draw), draw(st.sampled_from(["f32", "f64"])), special=False)
+    return Case(one_op("stablehlo.imag", [x], ttype(x.shape, et_of(x))), [x])
+
+
+@record("stablehlo.fft", examples=40, rtol=1e-4, atol=1e-4)
+def fft(draw: Draw) -> Case:
+    # FFT / IFFT / RFFT / IRFFT over 1 to 3 trailing dimensions of lengths 1 to 8
+    et = draw(st.sampled_from(["f32", "f32", "f64"]))
+    kind = draw(st.sampled_from(["FFT", "IFFT", "RFFT", "IRFFT"]))
+    lengths = [draw(st.integers(1, 8)) for _ in range(draw(st.integers(1, 3)))]
+    batch = list(shape(draw, max_rank=1, hi=3))
+    full = tuple(batch + lengths)
+    half = tuple(batch + lengths[:-1] + [lengths[-1] // 2 + 1])
+    in_shape, out_shape = {
+        "FFT": (full, full),
+        "IFFT": (full, full),
+        "RFFT": (full, half),
+        "IRFFT": (half, full),
+    }[kind]
+    attrs = f"fft_type = #stablehlo<fft_type {kind}>, fft_length = {arr(lengths)}"
+    if kind == "RFFT":
+        args = [values(draw, in_shape, et, special=False)]
+        body = ""
+        src, in_t = "a0", ttype(in_shape, et)
+    else:
+        args = [values(draw, in_shape, et, special=False) for _ in range(2)]
+        body = _complex_arg(in_shape, et, "x", "a0", "a1")
+        src, in_t = "x", ttype(in_shape, CT[et])
+    out_t = ttype(out_shape, et if kind == "IRFFT" else CT[et])
+    body += f'    %f = "stablehlo.fft"(%{src}) {{{attrs}}} : ({in_t}) -> {out_t}\n'
+    if kind == "IRFFT":
+        return Case(module(args, [out_t], body + f"    return %f : {out_t}"), args)
+    text, results = _parts("f", out_shape, et)
+    return Case(module(args, results, body + text), args)
+
+
+@record("stablehlo.fft", name="fft_jax", examples=10, rtol=1e-4, atol=1e-4)
+def fft_jax(draw: Draw) -> Case:
+    # jnp.fft as users write it: a spectral product (a circular convolution), normalised
+    shp = (draw(st.integers(1, 2)), draw(st.integers(1, 6)))
+    x, k = values(draw, shp, "f32", special=False), values(draw, shp, "f32", special=False)
+
+    def conv(x, k):
+        y = jnp.fft.irfft(jnp.fft.rfft(x) * jnp.fft.rfft(k), n=x.shape[-1])
+        z = jnp.fft.ifft2(jnp.fft.fft2(x) * (1 + jnp.abs(k)))
+        return y, z.real, z.imag
+
+    return Case(lower(conv, x, k), [x, k])

@@ -396,12 +396,47 @@ def _attribute(o, name: str):
     try:
         return decode_attr(o.attributes[name])
     except TypeError as e:  # the bindings cannot hand out some attributes (complex constants)
+        if "complex" in str(e) and o.name == "stablehlo.constant" and name == "value":
+            return _complex_constant(o)
         if "complex" in str(e):
             raise Unsupported(
                 f"{o.name}: a complex-valued {name} (complex numbers are not in the op table)",
                 op=o.name,
             ) from None
         raise
+
+
+_COMPLEX_PAIR = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")
+
+
+def _complex_constant(o) -> np.ndarray:
+    """A complex constant's value, read from its printed form (the bindings cannot hand the
+    attribute out): `dense<(re, im)>` (splat), `dense<[(re, im), ...]>` or the hex blob of
+    interleaved parts; as complex128, each part rounded to the element type."""
+    from jaxlib.mlir import ir
+
+    t = ir.RankedTensorType(o.results[0].type)
+    shape, et = tuple(t.shape), str(t.element_type)
+    part = {"complex<f32>": np.dtype(np.float32), "complex<f64>": np.dtype(np.float64)}.get(et)
+    if part is None:
+        raise Unsupported(f"a constant of {et}", op=o.name)
+    text = o.get_asm(large_elements_limit=None)
+    body = text[text.index("dense<") + len("dense<") : text.rindex(">", 0, text.rindex(":"))]
+    body = body.strip()
+    n = int(np.prod(shape, dtype=np.int64))
+    if body.startswith('"0x'):
+        parts = np.frombuffer(bytes.fromhex(body.strip('"')[2:]), dtype=part)
+    else:
+        pairs = _COMPLEX_PAIR.findall(body)
+        parts = np.array([_element(x, part) for p in pairs for x in p], dtype=part)
+    parts = parts.astype(np.float64)
+    values = parts[0::2] + 0j
+    values.imag = parts[1::2]
+    if values.size == 1 and n != 1:
+        return np.broadcast_to(values.reshape(()), shape)
+    if values.size != n:
+        raise BadInput(f"complex constant {body[:80]}: read {values.size} elements, expected {n}")
+    return values.reshape(shape)
 
 
 def _sym_name(op) -> str:

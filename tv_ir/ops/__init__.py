@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401
     collectives,
+    complex_numbers,
     control,
     dynamic,
     elementwise,
