@@ -55,8 +55,6 @@ UNSUPPORTED_WHY = {
     "recv": "host / cross-program communication",
     "send": "host / cross-program communication",
     "rng": "deprecated in the spec; its distributions are implementation-defined",
-    "uniform_quantize": "quantized types: not modelled",
-    "uniform_dequantize": "quantized types: not modelled",
 }
 
 # what a supported spec op is limited to (a reader's first question)
@@ -77,6 +75,11 @@ SUPPORTED_NOTE = {
     "and outputs are unknown; ops on complex values: element-wise add/subtract/multiply/divide/"
     "negate/select/convert, data movement, real/imag/fft",
     "imag": "see complex",
+    "uniform_quantize": "per-tensor and per-axis `!quant.uniform` types, held as storage "
+    "integers; input-dependent floats are unknown (rounding); other ops on quantized types "
+    "are refused; reference: XLA running the spec's `quantize` (it cannot translate the op)",
+    "uniform_dequantize": "as uniform_quantize; proved symbolically: (q - zero_point) * "
+    "scale; reference: XLA running the spec's `dequantize`",
     "fft": "FFT/IFFT/RFFT/IRFFT as the DFT sum (n^2 products per transformed dimension); "
     "coefficients in float64, exact where rational (0, +-1/2, +-1)",
     "sort": "input-dependent keys by a sorting network",

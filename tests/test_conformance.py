@@ -66,10 +66,15 @@ BOOL = ["i1"]
 
 @dataclass(frozen=True)
 class Case:
-    """One program and its inputs (numpy arrays of the program's argument types)."""
+    """One program and its inputs (numpy arrays of the program's argument types).
+
+    `xla_text`, for ops XLA:CPU cannot translate (quantized types), is the same computation
+    written with the spec's definition in ops XLA runs: the reference the op is checked
+    against."""
 
     text: str
     args: list[np.ndarray]
+    xla_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -199,7 +204,7 @@ def check(rec: Record, case: Case) -> None:
     present = {op.name for f in mod.functions.values() for op in walk(f.body)}
     missing = rec.ops - present
     assert not missing, f"record {rec.name} claims {sorted(missing)}, absent from:\n{case.text}"
-    expected = run_xla(case.text, case.args)
+    expected = run_xla(case.xla_text or case.text, case.args)
     got = evaluate(mod, [_widen(a) for a in case.args])
     context = f"\n--- program ---\n{case.text}--- inputs ---\n" + "\n".join(
         f"a{i} = {a!r}" for i, a in enumerate(case.args)
@@ -1734,3 +1739,155 @@ def fft_jax(draw: Draw) -> Case:
         return y, z.real, z.imag
 
     return Case(lower(conv, x, k), [x, k])
+
+
+# ==============================================================================================
+# Quantized types: XLA:CPU cannot translate uniform_quantize / uniform_dequantize, so the
+# reference is XLA running the spec's `quantize` / `dequantize` written in plain ops
+# ==============================================================================================
+
+
+def _quant_type(storage: str, lo: int, hi: int, axis, scales, zps) -> str:
+    bits = storage.lstrip("ui")
+    full = (-(2 ** (int(bits) - 1)), 2 ** (int(bits) - 1) - 1) if storage[0] == "i" else None
+    full = full or (0, 2 ** int(bits) - 1)
+    st = storage if (lo, hi) == full else f"{storage}<{lo}:{hi}>"
+    pairs = [f"{float(s)!r}:{int(z)}" for s, z in zip(scales, zps, strict=True)]
+    if axis is None:
+        return f"!quant.uniform<{st}:f32, {pairs[0]}>"
+    return f"!quant.uniform<{st}:f32:{axis}, {{{', '.join(pairs)}}}>"
+
+
+def _draw_quantization(draw: Draw, shp: tuple) -> dict:
+    storage = draw(st.sampled_from(["i8", "ui8", "i16"]))
+    bits = int(storage.lstrip("ui"))
+    lo, hi = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if storage[0] == "i" else (0, 2**bits - 1)
+    if draw(st.booleans()):  # a narrow storage range
+        lo, hi = lo + draw(st.integers(0, 3)), hi - draw(st.integers(0, 3))
+    axis = draw(st.sampled_from([None] + list(range(len(shp)))))
+    n = 1 if axis is None else shp[axis]
+    r = rng(draw)
+    scales = [float(np.float32(v)) for v in r.uniform(0.02, 2.0, n)]
+    zps = [int(z) for z in r.integers(max(lo, -40), min(hi, 40), size=n, endpoint=True)]
+    return dict(storage=storage, lo=lo, hi=hi, axis=axis, scales=scales, zps=zps)
+
+
+def _per_axis(q: dict, name: str, values, shp: tuple, et: str) -> str:
+    """`%name`: a quantization parameter broadcast to `shp` (XLA's reference program)."""
+    n = len(values)
+    vals = ", ".join(repr(float(v)) for v in values)
+    dims = "[]" if q["axis"] is None else f"[{q['axis']}]"
+    src = f"tensor<{et}>" if q["axis"] is None else f"tensor<{n}x{et}>"
+    lit = f"dense<{vals}>" if q["axis"] is None else f"dense<[{vals}]>"
+    return (
+        f"    %{name}0 = stablehlo.constant {lit} : {src}\n"
+        f"    %{name} = stablehlo.broadcast_in_dim %{name}0, dims = {dims}"
+        f" : ({src}) -> {ttype(shp, et)}\n"
+    )
+
+
+def _spec_quantize(q: dict, x: str, out: str, shp: tuple) -> str:
+    """The spec's quantize(x) in ops XLA runs."""
+    t = ttype(shp, "f32")
+    return (
+        _per_axis(q, f"{out}s", q["scales"], shp, "f32")
+        + _per_axis(q, f"{out}z", q["zps"], shp, "f32")
+        + f"    %{out}lo = stablehlo.constant dense<{float(q['lo'])!r}> : tensor<f32>\n"
+        f"    %{out}hi = stablehlo.constant dense<{float(q['hi'])!r}> : tensor<f32>\n"
+        f"    %{out}d = stablehlo.divide %{x}, %{out}s : {t}\n"
+        f"    %{out}a = stablehlo.add %{out}d, %{out}z : {t}\n"
+        f"    %{out}c = stablehlo.clamp %{out}lo, %{out}a, %{out}hi"
+        f" : (tensor<f32>, {t}, tensor<f32>) -> {t}\n"
+        f"    %{out}r = stablehlo.round_nearest_even %{out}c : {t}\n"
+        f"    %{out} = stablehlo.convert %{out}r : ({t}) -> {ttype(shp, q['storage'])}\n"
+    )
+
+
+def _spec_dequantize(q: dict, x: str, out: str, shp: tuple) -> str:
+    """The spec's dequantize(x) in ops XLA runs (the difference taken in f32: exact)."""
+    t = ttype(shp, "f32")
+    return (
+        _per_axis(q, f"{out}s", q["scales"], shp, "f32")
+        + _per_axis(q, f"{out}z", q["zps"], shp, "f32")
+        + f"    %{out}f = stablehlo.convert %{x} : ({ttype(shp, q['storage'])}) -> {t}\n"
+        f"    %{out}m = stablehlo.subtract %{out}f, %{out}z : {t}\n"
+        f"    %{out} = stablehlo.multiply %{out}m, %{out}s : {t}\n"
+    )
+
+
+def _far_from_ties(x: np.ndarray, q: dict) -> bool:
+    """x / scale + zero_point is not within 1e-3 of a rounding tie (f32 vs float64)."""
+    shp = x.shape
+    s = np.asarray(q["scales"], np.float64)
+    z = np.asarray(q["zps"], np.float64)
+    if q["axis"] is not None:
+        idx = [1] * len(shp)
+        idx[q["axis"]] = shp[q["axis"]]
+        s, z = s.reshape(idx), z.reshape(idx)
+    v = x.astype(np.float64) / s + z
+    return bool(np.all(np.abs(v - np.floor(v) - 0.5) > 1e-3))
+
+
+STEP = float(np.float32(0.0937))  # the quantized floats: integers times this f32 constant
+
+
+@record("stablehlo.uniform_quantize", "stablehlo.uniform_dequantize", examples=30)
+def uniform_quantization(draw: Draw) -> Case:
+    # quantize a float tensor, dequantize a tensor of storage integers, and requantize it
+    # to another quantized type; per tensor and per axis, full and narrow storage ranges.
+    # The float operand is an integer argument times STEP: quantize of an input-dependent
+    # float is unsupported symbolically (rounding to integers), so tests/test_symbolic.py
+    # evaluates it with that argument known and the storage integers as symbols.
+    shp = shape(draw, min_rank=1, max_rank=2, hi=3)
+    q1, q2 = _draw_quantization(draw, shp), _draw_quantization(draw, shp)
+    steps = ints(draw, shp, "i32", -64, 64)
+    storage = ints(draw, shp, q1["storage"], q1["lo"], q1["hi"])
+    assume(_far_from_ties(steps * STEP, q1))
+    idx = [1] * len(shp)
+    if q1["axis"] is not None:
+        idx[q1["axis"]] = shp[q1["axis"]]
+    scales, zps = np.reshape(q1["scales"], idx), np.reshape(q1["zps"], idx)
+    assume(_far_from_ties((storage.astype(np.float64) - zps) * scales, q2))
+    t, ti, ts, t2 = (ttype(shp, e) for e in ("f32", "i32", q1["storage"], q2["storage"]))
+    dims = "".join(f"{d}x" for d in shp)
+    ty1, ty2 = (f"tensor<{dims}{_quant_type(**q)}>" for q in (q1, q2))
+    floats = (
+        f"    %f = stablehlo.convert %a0 : ({ti}) -> {t}\n"
+        f"    %k = stablehlo.constant dense<{STEP!r}> : {t}\n"
+        f"    %x = stablehlo.multiply %f, %k : {t}\n"
+    )
+    body = floats + (
+        f"    %q = stablehlo.uniform_quantize %x : ({t}) -> {ty1}\n"
+        f"    %qs = stablehlo.bitcast_convert %q : ({ty1}) -> {ts}\n"
+        f"    %b = stablehlo.bitcast_convert %a1 : ({ts}) -> {ty1}\n"
+        f"    %d = stablehlo.uniform_dequantize %b : ({ty1}) -> {t}\n"
+        f"    %r = stablehlo.uniform_quantize %b : ({ty1}) -> {ty2}\n"
+        f"    %rs = stablehlo.bitcast_convert %r : ({ty2}) -> {t2}\n"
+        f"    return %qs, %d, %rs : {ts}, {t}, {t2}"
+    )
+    reference = (
+        floats
+        + _spec_quantize(q1, "x", "qs", shp)
+        + _spec_dequantize(q1, "a1", "d", shp)
+        + _spec_quantize(q2, "d", "rs", shp)
+        + f"    return %qs, %d, %rs : {ts}, {t}, {t2}"
+    )
+    args = [steps, storage]
+    return Case(module(args, [ts, t, t2], body), args, module(args, [ts, t, t2], reference))
+
+
+@record("stablehlo.uniform_dequantize", name="uniform_dequantize_alone", examples=20)
+def uniform_dequantize_alone(draw: Draw) -> Case:
+    # dequantize alone: its storage integers are symbols in tests/test_symbolic.py
+    shp = shape(draw, min_rank=1, max_rank=3, hi=3)
+    q = _draw_quantization(draw, shp)
+    storage = ints(draw, shp, q["storage"], q["lo"], q["hi"])
+    t, ts = ttype(shp, "f32"), ttype(shp, q["storage"])
+    ty = f"tensor<{''.join(f'{d}x' for d in shp)}{_quant_type(**q)}>"
+    body = (
+        f"    %b = stablehlo.bitcast_convert %a0 : ({ts}) -> {ty}\n"
+        f"    %d = stablehlo.uniform_dequantize %b : ({ty}) -> {t}\n"
+        f"    return %d : {t}"
+    )
+    reference = _spec_dequantize(q, "a0", "d", shp) + f"    return %d : {t}"
+    return Case(module([storage], [t], body), [storage], module([storage], [t], reference))

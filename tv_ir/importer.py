@@ -28,6 +28,7 @@ from .ir import (
     TupleType,
     Value,
 )
+from .quantized_types import DEQUANTIZE_TARGET, QUANTIZE_TARGET, lower_quantized_types
 from .sources import pick_frame
 
 _BYTECODE_MAGIC = b"ML\xefR"
@@ -110,6 +111,7 @@ def parse_mlir(source: str | bytes | os.PathLike):
         raise BadInput(f"{name}: not a StableHLO/MLIR or HLO file (binary content)")
     if isinstance(data, str):
         _refuse_verifier_crashes(data, name)
+        data = lower_quantized_types(data)
     ctx = mlir_context()
     with ctx:
         try:
@@ -384,12 +386,21 @@ class _Converter:
         operands = [self.values[x] for x in o.operands]
         attrs = {n: _attribute(o, n) for n in o.attributes}
         regions = [Region(self.block(r.blocks[0])) for r in o.regions if len(r.blocks)]
-        new = Op(o.name, operands, [], attrs, regions, convert_location(o.location, self.name))
+        name = o.name
+        if name == "stablehlo.custom_call":  # quantize ops, as lower_quantized_types wrote them
+            name = _QUANTIZE_OPS.get(attrs.get("call_target_name"), name)
+        new = Op(name, operands, [], attrs, regions, convert_location(o.location, self.name))
         for i, r in enumerate(o.results):
             v = Value(convert_type(r.type), None, new, i)
             self.values[r] = v
             new.results.append(v)
         return new
+
+
+_QUANTIZE_OPS = {
+    QUANTIZE_TARGET: "stablehlo.uniform_quantize",
+    DEQUANTIZE_TARGET: "stablehlo.uniform_dequantize",
+}
 
 
 def _attribute(o, name: str):
@@ -540,6 +551,8 @@ def decode_attr(a) -> Any:
         return a.value
     if isinstance(a, ir.DenseI64ArrayAttr) or isinstance(a, ir.DenseI32ArrayAttr):
         return tuple(int(x) for x in a)
+    if isinstance(a, ir.DenseF64ArrayAttr):
+        return tuple(float(x) for x in a)
     if isinstance(a, ir.DenseBoolArrayAttr):
         return tuple(bool(x) for x in a)
     if isinstance(a, ir.DenseElementsAttr):

@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     indexing,
     linalg,
     normalization,
+    quantization,
     random,
     reduction,
     shape,
