@@ -482,6 +482,9 @@ def convert_type(t):
     if s.startswith("tuple<"):
         tt = ir.TupleType(t)
         return TupleType(tuple(convert_type(tt.get_type(i)) for i in range(tt.num_types)))
+    if s.startswith("!stablehlo.future<"):  # the value it will hold (ops/asynchronous.py)
+        inner = [convert_type(ir.Type.parse(x)) for x in _top_level_split(s[18:-1])]
+        return inner[0] if len(inner) == 1 else TupleType(tuple(inner))
     try:
         rt = ir.RankedTensorType(t)
     except Exception:
@@ -494,6 +497,17 @@ def convert_type(t):
     if et.startswith("si"):
         et = "i" + et[2:]
     return TensorType(tuple(rt.shape), et)
+
+
+def _top_level_split(text: str) -> list[str]:
+    """`a<b, c>, d` -> ["a<b, c>", "d"]: split at commas outside angle brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return parts + [text[start:].strip()]
 
 
 def convert_location(loc, source: str = "-") -> Location:

@@ -1,6 +1,7 @@
 """The op table. Importing this package registers every evaluator."""
 
 from . import (  # noqa: F401
+    asynchronous,
     collectives,
     complex_numbers,
     control,

@@ -1,8 +1,8 @@
 """The spec's dynamic-shape ops, where they refine to static shapes: the shape (or padding,
 slice size) operands must be known and agree with the static result type; then each op is
 its static counterpart with those values as attributes. Shapes that depend on the inputs
-are unsupported. (`dynamic_conv` is not here: XLA cannot translate it to HLO, so there is
-no reference to check it against.)
+are unsupported. (XLA cannot translate `dynamic_conv`: its conformance record checks it
+against XLA running `convolution` with the same padding as an attribute.)
 
 Also `map` (the spec's element-wise application of a region).
 """
@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from . import indexing, shape
-from .reduction import assemble
+from .reduction import assemble, convolution
 from .registry import op
 
 
@@ -61,6 +61,12 @@ def dynamic_pad(ctx, x, padding_value, low, high, interior):
         interior_padding=_known(ctx, interior, "padding"),
     )
     return shape.pad(padded, x, padding_value)
+
+
+@op("stablehlo.dynamic_conv")
+def dynamic_conv(ctx, lhs, rhs, padding):
+    pads = np.asarray(_known(ctx, padding, "padding")).reshape(np.shape(padding))
+    return convolution(_with(ctx, padding=pads), lhs, rhs)
 
 
 @op("stablehlo.dynamic_gather")
