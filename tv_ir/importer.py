@@ -389,6 +389,8 @@ class _Converter:
         name = o.name
         if name == "stablehlo.custom_call":  # quantize ops, as lower_quantized_types wrote them
             name = _QUANTIZE_OPS.get(attrs.get("call_target_name"), name)
+        if name == "stablehlo.custom_call" and attrs.get("call_target_name") == "ragged_all_to_all":
+            name, attrs = RAGGED_ALL_TO_ALL, _ragged_all_to_all_attrs(attrs)
         new = Op(name, operands, [], attrs, regions, convert_location(o.location, self.name))
         for i, r in enumerate(o.results):
             v = Value(convert_type(r.type), None, new, i)
@@ -401,6 +403,24 @@ _QUANTIZE_OPS = {
     QUANTIZE_TARGET: "stablehlo.uniform_quantize",
     DEQUANTIZE_TARGET: "stablehlo.uniform_dequantize",
 }
+
+
+# JAX's `lax.ragged_all_to_all` lowers to `custom_call @ragged_all_to_all` (XLA's HLO
+# ragged-all-to-all), its groups and channel in `backend_config`
+RAGGED_ALL_TO_ALL = "mhlo.ragged_all_to_all"
+
+
+def _ragged_all_to_all_attrs(attrs: dict) -> dict:
+    config = attrs.get("backend_config")
+    if not isinstance(config, dict):
+        raise Unsupported(
+            "custom_call @ragged_all_to_all without its backend_config dictionary",
+            op=RAGGED_ALL_TO_ALL,
+        )
+    out = {"replica_groups": config.get("replica_groups")}
+    if int(config.get("channel_id", 0)) > 0:
+        out["channel_handle"] = A.ChannelHandle(int(config["channel_id"]), 1)
+    return out
 
 
 def _attribute(o, name: str):
