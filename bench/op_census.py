@@ -68,9 +68,9 @@ SUPPORTED_NOTE = {
     "dynamic_gather": "slice sizes known",
     "rng_bit_generator": "XLA's generators bit for bit; a known state, unsigned results",
     "bitcast_convert": "values that do not depend on the inputs",
-    "real": "complex operands inside a program (see complex)",
-    "complex": "complex values as pairs of real terms, never cut-points; complex arguments "
-    "and outputs are unknown; ops on complex values: element-wise add/subtract/multiply/divide/"
+    "real": "complex operands too (see complex)",
+    "complex": "complex values as pairs of real terms, never cut-points; complex outputs "
+    "are unknown; ops on complex values: element-wise add/subtract/multiply/divide/"
     "negate/select/convert, data movement, real/imag/fft",
     "imag": "see complex",
     "after_all": "tokens carry no value: ordering only (tv's programs have no side effects)",

@@ -44,9 +44,27 @@ def _complex_parts_of(e) -> tuple:
         return e.re, e.im
     if isinstance(e, complex):
         return float(e.real), float(e.imag)
-    if isinstance(e, (T.Poly, T.Bool)):  # a symbol standing for a whole complex number
-        raise Unsupported("a complex value given as one symbol (a complex argument or cut)")
+    if isinstance(e, T.Poly):
+        imag = _imaginary_companion(e)
+        if imag is not None:
+            return e, imag
+    if isinstance(e, (T.Poly, T.Bool)):  # a term standing for a whole complex number
+        raise Unsupported("a complex value given as one term (not a pair of parts)")
     return e, 0.0
+
+
+def _imaginary_companion(e: T.Poly) -> T.Poly | None:
+    """A complex argument's element is one symbol (the prover's inputs are one symbol per
+    element): it stands for the real part, and a companion symbol of the same argument and
+    index for the imaginary part, so a proof holds for every complex input."""
+    a = T.as_atom(e)
+    if a is None or a.kind != "sym" or not isinstance(a.args[0], T.Key):
+        return None
+    key, index = a.args
+    if key.kind != "input" or not str(key.dtype).startswith("complex"):
+        return None
+    imag = T.Key("input.imag", key.number, key.dtype, f"{key.name}.imag")
+    return T.symbol(imag, index)
 
 
 def _sym(*xs) -> bool:
