@@ -139,6 +139,7 @@ PROGRAMS = {
     "jax examples (8 sharded steps)": "jax",
     "jax transformer block + grad": "jax",
     "jax idioms (exact GELU, top_k router, rbg dropout, attention)": "jax",
+    "jax MoE token exchange (shard_map ragged_all_to_all, fft mixing)": "jax",
     "torch_xla gpt_block (Megatron)": "torch",
     "torch_xla MLP DP+FSDP AdamW step": "torch",
     "torch_xla HF-style model (LayerNorm, exact GELU, dropout, tied embeddings) + AdamW": "torch",
@@ -202,7 +203,39 @@ def _jax_programs() -> dict[str, list[str]]:
     out["jax idioms (exact GELU, top_k router, rbg dropout, attention)"] = [
         jax.jit(jax.grad(idioms)).lower(x, r, w.astype(np.float32)).as_text()
     ]
+    out["jax MoE token exchange (shard_map ragged_all_to_all, fft mixing)"] = [_moe_exchange()]
     return out
+
+
+def _moe_exchange() -> str:
+    """Tokens routed to experts on 2 devices as MaxText's MoE does it (group sizes from the
+    router, `ragged_all_to_all` both ways), with FNet-style Fourier token mixing first."""
+    from functools import partial
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("expert",))
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=(P("expert"), P("expert")), out_specs=P("expert"))
+    def exchange(tokens, sizes):
+        mixed = jnp.fft.fft2(tokens).real
+        offsets = jnp.cumsum(sizes) - sizes
+        recv = jax.lax.all_to_all(sizes, "expert", 0, 0, tiled=True)
+        out_offsets = jax.lax.all_to_all(offsets, "expert", 0, 0, tiled=True)
+        buf = jnp.zeros_like(mixed)
+        routed = jax.lax.ragged_all_to_all(
+            mixed, buf, offsets, sizes, out_offsets, recv, axis_name="expert"
+        )
+        return jax.lax.ragged_all_to_all(
+            routed * 2, buf, out_offsets, recv, offsets, sizes, axis_name="expert"
+        )
+
+    return exchange.lower(np.zeros((8, 4), np.float32), np.zeros(4, np.int32)).as_text()
 
 
 def _hf_style_step():
