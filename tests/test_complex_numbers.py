@@ -56,9 +56,9 @@ def test_a_wrong_imaginary_part_is_refuted() -> None:
 
 
 def test_an_op_that_does_not_know_complex_numbers_is_unknown() -> None:
-    r = verdict(lambda x: jnp.exp(jnp.fft.rfft(x)).real, lambda x: jnp.exp(jnp.fft.rfft(x)).real)
+    r = verdict(lambda x: jnp.log(jnp.fft.rfft(x)).real, lambda x: jnp.log(jnp.fft.rfft(x)).real)
     assert r.verdict == "unknown", r
-    assert "stablehlo.exponential" in str(r.unsupported)
+    assert "stablehlo.log" in str(r.unsupported)
 
 
 Z = np.zeros(3, np.complex64)

@@ -1666,9 +1666,10 @@ def complex_arithmetic(draw: Draw) -> Case:
     args = [values(draw, shp, et, special=False) for _ in range(4)]
     t, c = ttype(shp, et), ttype(shp, CT[et])
     body = _complex_arg(shp, et, "x", "a0", "a1") + _complex_arg(shp, et, "y", "a2", "a3")
-    name = draw(st.sampled_from(["add", "subtract", "multiply", "divide", "negate", "select"]))
-    if name == "negate":
-        body += f"    %z = stablehlo.negate %x : {c}\n"
+    names = ["add", "subtract", "multiply", "divide", "negate", "exponential", "select"]
+    name = draw(st.sampled_from(names))
+    if name in ("negate", "exponential"):
+        body += f"    %z = stablehlo.{name} %x : {c}\n"
     elif name == "select":
         body += f"    %p = stablehlo.compare GT, %a0, %a2 : ({t}, {t}) -> {ttype(shp, 'i1')}\n"
         body += f"    %z = stablehlo.select %p, %x, %y : {ttype(shp, 'i1')}, {c}\n"
@@ -1998,3 +1999,28 @@ def async_collective(draw: Draw) -> Case:
         f"    return %3 : {t}"
     )
     return Case(module([x], [t], body), [x])
+
+
+@record("stablehlo.dot_general", name="dot_general_complex", examples=12)
+def dot_general_complex(draw: Draw) -> Case:
+    # complex operands (one may come from a real tensor): batched products of pairs of parts
+    et = draw(st.sampled_from(["f32", "f64"]))
+    b, m, k, n = (draw(st.integers(1, 3)) for _ in range(4))
+    lhs = [values(draw, (b, m, k), et, special=False) for _ in range(2)]
+    rhs = [values(draw, (b, k, n), et, special=False) for _ in range(2)]
+    real_rhs = draw(st.booleans())
+    tl, tr, to = ttype((b, m, k), CT[et]), ttype((b, k, n), CT[et]), ttype((b, m, n), CT[et])
+    body = _complex_arg((b, m, k), et, "x", "a0", "a1")
+    if real_rhs:
+        tr = ttype((b, k, n), et)
+        body += f"    %y = stablehlo.convert %a2 : ({tr}) -> {ttype((b, k, n), CT[et])}\n"
+    else:
+        body += _complex_arg((b, k, n), et, "y", "a2", "a3")
+    tr = ttype((b, k, n), CT[et])
+    body += (
+        "    %z = stablehlo.dot_general %x, %y, batching_dims = [0] x [0], "
+        f"contracting_dims = [2] x [1] : ({tl}, {tr}) -> {to}\n"
+    )
+    text, results = _parts("z", (b, m, n), et)
+    args = lhs + rhs
+    return Case(module(args, results, body + text), args)

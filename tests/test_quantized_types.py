@@ -103,3 +103,16 @@ def test_other_ops_on_quantized_types_are_refused() -> None:
     )
     with pytest.raises(Unsupported, match="stablehlo.add on quantized types"):
         tv_ir.load(text)
+
+
+def test_rewriting_keeps_locations_and_storage_ranges() -> None:
+    from tv_ir.quantized_types import lower_quantized_types
+
+    line = (
+        "    %0 = stablehlo.uniform_quantize %arg0 : (tensor<4xf32>) -> "
+        "tensor<4x!quant.uniform<i8<-127:127>:f32, 1.000000e+00:3>> loc(#loc3)"
+    )
+    out = lower_quantized_types(line)
+    assert out.endswith("-> tensor<4xi8> loc(#loc3)")
+    assert "lo = -127 : i64, hi = 127 : i64" in out
+    assert "zero_points = array<i64: 3>" in out

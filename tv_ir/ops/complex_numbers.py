@@ -10,11 +10,13 @@ both interpreters share it. Ops not listed in COMPLEX_AWARE refuse complex opera
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from fractions import Fraction
 
 import numpy as np
 
+from ..ir import TensorType
 from .registry import op
 
 # ops whose evaluators handle complex operands and results (data movement is type-blind)
@@ -24,7 +26,7 @@ COMPLEX_AWARE = frozenset(
         "complex real imag fft add subtract multiply divide negate select convert constant "
         "reshape transpose broadcast_in_dim slice dynamic_slice dynamic_update_slice "
         "concatenate reverse pad tuple get_tuple_element optimization_barrier while if case "
-        "custom_call composite"
+        "custom_call composite dot_general iota exponential"
     ).split()
 ) | {"func.call"}
 
@@ -61,9 +63,37 @@ def negate(alg, x):
     return alg.make_complex(alg.negate(a), alg.negate(b))
 
 
+def exponential(alg, x):
+    """exp(a + ib) = exp(a) cos(b) + i exp(a) sin(b)."""
+    a, b = alg.complex_parts(x)
+    scale = alg.unary("exp", a)
+    return alg.make_complex(
+        alg.multiply(scale, alg.unary("cos", b)), alg.multiply(scale, alg.unary("sin", b))
+    )
+
+
 def select(alg, pred, on_true, on_false):
     (a, b), (c, d) = alg.complex_parts(on_true), alg.complex_parts(on_false)
     return alg.make_complex(alg.select(pred, a, c), alg.select(pred, b, d))
+
+
+def dot_general(ctx, lhs, rhs, real_dot):
+    """(A + iB) . (C + iD) = (A.C - B.D) + i(A.D + B.C), each a real `real_dot` (XLA's
+    partitioner writes a sharded fft as dot_generals with its twiddle factors)."""
+    alg = ctx.alg
+
+    def parts(x, t):
+        return alg.complex_parts(x) if t.is_complex else (x, np.zeros(np.shape(x)))
+
+    (a, b), (c, d) = parts(lhs, ctx.operand_types[0]), parts(rhs, ctx.operand_types[1])
+    real = dataclasses.replace(
+        ctx,
+        operand_types=[TensorType(t.shape, "f64") for t in ctx.operand_types],
+        result_types=[TensorType(ctx.result_type.shape, "f64")],
+    )
+    re = alg.subtract(real_dot(real, a, c), real_dot(real, b, d))
+    im = alg.add(real_dot(real, a, d), real_dot(real, b, c))
+    return alg.make_complex(re, im)
 
 
 def convert(ctx, x):

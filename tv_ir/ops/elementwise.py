@@ -96,6 +96,8 @@ def sign(ctx, x):
 def _unary(name: str, fn: str):
     @op(name)
     def evaluate(ctx, x):
+        if fn == "exp" and ctx.result_type.is_complex:
+            return C.exponential(ctx.alg, x)
         return ctx.alg.unary(fn, x)
 
     evaluate.__name__ = fn

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 
 from ..ir import TensorType
+from . import complex_numbers
 from .registry import op
 from .shape import _pad_dim
 
@@ -141,6 +142,8 @@ def reduce_window(ctx, *operands):
 
 @op("stablehlo.dot_general")
 def dot_general(ctx, lhs, rhs):
+    if ctx.result_type.is_complex:
+        return complex_numbers.dot_general(ctx, lhs, rhs, dot_general)
     dims = ctx.attr("dot_dimension_numbers")
     t = ctx.result_type
     lhs = ctx.alg.convert(lhs, ctx.operand_types[0], _like(ctx.operand_types[0], t))
