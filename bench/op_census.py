@@ -70,7 +70,7 @@ SUPPORTED_NOTE = {
     "bitcast_convert": "values that do not depend on the inputs",
     "real": "complex operands too (see complex)",
     "complex": "complex values as pairs of real terms, never cut-points; complex outputs "
-    "are unknown; ops on complex values: add/subtract/multiply/divide/negate/exponential/"
+    "are unknown; ops on complex values: add/subtract/multiply/divide/negate/abs/exponential/"
     "select/convert, dot_general, iota, data movement, real/imag/fft",
     "imag": "see complex",
     "after_all": "tokens carry no value: ordering only (tv's programs have no side effects)",

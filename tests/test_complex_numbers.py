@@ -91,3 +91,25 @@ def test_complex_values_close_only_when_both_parts_are() -> None:
     a = np.array([1 + 2j, 3 - 1j])
     assert close(a, a.copy())
     assert not close(a, np.conj(a))
+
+
+@pytest.mark.parametrize(("scale", "verdict"), [(1.0, "equivalent"), (1.5, "not_equivalent")])
+def test_a_batch_sharded_spectrum_is_proved(scale: float, verdict: str) -> None:
+    # each device transforms its rows (a planted bug scales the signal first)
+    from functools import partial
+
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("b",))
+    x = np.zeros((4, 6), np.float32)
+
+    def spec(x):
+        return jnp.abs(jnp.fft.rfft(x)) ** 2
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("b"), out_specs=P("b"))
+    def impl(x):
+        return jnp.abs(jnp.fft.rfft(x * scale)) ** 2
+
+    r = tv_ir.check(lowered(spec, x), lowered(impl, x), time_limit=120)
+    assert r.verdict == verdict, r

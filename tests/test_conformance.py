@@ -1666,10 +1666,13 @@ def complex_arithmetic(draw: Draw) -> Case:
     args = [values(draw, shp, et, special=False) for _ in range(4)]
     t, c = ttype(shp, et), ttype(shp, CT[et])
     body = _complex_arg(shp, et, "x", "a0", "a1") + _complex_arg(shp, et, "y", "a2", "a3")
-    names = ["add", "subtract", "multiply", "divide", "negate", "exponential", "select"]
+    names = ["add", "subtract", "multiply", "divide", "negate", "exponential", "abs", "select"]
     name = draw(st.sampled_from(names))
     if name in ("negate", "exponential"):
         body += f"    %z = stablehlo.{name} %x : {c}\n"
+    elif name == "abs":  # a real result
+        body += f"    %z0 = stablehlo.abs %x : ({c}) -> {t}\n"
+        body += f"    %z = stablehlo.convert %z0 : ({t}) -> {c}\n"
     elif name == "select":
         body += f"    %p = stablehlo.compare GT, %a0, %a2 : ({t}, {t}) -> {ttype(shp, 'i1')}\n"
         body += f"    %z = stablehlo.select %p, %x, %y : {ttype(shp, 'i1')}, {c}\n"

@@ -26,7 +26,7 @@ COMPLEX_AWARE = frozenset(
         "complex real imag fft add subtract multiply divide negate select convert constant "
         "reshape transpose broadcast_in_dim slice dynamic_slice dynamic_update_slice "
         "concatenate reverse pad tuple get_tuple_element optimization_barrier while if case "
-        "custom_call composite dot_general iota exponential"
+        "custom_call composite dot_general iota exponential abs"
     ).split()
 ) | {"func.call"}
 
@@ -61,6 +61,12 @@ def divide(alg, x, y):
 def negate(alg, x):
     a, b = alg.complex_parts(x)
     return alg.make_complex(alg.negate(a), alg.negate(b))
+
+
+def abs_(alg, x):
+    """|a + ib| = sqrt(a^2 + b^2), a real number."""
+    a, b = alg.complex_parts(x)
+    return alg.unary("sqrt", alg.add(alg.multiply(a, a), alg.multiply(b, b)))
 
 
 def exponential(alg, x):

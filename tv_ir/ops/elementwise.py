@@ -85,6 +85,8 @@ def negate(ctx, x):
 
 @op("stablehlo.abs")
 def abs_(ctx, x):
+    if ctx.operand_types[0].is_complex:
+        return C.abs_(ctx.alg, x)
     return ctx.alg.abs(x)
 
 
