@@ -116,3 +116,24 @@ def test_rewriting_keeps_locations_and_storage_ranges() -> None:
     assert out.endswith("-> tensor<4xi8> loc(#loc3)")
     assert "lo = -127 : i64, hi = 127 : i64" in out
     assert "zero_points = array<i64: 3>" in out
+
+
+def test_quantized_types_in_bytecode_are_unsupported_not_bad_input() -> None:
+    import io
+
+    from jaxlib.mlir import ir
+
+    from tv_ir.importer import mlir_context
+
+    t = "tensor<2x!quant.uniform<i8:f32, 0.5>>"
+    ctx = mlir_context()
+    ctx.allow_unregistered_dialects = True  # to write such bytecode at all
+    try:
+        with ctx:
+            m = ir.Module.parse(f"func.func @main(%x: {t}) -> {t} {{\n  return %x : {t}\n}}")
+            buf = io.BytesIO()
+            m.operation.write_bytecode(buf)
+    finally:
+        ctx.allow_unregistered_dialects = False
+    with pytest.raises(Unsupported, match="quantized types in MLIR bytecode"):
+        tv_ir.load(buf.getvalue())

@@ -118,6 +118,10 @@ def parse_mlir(source: str | bytes | os.PathLike):
             m = ir.Module.parse(data)
         except Exception as e:  # MLIRError: keep the first diagnostic line
             msg = _first_diagnostic(str(e)).replace('"-":', "line ")
+            if '!"quant"' in msg:  # bytecode: lower_quantized_types reads text only
+                raise Unsupported(
+                    f"{name}: quantized types in MLIR bytecode (tv reads them in text)"
+                ) from None
             raise BadInput(f"{name}: malformed IR: {msg}") from None
         try:  # parsing verifies too; this catches what conversions may have left
             ok = m.operation.verify()
