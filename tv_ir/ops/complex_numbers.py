@@ -1,5 +1,5 @@
-"""Complex numbers (StableHLO spec: complex, imag, fft; real and the element-wise ops on
-complex operands).
+"""Complex numbers (StableHLO spec: complex, imag, fft; real, the element-wise arithmetic,
+abs, exponential, select, convert and dot_general on complex operands).
 
 A complex tensor is its real and imaginary parts: `ctx.alg.complex_parts` takes one apart,
 `ctx.alg.make_complex` builds one (numpy complex128 concretely, pairs of terms
