@@ -71,7 +71,7 @@ SUPPORTED_NOTE = {
     "real": "complex operands too (see complex)",
     "complex": "complex values as pairs of real terms, never cut-points; complex outputs "
     "are unknown; ops on complex values: add/subtract/multiply/divide/negate/abs/exponential/"
-    "select/convert, dot_general, iota, data movement, real/imag/fft",
+    "select/convert, dot_general, reduce, iota, data movement, real/imag/fft",
     "imag": "see complex",
     "after_all": "tokens carry no value: ordering only (tv's programs have no side effects)",
     "async_start": "the body's op (a collective, in lockstep on every device, or a slice) "

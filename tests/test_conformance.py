@@ -2027,3 +2027,18 @@ def dot_general_complex(draw: Draw) -> Case:
     text, results = _parts("z", (b, m, n), et)
     args = lhs + rhs
     return Case(module(args, results, body + text), args)
+
+
+@record("stablehlo.reduce", name="reduce_complex", examples=12)
+def reduce_complex(draw: Draw) -> Case:
+    # sums (the parts' sums) and products (the body op by op) of complex numbers
+    shp = shape(draw, min_rank=1, hi=3)
+    x, y = (values(draw, shp, "f32", lo=-1.5, hi=1.5, special=False) for _ in range(2))
+    axis = draw(st.integers(0, len(shp) - 1))
+    reduce = draw(st.sampled_from([jnp.sum, jnp.prod]))
+
+    def f(x, y):
+        r = reduce(lax.complex(x, y), axis=axis)
+        return r.real, r.imag
+
+    return Case(lower(f, x, y), [x, y])

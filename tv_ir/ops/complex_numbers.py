@@ -1,5 +1,5 @@
 """Complex numbers (StableHLO spec: complex, imag, fft; real, the element-wise arithmetic,
-abs, exponential, select, convert and dot_general on complex operands).
+abs, exponential, select, convert, dot_general and reduce on complex operands).
 
 A complex tensor is its real and imaginary parts: `ctx.alg.complex_parts` takes one apart,
 `ctx.alg.make_complex` builds one (numpy complex128 concretely, pairs of terms
@@ -26,7 +26,7 @@ COMPLEX_AWARE = frozenset(
         "complex real imag fft add subtract multiply divide negate select convert constant "
         "reshape transpose broadcast_in_dim slice dynamic_slice dynamic_update_slice "
         "concatenate reverse pad tuple get_tuple_element optimization_barrier while if case "
-        "custom_call composite dot_general iota exponential abs"
+        "custom_call composite dot_general iota exponential abs reduce"
     ).split()
 ) | {"func.call"}
 
@@ -67,6 +67,14 @@ def abs_(alg, x):
     """|a + ib| = sqrt(a^2 + b^2), a real number."""
     a, b = alg.complex_parts(x)
     return alg.unary("sqrt", alg.add(alg.multiply(a, a), alg.multiply(b, b)))
+
+
+def reduce_sum(alg, x, init, axes: tuple):
+    """init + the sum of x over `axes`, part by part."""
+    (a, b), (c, d) = alg.complex_parts(x), alg.complex_parts(init)
+    return alg.make_complex(
+        alg.add(c, alg.reduce_sum(a, axes)), alg.add(d, alg.reduce_sum(b, axes))
+    )
 
 
 def exponential(alg, x):
