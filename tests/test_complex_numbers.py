@@ -113,3 +113,20 @@ def test_a_batch_sharded_spectrum_is_proved(scale: float, verdict: str) -> None:
 
     r = tv_ir.check(lowered(spec, x), lowered(impl, x), time_limit=120)
     assert r.verdict == verdict, r
+
+
+def test_an_imaginary_difference_of_arguments_is_refuted() -> None:
+    # real(z * z) = re^2 - im^2: simulation draws both parts of a complex argument
+    r = tv_ir.check(
+        lowered(lambda z: (z * z).real, Z), lowered(lambda z: z.real * z.real, Z), time_limit=60
+    )
+    assert r.verdict == "not_equivalent", r
+
+
+def test_complex_and_integer_arguments_together() -> None:
+    # integer arguments make simulation draw extreme integers; complex ones are not integers
+    def f(z, i):
+        return z.real + i.astype(jnp.float32)
+
+    args = (Z, np.zeros(3, np.int32))
+    assert tv_ir.check(lowered(f, *args), lowered(f, *args), time_limit=60).verdict == "equivalent"
