@@ -85,3 +85,14 @@ def test_sizes_that_disagree_are_unknown() -> None:
     r = tv_ir.check(text, text, time_limit=60)
     assert r.verdict == "unknown", r
     assert "mhlo.ragged_all_to_all" in str(r.unsupported)
+
+
+def test_a_single_device_reading_needs_spmd_execution() -> None:
+    from tv_ir.errors import Unsupported
+
+    text = ragged_program([[0, 1], [0, 1]], [[1, 1], [1, 1]], [[0, 0], [1, 1]], [[1, 1], [1, 1]])
+    module = tv_ir.load(text)
+    (body,) = [op for op in module.main.body.ops if op.name == "sdy.manual_computation"]
+    ragged = next(op for op in body.regions[0].block.ops if op.name == "mhlo.ragged_all_to_all")
+    with pytest.raises(Unsupported, match="needs SPMD execution"):
+        tv_ir.ops.lookup(ragged.name)
