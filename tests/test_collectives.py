@@ -660,7 +660,8 @@ INSTANCES = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(COLLECTIVES))
+# (ragged_all_to_all is a custom call in program text: tests/test_ragged_all_to_all.py)
+@pytest.mark.parametrize("name", sorted(set(COLLECTIVES) - {"mhlo.ragged_all_to_all"}))
 def test_single_device_interpreter_needs_spmd(name: str) -> None:
     n, attrs, shape = INSTANCES[name]
     key = "source_target_pairs" if "permute" in name else "replica_groups"

@@ -14,6 +14,7 @@ LAYERS = {
     "tv_ir.ir": 0,
     "tv_ir.attrs": 0,
     "tv_ir.limits": 0,
+    "tv_ir.quantized_types": 0,  # quantized types in program text, rewritten before parsing
     "tv_ir.sources": 0,  # whose code a source file is (tv's, a library's, the user's)
     "tv_ir.mesh_coords": 1,
     "tv_ir.closeness": 3,

@@ -85,6 +85,19 @@ class NumpyAlgebra:
     def is_symbolic(self, x) -> bool:
         return False
 
+    # -- complex numbers: a complex tensor is its real and imaginary parts ----------------
+    def complex_parts(self, x) -> tuple:
+        """(real part, imaginary part) of a complex tensor, as float64 arrays."""
+        x = np.asarray(x)
+        return np.real(x).astype(np.float64), np.imag(x).astype(np.float64)
+
+    def make_complex(self, re, im):
+        """The complex tensor re + i*im (built part by part: 1j * inf would make a NaN)."""
+        re, im = np.broadcast_arrays(np.asarray(re, np.float64), np.asarray(im, np.float64))
+        out = np.empty(re.shape, dtype=np.complex128)
+        out.real, out.imag = re, im
+        return out
+
     # -- arithmetic ----------------------------------------------------------------------
     def add(self, x, y):
         with _errstate():

@@ -42,6 +42,8 @@ def _finite_values(a, b):
         return False, None, None
     if a.dtype.kind not in "fc" and b.dtype.kind not in "fc":
         return bool(np.array_equal(a, b)), None, None
+    if a.dtype.kind == "c" or b.dtype.kind == "c":  # complex: both parts compared
+        a, b = (np.stack([np.real(v), np.imag(v)], axis=-1) for v in (a, b))
     a = a.astype(np.float64)
     b = b.astype(np.float64)
     fa, fb = np.isfinite(a), np.isfinite(b)

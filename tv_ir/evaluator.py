@@ -16,6 +16,7 @@ from .errors import TvError, Unsupported
 from .ir import Block, Function, Module, Op
 from .limits import check_time
 from .ops import OpContext, lookup
+from .ops.complex_numbers import COMPLEX_AWARE
 
 Hook = Callable[[Op, list], list]
 
@@ -64,6 +65,7 @@ class BlockEvaluator:
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
         fn = lookup(op.name, op.loc)
+        refuse_complex(op)
         operands = [self.env[v.id] for v in op.operands]
         ctx = self.context(op)
         return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
@@ -82,6 +84,16 @@ class BlockEvaluator:
             device=self.device,
             loc=op.loc,
         )
+
+
+def refuse_complex(op: Op) -> None:
+    """Ops that do not know complex numbers never see one: numpy would quietly drop
+    imaginary parts, terms have none (tv_ir.ops.complex_numbers)."""
+    if op.name in COMPLEX_AWARE:
+        return
+    for v in (*op.operands, *op.results):
+        if getattr(v.type, "is_complex", False):
+            raise Unsupported(f"{op.name} on complex values ({v.type})", op=op.name, loc=op.loc)
 
 
 def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:

@@ -28,6 +28,7 @@ from .ir import (
     TupleType,
     Value,
 )
+from .quantized_types import DEQUANTIZE_TARGET, QUANTIZE_TARGET, lower_quantized_types
 from .sources import pick_frame
 
 _BYTECODE_MAGIC = b"ML\xefR"
@@ -118,12 +119,17 @@ def parse_mlir(source: str | bytes | os.PathLike):
         raise BadInput(f"{name}: not a StableHLO/MLIR or HLO file (binary content)")
     if isinstance(data, str):
         _refuse_verifier_crashes(data, name)
+        data = lower_quantized_types(data)
     ctx = mlir_context()
     with ctx:
         try:
             m = ir.Module.parse(data)
         except Exception as e:  # MLIRError: keep the first diagnostic line
             msg = _first_diagnostic(str(e)).replace('"-":', "line ")
+            if '!"quant"' in msg:  # bytecode: lower_quantized_types reads text only
+                raise Unsupported(
+                    f"{name}: quantized types in MLIR bytecode (tv reads them in text)"
+                ) from None
             raise BadInput(f"{name}: malformed IR: {msg}") from None
         try:  # parsing verifies too; this catches what conversions may have left
             ok = m.operation.verify()
@@ -392,7 +398,12 @@ class _Converter:
         operands = [self.values[x] for x in o.operands]
         attrs = {n: _attribute(o, n) for n in o.attributes}
         regions = [Region(self.block(r.blocks[0])) for r in o.regions if len(r.blocks)]
-        new = Op(o.name, operands, [], attrs, regions, convert_location(o.location, self.name))
+        name = o.name
+        if name == "stablehlo.custom_call":  # quantize ops, as lower_quantized_types wrote them
+            name = _QUANTIZE_OPS.get(attrs.get("call_target_name"), name)
+        if name == "stablehlo.custom_call" and attrs.get("call_target_name") == "ragged_all_to_all":
+            name, attrs = RAGGED_ALL_TO_ALL, _ragged_all_to_all_attrs(attrs)
+        new = Op(name, operands, [], attrs, regions, convert_location(o.location, self.name))
         for i, r in enumerate(o.results):
             v = Value(convert_type(r.type), None, new, i)
             self.values[r] = v
@@ -400,16 +411,75 @@ class _Converter:
         return new
 
 
+_QUANTIZE_OPS = {
+    QUANTIZE_TARGET: "stablehlo.uniform_quantize",
+    DEQUANTIZE_TARGET: "stablehlo.uniform_dequantize",
+}
+
+
+# JAX's `lax.ragged_all_to_all` lowers to `custom_call @ragged_all_to_all` (XLA's HLO
+# ragged-all-to-all), its groups and channel in `backend_config`
+RAGGED_ALL_TO_ALL = "mhlo.ragged_all_to_all"
+
+
+def _ragged_all_to_all_attrs(attrs: dict) -> dict:
+    config = attrs.get("backend_config")
+    if not isinstance(config, dict):
+        raise Unsupported(
+            "custom_call @ragged_all_to_all without its backend_config dictionary",
+            op=RAGGED_ALL_TO_ALL,
+        )
+    out = {"replica_groups": config.get("replica_groups")}
+    if int(config.get("channel_id", 0)) > 0:
+        out["channel_handle"] = A.ChannelHandle(int(config["channel_id"]), 1)
+    return out
+
+
 def _attribute(o, name: str):
     try:
         return decode_attr(o.attributes[name])
     except TypeError as e:  # the bindings cannot hand out some attributes (complex constants)
+        if "complex" in str(e) and o.name == "stablehlo.constant" and name == "value":
+            return _complex_constant(o)
         if "complex" in str(e):
             raise Unsupported(
                 f"{o.name}: a complex-valued {name} (complex numbers are not in the op table)",
                 op=o.name,
             ) from None
         raise
+
+
+_COMPLEX_PAIR = re.compile(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)")
+
+
+def _complex_constant(o) -> np.ndarray:
+    """A complex constant's value, read from its printed form (the bindings cannot hand the
+    attribute out): `dense<(re, im)>` (splat), `dense<[(re, im), ...]>` or the hex blob of
+    interleaved parts; as complex128, each part rounded to the element type."""
+    from jaxlib.mlir import ir
+
+    t = ir.RankedTensorType(o.results[0].type)
+    shape, et = tuple(t.shape), str(t.element_type)
+    part = {"complex<f32>": np.dtype(np.float32), "complex<f64>": np.dtype(np.float64)}.get(et)
+    if part is None:
+        raise Unsupported(f"a constant of {et}", op=o.name)
+    text = o.get_asm(large_elements_limit=None)
+    body = text[text.index("dense<") + len("dense<") : text.rindex(">", 0, text.rindex(":"))]
+    body = body.strip()
+    n = int(np.prod(shape, dtype=np.int64))
+    if body.startswith('"0x'):
+        parts = np.frombuffer(bytes.fromhex(body.strip('"')[2:]), dtype=part)
+    else:
+        pairs = _COMPLEX_PAIR.findall(body)
+        parts = np.array([_element(x, part) for p in pairs for x in p], dtype=part)
+    parts = parts.astype(np.float64)
+    values = parts[0::2] + 0j
+    values.imag = parts[1::2]
+    if values.size == 1 and n != 1:
+        return np.broadcast_to(values.reshape(()), shape)
+    if values.size != n:
+        raise BadInput(f"complex constant {body[:80]}: read {values.size} elements, expected {n}")
+    return values.reshape(shape)
 
 
 def _sym_name(op) -> str:
@@ -444,6 +514,9 @@ def convert_type(t):
     if s.startswith("tuple<"):
         tt = ir.TupleType(t)
         return TupleType(tuple(convert_type(tt.get_type(i)) for i in range(tt.num_types)))
+    if s.startswith("!stablehlo.future<"):  # the value it will hold (ops/asynchronous.py)
+        inner = [convert_type(ir.Type.parse(x)) for x in _top_level_split(s[18:-1])]
+        return inner[0] if len(inner) == 1 else TupleType(tuple(inner))
     try:
         rt = ir.RankedTensorType(t)
     except Exception:
@@ -456,6 +529,17 @@ def convert_type(t):
     if et.startswith("si"):
         et = "i" + et[2:]
     return TensorType(tuple(rt.shape), et)
+
+
+def _top_level_split(text: str) -> list[str]:
+    """`a<b, c>, d` -> ["a<b, c>", "d"]: split at commas outside angle brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "<") - (ch == ">")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return parts + [text[start:].strip()]
 
 
 def convert_location(loc, source: str = "-") -> Location:
@@ -513,6 +597,8 @@ def decode_attr(a) -> Any:
         return a.value
     if isinstance(a, ir.DenseI64ArrayAttr) or isinstance(a, ir.DenseI32ArrayAttr):
         return tuple(int(x) for x in a)
+    if isinstance(a, ir.DenseF64ArrayAttr):
+        return tuple(float(x) for x in a)
     if isinstance(a, ir.DenseBoolArrayAttr):
         return tuple(bool(x) for x in a)
     if isinstance(a, ir.DenseElementsAttr):

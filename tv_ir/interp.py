@@ -16,6 +16,7 @@ from .evaluator import (  # noqa: F401 (re-exported: the interpreter's public na
     run_evaluator,
 )
 from .ir import Function, Module, Op
+from .ops import COLLECTIVES
 from .spmd import SpmdInterpreter, device_name, mesh_size
 
 
@@ -25,6 +26,10 @@ class Interpreter(BlockEvaluator):
     def evaluate_op(self, op: Op) -> list:
         if op.name == "sdy.manual_computation" and self.device is None:
             return self._manual_computation(op)
+        if op.name in COLLECTIVES and self.device is None and _one_process(self.module):
+            # a program of one process: its collectives are over that process alone
+            operands = [self.env[v.id] for v in op.operands]
+            return SpmdInterpreter(self.module, self.alg, 1, 1).run_op(op, [operands])[0]
         return super().evaluate_op(op)
 
     def _manual_computation(self, op: Op) -> list:
@@ -55,6 +60,14 @@ class Interpreter(BlockEvaluator):
                         loc=op.loc,
                     )
         return per_device[0]
+
+
+def _one_process(module: Module) -> bool:
+    attrs = module.attrs
+    return (
+        int(attrs.get("mhlo.num_replicas", 1)) == 1
+        and int(attrs.get("mhlo.num_partitions", 1)) == 1
+    )
 
 
 def _concrete(a) -> bool:

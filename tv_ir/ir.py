@@ -43,18 +43,25 @@ class TensorType:
         return self.dtype in FLOAT_DTYPES or self.dtype.startswith("f")
 
     @property
+    def is_complex(self) -> bool:
+        """complex<f32> / complex<f64>: held as complex128 concretely, pairs symbolically."""
+        return self.dtype.startswith("complex")
+
+    @property
     def is_bool(self) -> bool:
         return self.dtype == "i1"
 
     @property
     def is_integer(self) -> bool:
-        return not self.is_float and not self.is_bool
+        return not self.is_float and not self.is_bool and not self.is_complex
 
     @property
     def numpy_dtype(self) -> str:
         """The numpy dtype that concrete evaluation uses (floats widen to float64)."""
         if self.is_float:
             return "float64"
+        if self.is_complex:
+            return "complex128"
         return NUMPY_DTYPE.get(self.dtype, "int64")
 
     @property

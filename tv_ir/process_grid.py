@@ -36,7 +36,8 @@ ProcessGroups = list[list[Device]]
 
 # ops whose groups follow the all_reduce table / the all_to_all table (spec, per op section)
 _REDUCE_LIKE = {"all_reduce", "all_gather", "reduce_scatter"}
-_PERMUTE_LIKE = {"all_to_all", "collective_permute", "collective_broadcast"}
+# ragged_all_to_all (XLA's HLO op, `custom_call @ragged_all_to_all` from JAX) groups as all_to_all
+_PERMUTE_LIKE = {"all_to_all", "collective_permute", "collective_broadcast", "ragged_all_to_all"}
 
 
 def channel_id(attrs: dict[str, Any]) -> int:

@@ -107,6 +107,7 @@ class SpmdInterpreter:
             "stablehlo.if": self._if,
             "func.call": self._call,
             "stablehlo.composite": self._call,
+            "stablehlo.async_start": self._async_start,
         }
 
     @property
@@ -249,6 +250,12 @@ class SpmdInterpreter:
         if fn is None:
             raise Unsupported(f"call to unknown function @{name}", op=op.name)
         return self._block(fn.body, operands, top=False)
+
+    def _async_start(self, op: Op, operands: PerDevice) -> PerDevice:
+        """The body (a collective or a slice) in lockstep; each device's future holds its
+        results (ops/asynchronous.py)."""
+        out = self._region(op, 0, operands)
+        return [[r[0] if len(r) == 1 else tuple(r)] for r in out]
 
     # -- shard_map ---------------------------------------------------------------------------
     def _manual_computation(self, op: Op, operands: PerDevice, top: bool) -> PerDevice:

@@ -15,6 +15,58 @@ from .errors import Unsupported
 from .ir import TensorType
 
 
+class ComplexTerm:
+    """A complex element of a symbolic tensor: its real and imaginary parts as terms.
+
+    Only ops that know complex numbers take these apart (tv_ir.ops.complex_numbers); any
+    other use of one as a real number is unsupported (`float()` raises), never a guess."""
+
+    __slots__ = ("re", "im")
+
+    def __init__(self, re: T.Poly, im: T.Poly):
+        self.re, self.im = re, im
+
+    def __float__(self) -> float:
+        raise Unsupported("a complex value where a real number is expected")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ComplexTerm) and self.re == other.re and self.im == other.im
+
+    def __hash__(self) -> int:
+        return hash((self.re, self.im))
+
+    def __repr__(self) -> str:
+        return f"({self.re!r} + i*{self.im!r})"
+
+
+def _complex_parts_of(e) -> tuple:
+    if isinstance(e, ComplexTerm):
+        return e.re, e.im
+    if isinstance(e, complex):
+        return float(e.real), float(e.imag)
+    if isinstance(e, T.Poly):
+        imag = _imaginary_companion(e)
+        if imag is not None:
+            return e, imag
+    if isinstance(e, (T.Poly, T.Bool)):  # a term standing for a whole complex number
+        raise Unsupported("a complex value given as one term (not a pair of parts)")
+    return e, 0.0
+
+
+def _imaginary_companion(e: T.Poly) -> T.Poly | None:
+    """A complex argument's element is one symbol (the prover's inputs are one symbol per
+    element): it stands for the real part, and a companion symbol of the same argument and
+    index for the imaginary part, so a proof holds for every complex input."""
+    a = T.as_atom(e)
+    if a is None or a.kind != "sym" or not isinstance(a.args[0], T.Key):
+        return None
+    key, index = a.args
+    if key.kind != "input" or not str(key.dtype).startswith("complex"):
+        return None
+    imag = T.Key("input.imag", key.number, key.dtype, f"{key.name}.imag")
+    return T.symbol(imag, index)
+
+
 def _sym(*xs) -> bool:
     return any(isinstance(x, np.ndarray) and x.dtype == object for x in xs)
 
@@ -153,6 +205,24 @@ class SymbolicAlgebra(NumpyAlgebra):
 
     def is_symbolic(self, x) -> bool:
         return _sym(x)
+
+    def complex_parts(self, x) -> tuple:
+        if not _sym(x):
+            return super().complex_parts(x)
+        x = np.asarray(x)
+        re, im = np.empty(x.shape, dtype=object), np.empty(x.shape, dtype=object)
+        for idx in np.ndindex(*x.shape):
+            re[idx], im[idx] = _complex_parts_of(x[idx])
+        return re, im
+
+    def make_complex(self, re, im):
+        if not _sym(re, im):
+            return super().make_complex(re, im)
+        re, im = np.broadcast_arrays(np.asarray(re), np.asarray(im))
+        out = np.empty(re.shape, dtype=object)
+        for idx in np.ndindex(*re.shape):
+            out[idx] = ComplexTerm(T.lift(re[idx]), T.lift(im[idx]))
+        return out
 
     def table(self, value: np.ndarray, t: TensorType, key: str) -> np.ndarray:
         """One symbol per element, named by the real table and the element's index: both

@@ -1,13 +1,16 @@
 """The op table. Importing this package registers every evaluator."""
 
 from . import (  # noqa: F401
+    asynchronous,
     collectives,
+    complex_numbers,
     control,
     dynamic,
     elementwise,
     indexing,
     linalg,
     normalization,
+    quantization,
     random,
     reduction,
     shape,

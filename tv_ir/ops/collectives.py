@@ -204,3 +204,52 @@ def collective_broadcast(ctx: OpContext, grid: ProcessGrid, operands: PerDevice)
         for d in group:
             results[d.device_id] = list(root[:n])
     return results
+
+
+@collective("mhlo.ragged_all_to_all")
+def ragged_all_to_all(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
+    """ragged_all_to_all (`jax.lax.ragged_all_to_all`; XLA:CPU cannot compile it): operands
+    (operand, output, input_offsets, send_sizes, output_offsets, recv_sizes). With K offsets
+    and G members, sender s sends rows operand[input_offsets[i] : + send_sizes[i]] of slice
+    i to member i // (K / G), which writes them into its `output` at the sender's
+    output_offsets[i]. Offsets and sizes must be known; sizes that disagree with the
+    receiver's recv_sizes, slices out of bounds and overlapping writes are undefined
+    behaviour in JAX's contract: unsupported, never given a meaning."""
+    results: PerDevice = [[] for _ in grid.devices]
+    for group in _covering_groups(ctx, grid):
+        members = grid.rendezvous(group, operands)
+        g = len(group)
+        known = [[_known_ints(ctx, m[n]) for n in range(2, 6)] for m in members]
+        k = len(known[0][0])
+        if k % g:
+            raise BadInput(f"{ctx.name}: {k} offsets for a group of {g} (not a multiple)")
+        per = k // g
+        symbolic = any(np.asarray(m[n]).dtype == object for m in members for n in (0, 1))
+        for j, d in enumerate(group):
+            out = np.array(members[j][1], dtype=object if symbolic else None, copy=True)
+            written = np.zeros(out.shape[0], dtype=bool)
+            for s in range(g):
+                in_off, send, out_off, _ = known[s]
+                for t in range(per):
+                    i = j * per + t
+                    lo, size, dst = in_off[i], send[i], out_off[i]
+                    if size != known[j][3][s * per + t]:
+                        raise ctx.unsupported(
+                            f"member {s} sends {size} rows where member {j} receives "
+                            f"{known[j][3][s * per + t]} (undefined)"
+                        )
+                    source = np.asarray(members[s][0])
+                    if not (0 <= lo <= lo + size <= source.shape[0]) or not (
+                        0 <= dst <= dst + size <= out.shape[0]
+                    ):
+                        raise ctx.unsupported(f"slice {i} of member {s} is out of bounds")
+                    if written[dst : dst + size].any():
+                        raise ctx.unsupported(f"slices written twice on member {j}")
+                    written[dst : dst + size] = True
+                    out[dst : dst + size] = source[lo : lo + size]
+            results[d.device_id] = [out]
+    return results
+
+
+def _known_ints(ctx: OpContext, x) -> list[int]:
+    return [int(v) for v in np.asarray(ctx.alg.indices(x)).reshape(-1)]

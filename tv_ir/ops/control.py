@@ -114,3 +114,10 @@ def custom_call(ctx, *args):
         op=f"stablehlo.custom_call @{target}",
         loc=ctx.loc,
     )
+
+
+@op("stablehlo.after_all")
+def after_all(ctx, *tokens):
+    """A token orders side effects and carries no value (tv's tokens are None); a program
+    with no side effects has nothing for it to order."""
+    return None

@@ -1,8 +1,8 @@
 """The spec's dynamic-shape ops, where they refine to static shapes: the shape (or padding,
 slice size) operands must be known and agree with the static result type; then each op is
 its static counterpart with those values as attributes. Shapes that depend on the inputs
-are unsupported. (`dynamic_conv` is not here: XLA cannot translate it to HLO, so there is
-no reference to check it against.)
+are unsupported. (XLA cannot translate `dynamic_conv`: its conformance record checks it
+against XLA running `convolution` with the same padding as an attribute.)
 
 Also `map` (the spec's element-wise application of a region).
 """
@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from . import indexing, shape
-from .reduction import assemble
+from .reduction import assemble, convolution
 from .registry import op
 
 
@@ -61,6 +61,34 @@ def dynamic_pad(ctx, x, padding_value, low, high, interior):
         interior_padding=_known(ctx, interior, "padding"),
     )
     return shape.pad(padded, x, padding_value)
+
+
+@op("stablehlo.dynamic_conv")
+def dynamic_conv(ctx, lhs, rhs, padding):
+    pads = np.asarray(_known(ctx, padding, "padding")).reshape(np.shape(padding))
+    dn = ctx.attr("dimension_numbers")
+    out = tuple(ctx.result_type.shape[d] for d in dn.output_spatial)
+    if _conv_spatial_sizes(ctx, pads) != out:
+        raise ctx.unsupported(f"padding {pads.tolist()} does not give the result type's shape")
+    return convolution(_with(ctx, padding=pads), lhs, rhs)
+
+
+def _conv_spatial_sizes(ctx, pads) -> tuple[int, ...]:
+    """The output's spatial sizes under padding `pads` (the spec's num_windows, C25)."""
+    dn = ctx.attr("dimension_numbers")
+    lhs_t, rhs_t = ctx.operand_types[0], ctx.operand_types[1]
+    n = len(dn.input_spatial)
+    strides = ctx.attr("window_strides") or (1,) * n
+    lhs_dil = ctx.attr("lhs_dilation") or (1,) * n
+    rhs_dil = ctx.attr("rhs_dilation") or (1,) * n
+    sizes = []
+    for d in range(n):
+        size = lhs_t.shape[dn.input_spatial[d]]
+        dilated = (size - 1) * lhs_dil[d] + 1 if size else 0
+        padded = dilated + int(pads[d][0]) + int(pads[d][1])
+        window = (rhs_t.shape[dn.kernel_spatial[d]] - 1) * rhs_dil[d] + 1
+        sizes.append((padded - window) // strides[d] + 1 if padded >= window else 0)
+    return tuple(sizes)
 
 
 @op("stablehlo.dynamic_gather")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import Unsupported
+from . import complex_numbers as C
 from .registry import op
 
 
@@ -14,6 +15,8 @@ def _float(ctx) -> bool:
 
 @op("stablehlo.add")
 def add(ctx, x, y):
+    if ctx.result_type.is_complex:
+        return C.add(ctx.alg, x, y)
     if ctx.result_type.is_bool:
         return ctx.alg.logical_or(x, y)
     return ctx.alg.add(x, y)
@@ -21,11 +24,15 @@ def add(ctx, x, y):
 
 @op("stablehlo.subtract")
 def subtract(ctx, x, y):
+    if ctx.result_type.is_complex:
+        return C.subtract(ctx.alg, x, y)
     return ctx.alg.subtract(x, y)
 
 
 @op("stablehlo.multiply")
 def multiply(ctx, x, y):
+    if ctx.result_type.is_complex:
+        return C.multiply(ctx.alg, x, y)
     if ctx.result_type.is_bool:
         return ctx.alg.logical_and(x, y)
     return ctx.alg.multiply(x, y)
@@ -33,6 +40,8 @@ def multiply(ctx, x, y):
 
 @op("stablehlo.divide")
 def divide(ctx, x, y):
+    if ctx.result_type.is_complex:
+        return C.divide(ctx.alg, x, y)
     return ctx.alg.divide(x, y) if _float(ctx) else ctx.alg.int_divide(x, y)
 
 
@@ -69,11 +78,15 @@ def atan2(ctx, x, y):
 
 @op("stablehlo.negate")
 def negate(ctx, x):
+    if ctx.result_type.is_complex:
+        return C.negate(ctx.alg, x)
     return ctx.alg.negate(x)
 
 
 @op("stablehlo.abs")
 def abs_(ctx, x):
+    if ctx.operand_types[0].is_complex:
+        return C.abs_(ctx.alg, x)
     return ctx.alg.abs(x)
 
 
@@ -85,6 +98,8 @@ def sign(ctx, x):
 def _unary(name: str, fn: str):
     @op(name)
     def evaluate(ctx, x):
+        if fn == "exp" and ctx.result_type.is_complex:
+            return C.exponential(ctx.alg, x)
         return ctx.alg.unary(fn, x)
 
     evaluate.__name__ = fn
@@ -128,6 +143,8 @@ def compare(ctx, x, y):
 
 @op("stablehlo.select")
 def select(ctx, pred, on_true, on_false):
+    if ctx.result_type.is_complex:
+        return C.select(ctx.alg, pred, on_true, on_false)
     return ctx.alg.select(pred, on_true, on_false)
 
 
@@ -195,6 +212,8 @@ def count_leading_zeros(ctx, x):
 
 @op("stablehlo.convert")
 def convert(ctx, x):
+    if ctx.operand_types[0].is_complex or ctx.result_type.is_complex:
+        return C.convert(ctx, x)
     return ctx.alg.convert(x, ctx.operand_types[0], ctx.result_type)
 
 
@@ -205,6 +224,6 @@ def reduce_precision(ctx, x):
 
 @op("stablehlo.real")
 def real(ctx, x):
-    if np.asarray(x).dtype.kind == "c":
-        raise ctx.unsupported("complex numbers")
-    return x
+    if ctx.operand_types[0].is_complex:
+        return C.real_part(ctx, x)
+    return x  # the real part of a real number

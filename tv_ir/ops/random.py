@@ -153,3 +153,25 @@ def rng_bit_generator(ctx, state):
             raise ctx.unsupported(f"rng algorithm {name}")
     numbers = numbers.astype(dt)  # narrower types keep the low bits of 32-bit words
     return [new_state.astype(ctx.result_types[0].numpy_dtype), numbers]
+
+
+@op("stablehlo.rng")
+def rng(ctx, a, b, shape_operand):
+    """The spec leaves rng's numbers to the implementation (hidden state, or none): tv
+    gives it meaning only where the spec fixes every number, a UNIFORM draw from an integer
+    interval [a, a + 1) holding one value. Anything else is unsupported, never a guess
+    that the spec and the implementation draw the same numbers."""
+    t = ctx.result_type
+    distribution = str(getattr(ctx.attr("rng_distribution"), "value", ""))
+    if distribution != "UNIFORM" or t.is_float or t.is_complex:
+        raise ctx.unsupported(
+            f"{distribution} numbers of {t.dtype} (implementation-defined: only a UNIFORM "
+            "integer interval holding one value is determined)"
+        )
+    lo, hi = ctx.alg.known_index(a), ctx.alg.known_index(b)
+    if lo is None or hi is None or hi != lo + 1:
+        raise ctx.unsupported(
+            "the numbers of a UNIFORM interval holding more than one value (or bounds that "
+            "depend on the inputs) are implementation-defined"
+        )
+    return np.full(t.shape, lo, dtype=t.numpy_dtype)

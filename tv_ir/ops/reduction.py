@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 
 from ..ir import TensorType
+from . import complex_numbers
 from .registry import op
 from .shape import _pad_dim
 
@@ -84,6 +85,10 @@ def reduce(ctx, *operands):
     if any(np.shape(inputs[0])[d] == 0 for d in axes):
         return [np.broadcast_to(i, keep).copy() for i in inits]  # nothing to reduce: the inits
     kind = reducer_kind(ctx) if n == 1 else None
+    if kind is not None and ctx.result_types[0].is_complex:
+        if kind[0] == "reduce_sum":  # a sum of complex numbers: the sums of their parts
+            return complex_numbers.reduce_sum(ctx.alg, inputs[0], inits[0], axes)
+        kind = None  # other bodies run op by op (ops without complex semantics refuse)
     if kind is not None:
         reduction, binary = kind
         reduced = getattr(ctx.alg, reduction)(inputs[0], axes)
@@ -141,6 +146,8 @@ def reduce_window(ctx, *operands):
 
 @op("stablehlo.dot_general")
 def dot_general(ctx, lhs, rhs):
+    if ctx.result_type.is_complex:
+        return complex_numbers.dot_general(ctx, lhs, rhs, dot_general)
     dims = ctx.attr("dot_dimension_numbers")
     t = ctx.result_type
     lhs = ctx.alg.convert(lhs, ctx.operand_types[0], _like(ctx.operand_types[0], t))

@@ -32,6 +32,9 @@ def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False
         if t.is_float:
             # values representable in f32, so a reported input is exactly what XLA would see
             a = rng.standard_normal(t.shape).astype(np.float32).astype(np.float64)
+        elif t.is_complex:  # both parts as a float's
+            re, im = (rng.standard_normal(t.shape).astype(np.float32) for _ in range(2))
+            a = re.astype(np.float64) + 1j * im.astype(np.float64)
         elif t.is_bool:
             a = rng.random(t.shape) < 0.5
         elif extremes:
