@@ -107,20 +107,32 @@ class TileIndex:
         self.loose_rank = loose_rank
         self._by_local: dict[tuple, list[tuple[float, list[tuple[int, Box]]]]] = {}
         self._by_norm: dict[tuple, list[tuple[float, int, Box, float]]] = {}
+        self._directions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _direction(self, local: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The random direction values of shape `local` are projected on, and its absolute
+        values (drawn once per shape: every value and tile of a shape meets the same one)."""
+        d = self._directions.get(local)
+        if d is None:
+            r = np.random.default_rng(abs(hash(local)) & 0xFFFF).standard_normal(
+                int(np.prod(local, dtype=np.int64))
+            )
+            d = self._directions[local] = (r, np.abs(r))
+        return d
 
     def _project(self, local: tuple, arrays) -> tuple[float, float] | None:
         """A random projection of the arrays, and the magnitude it has to be compared at."""
-        r = np.random.default_rng(abs(hash(local)) & 0xFFFF).standard_normal(
-            int(np.prod(local, dtype=np.int64))
-        )
+        r, r_abs = self._direction(local)
         total = mag = 0.0
         for a in arrays:
             a = np.asarray(a)
             if a.dtype.kind not in "fiub":
                 return None
-            a = np.nan_to_num(a.astype(np.float64).reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
+            a = a.astype(np.float64).reshape(-1)
+            if not np.isfinite(a).all():
+                a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
             total += float(r @ a)
-            mag += float(np.abs(r) @ np.abs(a))
+            mag += float(r_abs @ np.abs(a))
         return total, mag
 
     def _tiles(self, local: tuple) -> list[tuple[int, Box, list]]:
