@@ -88,6 +88,49 @@ def loose_tiles(shape: tuple, local: tuple) -> list[Box]:
     return list(dict.fromkeys(out))
 
 
+def tile_shapes(shape: tuple, local: tuple, loose: bool) -> list[tuple]:
+    """The shapes of the tiles `tiles` (or, `loose`, `loose_tiles`) cuts `shape` into, in the
+    order those list their boxes: all tiles of one shape are the tiling of `shape` by it."""
+    shape, local = tuple(shape), tuple(local)
+    if not loose:
+        return [local] if _divides(shape, local) else []
+    out = []
+    if shape != local and np.prod(shape, dtype=np.int64) == np.prod(local, dtype=np.int64):
+        out.append(shape)
+    dims = [n for n in local if n != 1]
+    if len(dims) > len(shape):
+        return out
+    for where in itertools.combinations(range(len(shape)), len(dims)):
+        tile = [1] * len(shape)
+        for k, n in zip(where, dims, strict=True):
+            tile[k] = n
+        if _divides(shape, tuple(tile)):
+            out.append(tuple(tile))
+    return list(dict.fromkeys(out))
+
+
+def _divides(shape: tuple, tile: tuple) -> bool:
+    return len(shape) == len(tile) and all(
+        t > 0 and s % t == 0 for s, t in zip(shape, tile, strict=True)
+    )
+
+
+def tile_rows(array: np.ndarray, tile: tuple) -> np.ndarray:
+    """Every tile of shape `tile` of `array` (which it divides), flattened, one per row, in
+    the order `tiles` lists their boxes (origins in row-major order)."""
+    split = [n for s, t in zip(array.shape, tile, strict=True) for n in (s // t, t)]
+    k = len(tile)
+    blocks = array.reshape(split).transpose([*range(0, 2 * k, 2), *range(1, 2 * k, 2)])
+    return blocks.reshape(-1, int(np.prod(tile, dtype=np.int64)))
+
+
+def tile_box(shape: tuple, tile: tuple, row: int) -> Box:
+    """The box of row `row` of `tile_rows(array of shape, tile)`."""
+    counts = [s // t for s, t in zip(shape, tile, strict=True)]
+    origin = np.unravel_index(row, counts) if counts else ()
+    return tuple((int(o) * t, int(o) * t + t) for o, t in zip(origin, tile, strict=True))
+
+
 class TileIndex:
     """Spec values cut into tiles of a given local shape, keyed by a random projection.
 
@@ -152,21 +195,45 @@ class TileIndex:
     def _tile(self, vid: int, box: Box, run: int, local: tuple):
         return np.reshape(self.traces[run].values[vid][box_index(box)], local)
 
-    def _index(self, local: tuple) -> list[tuple[float, list[tuple[int, Box]]]]:
-        """(projection, [(spec value, box)]) sorted by projection; tiles equal in every run
-        share one entry, so a value that equals many of them (a zero tile of every masked
-        attention matrix) is compared once, not once per copy."""
+    def _index(self, local: tuple) -> list[tuple[float, list[tuple[int, tuple, int]]]]:
+        """(projection, [(spec value, tile shape, row)]) sorted by projection; tiles equal in
+        every run share one entry, so a value that equals many of them (a zero tile of every
+        masked attention matrix) is compared once, not once per copy. Each spec value's tiles
+        of one shape are projected at once (`tile_rows`): a value of a million elements has a
+        million unit tiles, which one by one cost seconds."""
         idx = self._by_local.get(local)
         if idx is None:
             groups: dict[tuple, tuple[float, list]] = {}
-            for vid, box, arrays in self._tiles(local):
-                key = self._project(local, arrays)
-                if key is not None:
-                    content = (key[0], *(np.ascontiguousarray(a).tobytes() for a in arrays))
-                    groups.setdefault(content, (key[0], []))[1].append((vid, box))
+            r, _ = self._direction(local)
+            for vid, shape in self.shapes.items():
+                if vid not in self.traces[0].values:
+                    continue
+                values = [np.asarray(tr.values[vid]) for tr in self.traces]
+                if any(v.dtype.kind not in "fiub" or v.shape != tuple(shape) for v in values):
+                    continue  # no projection (as `_project`)
+                for tile in tile_shapes(shape, local, self.loose_rank):
+                    # every tile at once: its projection (as `_project`) and its contents
+                    rows = [tile_rows(v, tile) for v in values]
+                    key = np.zeros(len(rows[0]))
+                    for run in rows:
+                        f = run.astype(np.float64)
+                        if not np.isfinite(f).all():
+                            f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
+                        key += f @ r
+                    for i in range(len(key)):
+                        content = tuple(run[i].tobytes() for run in rows)
+                        entry = groups.get(content)
+                        if entry is None:
+                            entry = groups[content] = (float(key[i]), [])
+                        entry[1].append((vid, tile, i))
             idx = sorted(groups.values(), key=lambda e: e[0])
             self._by_local[local] = idx
         return idx
+
+    def _member(self, member: tuple) -> tuple[int, Box]:
+        """(spec value, box) of an index entry's member (value, tile shape, row)."""
+        vid, tile, row = member
+        return vid, tile_box(tuple(self.shapes[vid]), tile, row)
 
     def _matches(self, local: tuple, arrays) -> list[tuple[int, Box]]:
         key = self._project(local, arrays)
@@ -179,11 +246,11 @@ class TileIndex:
         for k, members in idx[lo:]:
             if k > key[0] + tol:
                 break
-            vid, box = members[0]
+            vid, box = self._member(members[0])
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
             ):
-                out += members
+                out += [self._member(m) for m in members]
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
