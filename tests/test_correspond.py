@@ -82,3 +82,11 @@ def test_the_index_projects_all_tiles_of_a_value_at_once_as_one_by_one(seed, loo
         slow = _per_tile_index(index, local)
         assert [ms for _, ms in fast] == [ms for _, ms in slow]
         assert np.allclose([k for k, _ in fast], [k for k, _ in slow])
+
+
+def test_tile_boxes_are_those_tiles_lists() -> None:
+    from tv_ir.prover.correspond import tile_box
+
+    for shape, tile in [((4, 6), (2, 3)), ((2, 3, 4), (1, 3, 2)), ((), ()), ((6,), (1,))]:
+        boxes = tiles(shape, tile)
+        assert [tile_box(shape, tile, i) for i in range(len(boxes))] == boxes

@@ -126,9 +126,11 @@ def tile_rows(array: np.ndarray, tile: tuple) -> np.ndarray:
 
 def tile_box(shape: tuple, tile: tuple, row: int) -> Box:
     """The box of row `row` of `tile_rows(array of shape, tile)`."""
-    counts = [s // t for s, t in zip(shape, tile, strict=True)]
-    origin = np.unravel_index(row, counts) if counts else ()
-    return tuple((int(o) * t, int(o) * t + t) for o, t in zip(origin, tile, strict=True))
+    box = []
+    for s, t in zip(reversed(shape), reversed(tile), strict=True):  # row-major: last dim first
+        row, o = divmod(row, s // t)
+        box.append((o * t, o * t + t))
+    return tuple(reversed(box))
 
 
 class TileIndex:
@@ -235,7 +237,10 @@ class TileIndex:
         vid, tile, row = member
         return vid, tile_box(tuple(self.shapes[vid]), tile, row)
 
-    def _matches(self, local: tuple, arrays) -> list[tuple[int, Box]]:
+    def _matches(self, local: tuple, arrays) -> list[tuple[int, tuple, int]]:
+        """The index members (spec value, tile shape, row) of every tile the arrays (one
+        device's value in every run) equal; `_member` gives their boxes (a zero value
+        equals thousands of tiles: their boxes are made when asked for)."""
         key = self._project(local, arrays)
         if key is None:
             return []
@@ -250,14 +255,14 @@ class TileIndex:
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
             ):
-                out += [self._member(m) for m in members]
+                out += members
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
         """(spec value, box) of every spec tile one device's value equals in every run,
         earliest spec value first."""
         found = self._matches(tuple(np.shape(arrays[0])), arrays)
-        return sorted(found, key=lambda m: self.order.get(m[0], 0))
+        return [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
 
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""
@@ -327,8 +332,9 @@ class TileIndex:
         found: dict[int, list[Box]] | None = None
         for d, arrays in enumerate(per_device):
             here: dict[int, Box] = {}
-            for vid, box in self._matches(local, arrays):
-                here.setdefault(vid, box)  # equal tiles: any one of them will do
+            for member in self._matches(local, arrays):
+                if member[0] not in here:  # equal tiles: any one of them will do
+                    here[member[0]] = self._member(member)[1]
             if d == 0:
                 found = {vid: [box] for vid, box in here.items()}
             else:
