@@ -228,7 +228,10 @@ class TileIndex:
                         if entry is None:
                             entry = groups[content] = (float(key[i]), [])
                         entry[1].append((vid, tile, i))
-            idx = sorted(groups.values(), key=lambda e: e[0])
+            idx = sorted(
+                ((k, members, _first_per_value(members)) for k, members in groups.values()),
+                key=lambda e: e[0],
+            )
             self._by_local[local] = idx
         return idx
 
@@ -237,10 +240,12 @@ class TileIndex:
         vid, tile, row = member
         return vid, tile_box(tuple(self.shapes[vid]), tile, row)
 
-    def _matches(self, local: tuple, arrays) -> list[tuple[int, tuple, int]]:
+    def _matches(self, local: tuple, arrays, firsts: bool = False) -> list[tuple[int, tuple, int]]:
         """The index members (spec value, tile shape, row) of every tile the arrays (one
         device's value in every run) equal; `_member` gives their boxes (a zero value
-        equals thousands of tiles: their boxes are made when asked for)."""
+        equals thousands of tiles: their boxes are made when asked for). `firsts`: of each
+        equal group only the first member of each spec value (all that a caller looking
+        for one tile per value needs)."""
         key = self._project(local, arrays)
         if key is None:
             return []
@@ -248,14 +253,14 @@ class TileIndex:
         tol = 1e-7 * (1.0 + key[1])
         lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
         out = []
-        for k, members in idx[lo:]:
+        for k, members, first in idx[lo:]:
             if k > key[0] + tol:
                 break
             vid, box = self._member(members[0])
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
             ):
-                out += members
+                out += first if firsts else members
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
@@ -266,7 +271,7 @@ class TileIndex:
 
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""
-        return bool(self._matches(tuple(np.shape(arrays[0])), arrays))
+        return bool(self._matches(tuple(np.shape(arrays[0])), arrays, firsts=True))
 
     def _norm_index(self, local: tuple) -> list[tuple[float, int, Box, float]]:
         """Spec tiles divided by their largest-magnitude element (scale-free keys)."""
@@ -332,7 +337,7 @@ class TileIndex:
         found: dict[int, list[Box]] | None = None
         for d, arrays in enumerate(per_device):
             here: dict[int, Box] = {}
-            for member in self._matches(local, arrays):
+            for member in self._matches(local, arrays, firsts=True):
                 if member[0] not in here:  # equal tiles: any one of them will do
                     here[member[0]] = self._member(member)[1]
             if d == 0:
@@ -343,6 +348,14 @@ class TileIndex:
                 return []
         ordered = sorted(found, key=lambda v: self.order.get(v, 0))
         return [Correspondence(v, tuple(found[v])) for v in (ordered[:limit] if limit else ordered)]
+
+
+def _first_per_value(members: list) -> list:
+    """The first member of each spec value, in order."""
+    first: dict[int, tuple] = {}
+    for m in members:
+        first.setdefault(m[0], m)
+    return list(first.values())
 
 
 def _pivot(a) -> float | None:
