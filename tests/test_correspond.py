@@ -51,3 +51,42 @@ def test_no_correspondence_when_one_device_differs() -> None:
     index = TileIndex([Trace(values=spec)], {1: (4, 4)}, {1: 0})
     per_device = [[spec[1][:2]], [spec[1][2:] + 1.0]]
     assert index.candidates(per_device) == []
+
+
+def _per_tile_index(index: TileIndex, local: tuple) -> list:
+    """The index as tiles one at a time give it: (projection, [(value, box)]) sorted."""
+    groups: dict = {}
+    for vid, box, arrays in index._tiles(local):
+        key = index._project(local, arrays)
+        if key is not None:
+            content = tuple(np.ascontiguousarray(a).tobytes() for a in arrays)
+            groups.setdefault(content, (key[0], []))[1].append((vid, box))
+    return sorted(groups.values(), key=lambda e: e[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), loose=st.booleans())
+def test_the_index_projects_all_tiles_of_a_value_at_once_as_one_by_one(seed, loose) -> None:
+    rng = np.random.default_rng(seed)
+    shapes = {1: (4, 6), 2: (2, 3, 4), 3: (6,), 4: (), 5: (4, 1, 6), 6: (2, 4)}
+    traces = []
+    for _ in range(2):
+        values = {v: rng.integers(-2, 3, size=s).astype(np.float64) for v, s in shapes.items()}
+        values[6] = rng.integers(0, 3, size=(2, 4))  # integers
+        values[1][0, :2] = [np.inf, np.nan]  # non-finite elements project as zeros
+        traces.append(Trace(values=values))
+    order = {v: k for k, v in enumerate(shapes)}
+    for local in [(2, 3), (2,), (1,), (), (4, 6), (6, 4), (1, 2), (2, 1, 3), (24,)]:
+        index = TileIndex(traces, shapes, order, loose_rank=loose)
+        fast = [(k, [index._member(m) for m in ms]) for k, ms, _ in index._index(local)]
+        slow = _per_tile_index(index, local)
+        assert [ms for _, ms in fast] == [ms for _, ms in slow]
+        assert np.allclose([k for k, _ in fast], [k for k, _ in slow])
+
+
+def test_tile_boxes_are_those_tiles_lists() -> None:
+    from tv_ir.prover.correspond import tile_box
+
+    for shape, tile in [((4, 6), (2, 3)), ((2, 3, 4), (1, 3, 2)), ((), ()), ((6,), (1,))]:
+        boxes = tiles(shape, tile)
+        assert [tile_box(shape, tile, i) for i in range(len(boxes))] == boxes

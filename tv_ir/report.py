@@ -81,6 +81,9 @@ class Stats:
     proved_by_normal_form: int = 0
     proved_by_z3: int = 0
     expansions: int = 0  # proofs that needed cut-points expanded
+    # stage obligations proved by reusing the proof of one they are a renaming of
+    # (tv_ir.prover.obligation_cache: repeated layers, devices doing the same work)
+    cache_hits: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
 

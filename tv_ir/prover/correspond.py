@@ -88,6 +88,51 @@ def loose_tiles(shape: tuple, local: tuple) -> list[Box]:
     return list(dict.fromkeys(out))
 
 
+def tile_shapes(shape: tuple, local: tuple, loose: bool) -> list[tuple]:
+    """The shapes of the tiles `tiles` (or, `loose`, `loose_tiles`) cuts `shape` into, in the
+    order those list their boxes: all tiles of one shape are the tiling of `shape` by it."""
+    shape, local = tuple(shape), tuple(local)
+    if not loose:
+        return [local] if _divides(shape, local) else []
+    out = []
+    if shape != local and np.prod(shape, dtype=np.int64) == np.prod(local, dtype=np.int64):
+        out.append(shape)
+    dims = [n for n in local if n != 1]
+    if len(dims) > len(shape):
+        return out
+    for where in itertools.combinations(range(len(shape)), len(dims)):
+        tile = [1] * len(shape)
+        for k, n in zip(where, dims, strict=True):
+            tile[k] = n
+        if _divides(shape, tuple(tile)):
+            out.append(tuple(tile))
+    return list(dict.fromkeys(out))
+
+
+def _divides(shape: tuple, tile: tuple) -> bool:
+    return len(shape) == len(tile) and all(
+        t > 0 and s % t == 0 for s, t in zip(shape, tile, strict=True)
+    )
+
+
+def tile_rows(array: np.ndarray, tile: tuple) -> np.ndarray:
+    """Every tile of shape `tile` of `array` (which it divides), flattened, one per row, in
+    the order `tiles` lists their boxes (origins in row-major order)."""
+    split = [n for s, t in zip(array.shape, tile, strict=True) for n in (s // t, t)]
+    k = len(tile)
+    blocks = array.reshape(split).transpose([*range(0, 2 * k, 2), *range(1, 2 * k, 2)])
+    return blocks.reshape(-1, int(np.prod(tile, dtype=np.int64)))
+
+
+def tile_box(shape: tuple, tile: tuple, row: int) -> Box:
+    """The box of row `row` of `tile_rows(array of shape, tile)`."""
+    box = []
+    for s, t in zip(reversed(shape), reversed(tile), strict=True):  # row-major: last dim first
+        row, o = divmod(row, s // t)
+        box.append((o * t, o * t + t))
+    return tuple(reversed(box))
+
+
 class TileIndex:
     """Spec values cut into tiles of a given local shape, keyed by a random projection.
 
@@ -107,20 +152,32 @@ class TileIndex:
         self.loose_rank = loose_rank
         self._by_local: dict[tuple, list[tuple[float, list[tuple[int, Box]]]]] = {}
         self._by_norm: dict[tuple, list[tuple[float, int, Box, float]]] = {}
+        self._directions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _direction(self, local: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """The random direction values of shape `local` are projected on, and its absolute
+        values (drawn once per shape: every value and tile of a shape meets the same one)."""
+        d = self._directions.get(local)
+        if d is None:
+            r = np.random.default_rng(abs(hash(local)) & 0xFFFF).standard_normal(
+                int(np.prod(local, dtype=np.int64))
+            )
+            d = self._directions[local] = (r, np.abs(r))
+        return d
 
     def _project(self, local: tuple, arrays) -> tuple[float, float] | None:
         """A random projection of the arrays, and the magnitude it has to be compared at."""
-        r = np.random.default_rng(abs(hash(local)) & 0xFFFF).standard_normal(
-            int(np.prod(local, dtype=np.int64))
-        )
+        r, r_abs = self._direction(local)
         total = mag = 0.0
         for a in arrays:
             a = np.asarray(a)
             if a.dtype.kind not in "fiub":
                 return None
-            a = np.nan_to_num(a.astype(np.float64).reshape(-1), nan=0.0, posinf=0.0, neginf=0.0)
+            a = a.astype(np.float64).reshape(-1)
+            if not np.isfinite(a).all():
+                a = np.nan_to_num(a, nan=0.0, posinf=0.0, neginf=0.0)
             total += float(r @ a)
-            mag += float(np.abs(r) @ np.abs(a))
+            mag += float(r_abs @ np.abs(a))
         return total, mag
 
     def _tiles(self, local: tuple) -> list[tuple[int, Box, list]]:
@@ -140,23 +197,55 @@ class TileIndex:
     def _tile(self, vid: int, box: Box, run: int, local: tuple):
         return np.reshape(self.traces[run].values[vid][box_index(box)], local)
 
-    def _index(self, local: tuple) -> list[tuple[float, list[tuple[int, Box]]]]:
-        """(projection, [(spec value, box)]) sorted by projection; tiles equal in every run
-        share one entry, so a value that equals many of them (a zero tile of every masked
-        attention matrix) is compared once, not once per copy."""
+    def _index(self, local: tuple) -> list[tuple[float, list[tuple[int, tuple, int]]]]:
+        """(projection, [(spec value, tile shape, row)]) sorted by projection; tiles equal in
+        every run share one entry, so a value that equals many of them (a zero tile of every
+        masked attention matrix) is compared once, not once per copy. Each spec value's tiles
+        of one shape are projected at once (`tile_rows`): a value of a million elements has a
+        million unit tiles, which one by one cost seconds."""
         idx = self._by_local.get(local)
         if idx is None:
             groups: dict[tuple, tuple[float, list]] = {}
-            for vid, box, arrays in self._tiles(local):
-                key = self._project(local, arrays)
-                if key is not None:
-                    content = (key[0], *(np.ascontiguousarray(a).tobytes() for a in arrays))
-                    groups.setdefault(content, (key[0], []))[1].append((vid, box))
-            idx = sorted(groups.values(), key=lambda e: e[0])
+            r, _ = self._direction(local)
+            for vid, shape in self.shapes.items():
+                if vid not in self.traces[0].values:
+                    continue
+                values = [np.asarray(tr.values[vid]) for tr in self.traces]
+                if any(v.dtype.kind not in "fiub" or v.shape != tuple(shape) for v in values):
+                    continue  # no projection (as `_project`)
+                for tile in tile_shapes(shape, local, self.loose_rank):
+                    # every tile at once: its projection (as `_project`) and its contents
+                    rows = [tile_rows(v, tile) for v in values]
+                    key = np.zeros(len(rows[0]))
+                    for run in rows:
+                        f = run.astype(np.float64)
+                        if not np.isfinite(f).all():
+                            f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
+                        key += f @ r
+                    for i in range(len(key)):
+                        content = tuple(run[i].tobytes() for run in rows)
+                        entry = groups.get(content)
+                        if entry is None:
+                            entry = groups[content] = (float(key[i]), [])
+                        entry[1].append((vid, tile, i))
+            idx = sorted(
+                ((k, members, _first_per_value(members)) for k, members in groups.values()),
+                key=lambda e: e[0],
+            )
             self._by_local[local] = idx
         return idx
 
-    def _matches(self, local: tuple, arrays) -> list[tuple[int, Box]]:
+    def _member(self, member: tuple) -> tuple[int, Box]:
+        """(spec value, box) of an index entry's member (value, tile shape, row)."""
+        vid, tile, row = member
+        return vid, tile_box(tuple(self.shapes[vid]), tile, row)
+
+    def _matches(self, local: tuple, arrays, firsts: bool = False) -> list[tuple[int, tuple, int]]:
+        """The index members (spec value, tile shape, row) of every tile the arrays (one
+        device's value in every run) equal; `_member` gives their boxes (a zero value
+        equals thousands of tiles: their boxes are made when asked for). `firsts`: of each
+        equal group only the first member of each spec value (all that a caller looking
+        for one tile per value needs)."""
         key = self._project(local, arrays)
         if key is None:
             return []
@@ -164,25 +253,25 @@ class TileIndex:
         tol = 1e-7 * (1.0 + key[1])
         lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
         out = []
-        for k, members in idx[lo:]:
+        for k, members, first in idx[lo:]:
             if k > key[0] + tol:
                 break
-            vid, box = members[0]
+            vid, box = self._member(members[0])
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
             ):
-                out += members
+                out += first if firsts else members
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
         """(spec value, box) of every spec tile one device's value equals in every run,
         earliest spec value first."""
         found = self._matches(tuple(np.shape(arrays[0])), arrays)
-        return sorted(found, key=lambda m: self.order.get(m[0], 0))
+        return [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
 
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""
-        return bool(self._matches(tuple(np.shape(arrays[0])), arrays))
+        return bool(self._matches(tuple(np.shape(arrays[0])), arrays, firsts=True))
 
     def _norm_index(self, local: tuple) -> list[tuple[float, int, Box, float]]:
         """Spec tiles divided by their largest-magnitude element (scale-free keys)."""
@@ -248,8 +337,9 @@ class TileIndex:
         found: dict[int, list[Box]] | None = None
         for d, arrays in enumerate(per_device):
             here: dict[int, Box] = {}
-            for vid, box in self._matches(local, arrays):
-                here.setdefault(vid, box)  # equal tiles: any one of them will do
+            for member in self._matches(local, arrays, firsts=True):
+                if member[0] not in here:  # equal tiles: any one of them will do
+                    here[member[0]] = self._member(member)[1]
             if d == 0:
                 found = {vid: [box] for vid, box in here.items()}
             else:
@@ -258,6 +348,14 @@ class TileIndex:
                 return []
         ordered = sorted(found, key=lambda v: self.order.get(v, 0))
         return [Correspondence(v, tuple(found[v])) for v in (ordered[:limit] if limit else ordered)]
+
+
+def _first_per_value(members: list) -> list:
+    """The first member of each spec value, in order."""
+    first: dict[int, tuple] = {}
+    for m in members:
+        first.setdefault(m[0], m)
+    return list(first.values())
 
 
 def _pivot(a) -> float | None:

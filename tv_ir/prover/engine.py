@@ -35,6 +35,7 @@ from ..symbolic import TABLE_VALUES, SymbolicAlgebra
 from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
+from .obligation_cache import ObligationCache
 from .placement import Placement
 from .simulate import (
     close,
@@ -71,6 +72,8 @@ class Options:
     seed: int = 0
     progress: Callable[[str], None] | None = None
     time_limit: float | None = None  # seconds for the whole proof (None: no limit)
+    # reuse a stage proof for stage obligations that are renamings of it (repeated layers)
+    reuse_proofs: bool = True
 
 
 class _OutOfTime(OutOfTime):
@@ -113,6 +116,7 @@ class StageProver:
         self.deadline: float | None = None
         self.obligation: tuple | None = None  # (impl op, spec value id): see _now_proving
         self.spec_op = None  # the spec op being evaluated symbolically (before any obligation)
+        self.cache = ObligationCache() if self.opt.reuse_proofs else None
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -533,16 +537,36 @@ class StageProver:
         if not work:
             self.stats.proved_by_normal_form += 1
             return _Outcome("proved", "normal_form")
+        # a stage obligation proved past its cheapest step (one expansion) is looked up in
+        # the cache of proofs: one it is a renaming of proves it (cheaper steps cost less
+        # than a look-up); a proof found after the look-up is stored
+        original, probe = work, None
+        expanded: list[set[int]] = []  # the symbols each level expanded (for the cache)
+
+        def reused() -> bool:
+            nonlocal probe
+            if self.cache is None or final or probe is not None:
+                return False
+            probe = self.cache.probe(original, self._cut_definition)
+            if probe.hit() is None:
+                return False
+            self.stats.cache_hits += 1
+            return True
+
         memo: dict = {}
         limit = MONOMIAL_LIMIT if final else STAGE_MONOMIAL_LIMIT
-        for _level in range(levels):
+        for level in range(levels):
             self._check_time()
+            if level == 1 and reused():
+                return _Outcome("proved", "cache")
             groups = self._culprits(work)
             if not groups:
                 break
             # perturbation flags every value in a violated relation ("m = mean(x1)" flags m
             # and x1); the latest of them is the derived one: expand it, then look again
             target = max(groups, key=lambda g: self.spec_order.get(g, 0))
+            if self.cache is not None and not final:
+                expanded.append(self._symbols_of(work, target))
 
             def expand(e, target=target):
                 return self._expand_term(e, lambda aid: self._definition(aid, target), memo, limit)
@@ -560,11 +584,15 @@ class StageProver:
             self.stats.expansions += 1
             if not work:
                 self.stats.proved_by_normal_form += 1
+                if probe is not None:
+                    probe.record(expanded, "normal_form")
                 return _Outcome("proved", "normal_form")
             if size > (EXPANSION_BUDGET if final else STAGE_BUDGET):
                 if not final:
                     return _Outcome("unknown", reason="stage too large")
                 break
+        if reused():
+            return _Outcome("proved", "cache")
         if not final and any(isinstance(w, T.Poly) and w.is_const() for w in work):
             # a non-zero constant difference wherever both are defined: not this candidate
             return _Outcome("unknown", reason="the values differ by a constant")
@@ -577,6 +605,8 @@ class StageProver:
         res = smt.check_equal(pairs, timeout_s=timeout)
         if res.status == "unsat":
             self.stats.proved_by_z3 += 1
+            if probe is not None:
+                probe.record(expanded, "z3")
             return _Outcome("proved", "z3")
         self._check_time()
         if res.status == "sat" and final:
@@ -597,6 +627,20 @@ class StageProver:
             if res.status == "sat":
                 return _Outcome("sat", model=res.model, reason="the solver found a difference")
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
+
+    def _cut_definition(self, atom_id: int):
+        """A cut symbol's definition over proved cut symbols and inputs (None: no cut
+        symbol), as expansions substitute it."""
+        o = self.owner.get(atom_id)
+        return None if o is None else self.expr(o[0])[o[1]]
+
+    def _symbols_of(self, work: list, target: int) -> set[int]:
+        """The symbols of spec value `target` in the residues (what expanding it replaces)."""
+        out: set[int] = set()
+        for w in work:
+            syms = w.syms if isinstance(w, T.Poly) else (_syms(w[0]) | _syms(w[1]))
+            out.update(a for a in syms if (o := self.owner.get(a)) is not None and o[0] == target)
+        return out
 
     # -- what the proof is working on (for reports that stop it midway) ------------------
     def _now_proving(self, impl_op, spec_vid: int, output: int | None = None) -> None:

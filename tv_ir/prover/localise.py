@@ -35,28 +35,19 @@ from .simulate import (
 )
 
 
+def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
+    """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
+    where: that walk costs more than the runs)."""
+    spec_tr = run_traced(spec, inputs)
+    impl_tr = _run_impl(impl, placement, inputs)
+    return _first_difference(spec_tr, impl_tr, spec, impl, placement)[1] is not None
+
+
 def refutation(spec: Module, impl: Module, placement, inputs: list):
     """(counterexample, location, per-output results) if `inputs` shows a difference."""
     spec_tr = run_traced(spec, inputs)
     impl_tr = _run_impl(impl, placement, inputs)
-    if overflowed(spec, spec_tr) or overflowed(impl, impl_tr):
-        return None  # floats are reals: a run that overflows float64 shows no difference
-    # every device's copy of each output is compared: a replicated output is right only if
-    # each device holding it holds the spec's value
-    copies = placement.output_copies(
-        [
-            [impl_tr.outputs[k][d] for k in range(len(impl_tr.outputs))]
-            for d in range(placement.num_devices)
-        ]
-    )
-    outputs = []
-    found = None  # (output, device, box, that device's copy)
-    for i, (a, held) in enumerate(zip(spec_tr.outputs, copies, strict=True)):
-        bad = next(((d, box, b) for d, box, b in held if not close(_block(a, box), b)), None)
-        # one replay proves a difference, not an equality
-        outputs.append(OutputResult(i, "unknown" if bad is None else NOT_EQUIVALENT))
-        if bad is not None and found is None:
-            found = (i, *bad)
+    outputs, found = _first_difference(spec_tr, impl_tr, spec, impl, placement)
     if found is None:
         return None
     differing, copy_device, box, b = found
@@ -99,6 +90,30 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
         loc.related += related_sites(blamed, walk.index_values)
         loc.related = _distinct(loc.related, loc.impl)[:RELATED_LIMIT]
     return ce, loc, outputs
+
+
+def _first_difference(spec_tr, impl_tr, spec: Module, impl: Module, placement):
+    """(per-output results, the first difference or None): (output, device, box, that
+    device's copy) of the first output some device's copy of which is not the spec's."""
+    if overflowed(spec, spec_tr) or overflowed(impl, impl_tr):
+        return [], None  # floats are reals: a run that overflows float64 shows no difference
+    # every device's copy of each output is compared: a replicated output is right only if
+    # each device holding it holds the spec's value
+    copies = placement.output_copies(
+        [
+            [impl_tr.outputs[k][d] for k in range(len(impl_tr.outputs))]
+            for d in range(placement.num_devices)
+        ]
+    )
+    outputs = []
+    found = None
+    for i, (a, held) in enumerate(zip(spec_tr.outputs, copies, strict=True)):
+        bad = next(((d, box, b) for d, box, b in held if not close(_block(a, box), b)), None)
+        # one replay proves a difference, not an equality
+        outputs.append(OutputResult(i, "unknown" if bad is None else NOT_EQUIVALENT))
+        if bad is not None and found is None:
+            found = (i, *bad)
+    return outputs, found
 
 
 def _body_returns(op, output, walk) -> list[OpSite]:

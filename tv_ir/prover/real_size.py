@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir import Module, TensorType, elements
 from ..report import Report
-from .localise import refutation
+from .localise import differs, refutation
 
 REPLAY_LIMIT = 20_000_000  # elements over all values of both real programs
 
@@ -85,9 +85,10 @@ def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
             for wt, rt in zip(w_spec.main.arg_types, reduced_types, strict=True)
         ]
         inputs = _blown_up(report.counterexample, factors, w_spec)
-        if refutation(w_spec, w_impl, w_place, inputs) is not None:
-            continue
-        if _differs(w_spec, w_impl, w_place, seed) is not None:
+        # whether they differ, not where: the location is the reduced programs'
+        if differs(w_spec, w_impl, w_place, inputs) or _differs_anywhere(
+            w_spec, w_impl, w_place, seed
+        ):
             continue
         return (
             f"refuted at reduced shapes, but with {w.name} at {w.larger} positions instead "
@@ -113,6 +114,14 @@ def _differs(spec: Module, impl: Module, placement, seed: int):
         if found is not None:
             return found
     return None
+
+
+def _differs_anywhere(spec: Module, impl: Module, placement, seed: int) -> bool:
+    """Whether the pair differs on `_differs`'s random inputs (without localising it)."""
+    from .simulate import random_inputs
+
+    rng = np.random.default_rng(seed)
+    return any(differs(spec, impl, placement, random_inputs(spec.main, rng)) for _ in range(RUNS))
 
 
 def confirm_proof(report: Report, reduction, spec, impl, placement, seed: int = 0) -> Report:

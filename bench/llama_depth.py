@@ -1,0 +1,99 @@
+"""Verification cost against depth (issue #12): TrainVerify's Llama 3 step at 2, 8, 32 layers.
+
+    python bench/llama_depth.py                    # depths 2, 8, 32; each with the planted bug
+    python bench/llama_depth.py --depths 2,8 --no-bug --no-xla
+    python bench/llama_depth.py --depths 126 --time-limit 1800 --memory 4000
+
+The configuration of bench/llama3.py's `TRAINVERIFY` (hidden 128, seq 128, 32 heads, batch
+32, vocab 51200, DP 2 x PP 2 x TP 2 as one `jax.shard_map`, 2 micro-batches, forward +
+backward + SGD) with `layers` set; the bug row plants bench/llama3.py's "psum" bug (each
+pipeline stage's last layer does not psum its FFN output over "model"). Every row runs in a
+fresh child (bench/scale.py's: `tv_ir.frontends.jax.verify(...)` on `jax.ShapeDtypeStruct`s,
+lowering included, killed past its timeout or memory); columns: verdict, stages proved,
+stage obligations proved by reusing a cached proof (`stats.cache_hits`), wall seconds in
+total and per phase (JAX lowering; import and shape reduction; simulation; proof; concrete
+confirmation), the child's peak memory, XLA's compile time of the same two programs, and
+TrainVerify's published figures for the same configuration (issue #10 / #12).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+for p in (BENCH.parent, BENCH):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+import scale as S  # noqa: E402
+
+# TrainVerify's time for this configuration (issue #10: 32 layers, this machine kind)
+TRAINVERIFY_S = {32: 61.5}
+TRAINVERIFY_NOTE = (
+    "TrainVerify's 61.5 s for 32 layers (issue #10); its own depth scaling (issue #12) went "
+    "from 140 s at 4 layers to 870 s at 32"
+)
+
+
+def main() -> None:
+    import llama3 as M
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--depths", default="2,8,32", help="comma-separated layer counts")
+    ap.add_argument("--no-bug", action="store_true", help="skip the planted-bug rows")
+    ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
+    ap.add_argument("--time-limit", type=float, default=900.0, help="tv's time_limit per row")
+    ap.add_argument("--memory", type=float, default=4000.0, help="tv's memory_limit (MB)")
+    ap.add_argument("--json", help="also write the results to this file")
+    a = ap.parse_args()
+
+    header = (
+        f"{'layers':>6} {'bug':>5} {'verdict':>15} {'stages':>6} {'hits':>5} {'tv s':>7} "
+        f"{'lower':>6} {'import':>6} {'sim':>5} {'prove':>6} {'confirm':>7} {'peak MB':>7} "
+        f"{'xla s':>6} {'TV s':>6}"
+    )
+    print(f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB")
+    print(header)
+    print("-" * len(header), flush=True)
+    results = []
+    for layers in (int(d) for d in a.depths.split(",")):
+        cfg = M.with_(M.TRAINVERIFY, layers=layers)
+        for bug in (None,) if a.no_bug else (None, "psum"):
+            row = S.llama_row(cfg, bug, note="TrainVerify")
+            args = ["verify", json.dumps(row), str(a.time_limit), str(a.memory)]
+            res, peak = S.run_child(args, a.time_limit + 120, a.memory + 200)
+            res["peak_mb"] = peak
+            if not a.no_xla and bug is None:
+                xla, _ = S.run_child(["xla", json.dumps(row)], 900, None)
+                res.update({k: v for k, v in xla.items() if k.startswith("xla")})
+            ph = res.get("phases", {})
+            imp = ph.get("import")  # parsing, passes and shape reduction (after lowering)
+            tv = TRAINVERIFY_S.get(layers) if bug is None else None
+            print(
+                f"{layers:>6} {bug or '-':>5} {res['verdict']:>15} "
+                f"{S.fmt(res.get('stages'), 'd'):>6} {S.fmt(res.get('cache_hits'), 'd'):>5} "
+                f"{S.fmt(res.get('seconds')):>7} {S.fmt(res.get('lower_s')):>6} "
+                f"{S.fmt(imp):>6} {S.fmt(ph.get('simulate')):>5} {S.fmt(ph.get('prove')):>6} "
+                f"{S.fmt(ph.get('confirm')):>7} {peak:>7.0f} {S.fmt(res.get('xla_s'), '.2f'):>6} "
+                f"{S.fmt(tv):>6}",
+                flush=True,
+            )
+            for key in ("where", "reason"):
+                if res.get(key):
+                    print(f"    {key}: {res[key][:300]}", flush=True)
+            results.append({"layers": layers, "bug": bug, **res})
+    print(
+        "\nhits: stage obligations proved by reusing the proof of a renamed copy"
+        "\n(tv_ir/prover/obligation_cache.py); tv s: verify() in a fresh child, lowering"
+        "\nincluded; lower / import / sim / prove / confirm: its phases (s); xla s: XLA's"
+        f"\ncompile time of spec + implementation; TV s: {TRAINVERIFY_NOTE}."
+    )
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
