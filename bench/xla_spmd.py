@@ -175,7 +175,9 @@ def why_worker(name: str) -> dict:
     placement = _boundary_placement(spec, impl, xla_layouts(parted))
     check_signatures(spec, impl, placement)
     r = reduce_pair(spec, impl, placement, True).to_json()
-    kept = [c for c in r.get("classes", []) if c.get("kept") and c["real"] > 2]
+    kept = [c for c in r.get("classes", []) if c["reduced"] == c["real"] > 2]
+    for c in kept:  # no rule kept it: no factor divides its size and its shards' bounds
+        c["kept"] = c.get("kept") or f"no factor divides {c['real']} and its shard bounds"
     kept.sort(key=lambda c: -c["real"])
     return {
         "name": name,
@@ -195,7 +197,7 @@ ROOT_CAUSES = [
     (r"sorted dimension", "the sorted dimension of a sort"),
     (r"scatter", "scattered-into dimensions (input-dependent positions)"),
     (r"gather", "gathered dimensions (input-dependent positions)"),
-    (r"sharded unevenly", "a dimension split unevenly across devices"),
+    (r"sharded unevenly|no factor divides", "a dimension split unevenly across devices"),
     (r"constant tensor", "a constant tensor (table) over the dimension"),
     (r"reduce_window|select_and_scatter|window", "a window (reduce_window, select_and_scatter)"),
     (r"regroups", "a reshape that regroups dimensions"),
