@@ -2,6 +2,7 @@
 
     python bench/xla_spmd_mutants.py [--jobs 2] [--only NAME ...] [--proved results.jsonl]
                                      [--time-limit S] [--out mutants.jsonl]
+    python bench/xla_spmd_mutants.py --table mutants.jsonl ...    # the table of earlier runs
 
 For every module of ../shared/corpus/xla_spmd that tv proves (or those `--proved` lists as
 proved, from `bench/xla_spmd.py --out`): XLA partitions it on CPU, and each kind of
@@ -205,12 +206,17 @@ def main() -> None:
     ap.add_argument("--memory-limit", type=float, default=MEMORY_LIMIT, help="tv MB per program")
     ap.add_argument("--rss-limit", type=float, default=RSS_LIMIT, help="MB per child, then killed")
     ap.add_argument("--out", help="also append each module's JSON object to this file")
+    ap.add_argument("--table", nargs="+", help="print the table of these --out files and stop")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--trust-proved", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         r = worker(a.worker, a.time_limit, a.memory_limit, not a.trust_proved)
         print(json.dumps(r), flush=True)
+        return
+    if a.table:
+        lines = [line for f in a.table for line in Path(f).read_text().splitlines()]
+        print(table([json.loads(line) for line in lines]))
         return
     from xla_spmd_corpus import CORPUS, cases
 
