@@ -1,6 +1,7 @@
 """XLA's SPMD partitioner unit tests, partitioned by jaxlib's XLA on CPU and verified by tv.
 
     python bench/xla_spmd.py [--jobs 2] [--json] [--only NAME ...] [--time-limit S]
+    python bench/xla_spmd.py --why results.jsonl     # what keeps the limit-bound ones big
 
 For every module of ../shared/corpus/xla_spmd (or TV_XLA_SPMD_CORPUS; read in place): XLA
 partitions it on CPU as its unit test does (sharding propagation off, `num_devices`
@@ -115,6 +116,8 @@ def run_child(name: str, devices: int, a) -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     cmd = [sys.executable, __file__, "--worker", name]
     cmd += ["--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
+    if a.why:
+        cmd.append("--why-worker")
     t0 = time.perf_counter()
     p, killed = _run_watched(cmd, env, a.time_limit + 90, a.rss_limit)
     if killed:
@@ -156,6 +159,65 @@ def _run_watched(cmd, env, timeout: float, rss_mb: float):
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()), killed
+
+
+def why_worker(name: str) -> dict:
+    """Child process: what shape reduction keeps at its real size in one module's pair (the
+    root cause of a time or memory limit), largest class first."""
+    from tv_ir.passes.shape_reduction import reduce_pair
+    from xla_spmd_corpus import cases, partition_case, xla_layouts
+
+    from tv_ir.pipeline import _boundary_placement, check_signatures, prepare
+
+    case = next(c for c in cases() if c.name == name)
+    _, parted = partition_case(case)
+    spec, impl = prepare(case.path, "spec"), prepare(parted.per_device_hlo, "impl")
+    placement = _boundary_placement(spec, impl, xla_layouts(parted))
+    check_signatures(spec, impl, placement)
+    r = reduce_pair(spec, impl, placement, True).to_json()
+    kept = [c for c in r.get("classes", []) if c["reduced"] == c["real"] > 2]
+    for c in kept:  # no rule kept it: no factor divides its size and its shards' bounds
+        c["kept"] = c.get("kept") or f"no factor divides {c['real']} and its shard bounds"
+    kept.sort(key=lambda c: -c["real"])
+    return {
+        "name": name,
+        "outcome": "why",
+        "failed": r.get("failed"),
+        "real_elements": r.get("real_elements"),
+        "reduced_elements": r.get("reduced_elements"),
+        "kept": [[c["real"], c["kept"]] for c in kept[:6]],
+        "cause": root_cause(r.get("failed"), kept, r.get("reduced_elements") or 0),
+    }
+
+
+# what keeps a dimension at its real size, most specific first
+ROOT_CAUSES = [
+    (r"convolution window", "convolution spatial dimensions (window, stride, padding)"),
+    (r"convolution groups", "grouped convolution features"),
+    (r"sorted dimension", "the sorted dimension of a sort"),
+    (r"scatter", "scattered-into dimensions (input-dependent positions)"),
+    (r"gather", "gathered dimensions (input-dependent positions)"),
+    (r"sharded unevenly|no factor divides", "a dimension split unevenly across devices"),
+    (r"constant tensor", "a constant tensor (table) over the dimension"),
+    (r"reduce_window|select_and_scatter|window", "a window (reduce_window, select_and_scatter)"),
+    (r"regroups", "a reshape that regroups dimensions"),
+    (r"positions|offset", "index arithmetic tv does not rescale (offsets, masks)"),
+    (r"custom_call @(\w+)", "custom call @{0}"),
+    (r"(\S+) \(no shape rule\)", "no shape rule for {0}"),
+]
+
+
+def root_cause(failed, kept: list[dict], reduced_elements: int) -> str:
+    if failed:
+        return f"shape reduction failed: {_one_line(failed, 80)}"
+    for c in kept:
+        for pattern, label in ROOT_CAUSES:
+            m = re.search(pattern, c["kept"])
+            if m:
+                return label.format(*m.groups())
+    if kept:
+        return re.sub(r" at \S+.*", "", kept[0]["kept"])
+    return f"every dimension reduced ({reduced_elements} elements left)"
 
 
 # what a reason says, most specific first (one line each in the table)
@@ -248,14 +310,28 @@ def main() -> None:
         "--rss-limit", type=float, default=RSS_LIMIT, help="MB resident per child, then killed"
     )
     ap.add_argument("--out", help="also append each module's JSON object to this file")
+    ap.add_argument(
+        "--why", help="a results file: what shape reduction keeps in its limit-bound modules"
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--why-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.worker and a.why_worker:
+        print(json.dumps(why_worker(a.worker)), flush=True)
+        return
     if a.worker:
         print(json.dumps(worker(a.worker, a.time_limit, a.memory_limit)), flush=True)
         return
     from xla_spmd_corpus import CORPUS, cases
 
     todo = [c for c in cases() if not a.only or c.name in a.only]
+    if a.why:
+        bound = {
+            r["name"]
+            for r in map(json.loads, Path(a.why).read_text().splitlines())
+            if r["outcome"] == "unknown" and re.search(r"(time|memory) limit", r["reason"])
+        }
+        todo = [c for c in todo if c.name in bound]
     if not todo:
         sys.exit(f"no corpus modules at {CORPUS} (set TV_XLA_SPMD_CORPUS)")
     results = []
@@ -278,8 +354,21 @@ def main() -> None:
                 print(line, flush=True)
             else:
                 print(f"{r['name']}: {r['outcome']} {r.get('reason', '')}"[:200], file=sys.stderr)
-    if not a.json:
+    if a.why:
+        print(why_table(results))
+    elif not a.json:
         print(table(results))
+
+
+def why_table(results: list[dict]) -> str:
+    """Limit-bound modules by what shape reduction keeps (the largest kept class's reason)."""
+    by = defaultdict(list)
+    for r in results:
+        by[r.get("cause") or f"not analysed: {r.get('reason', '?')[:60]}"].append(r["name"])
+    lines = [f"{len(results)} modules that reached the time or memory limit, by root cause"]
+    for cause, names in sorted(by.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"{len(names):>4}  {cause}: {', '.join(sorted(names))}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -212,3 +212,44 @@ def test_hlo_text_without_a_module_header_is_read() -> None:
     assert headless.lstrip().startswith("ENTRY")
     r = tv_ir.check(headless, AFTER_HLO)
     assert r.verdict == "equivalent", r.reason
+
+
+MAXIMAL_SPEC = """
+func.func @main(%x: tensor<2x3xf32> {mhlo.sharding = "{maximal device=1}"})
+    -> (tensor<2x3xf32> {mhlo.sharding = "{replicated}"}) {
+  return %x : tensor<2x3xf32>
+}
+"""
+
+# XLA's broadcast of a value on device 1: device 1 contributes it, the others zeros
+MAXIMAL_BROADCAST = """HloModule m, num_partitions=2
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[2,3]) -> f32[2,3] {
+  %x = f32[2,3]{1,0} parameter(0), sharding={maximal device=1}
+  %pid = u32[] partition-id()
+  %one = u32[] constant(1)
+  %holder = pred[] compare(%pid, %one), direction=EQ
+  %mask = pred[2,3]{1,0} broadcast(%holder), dimensions={}
+  %zero = f32[] constant(0)
+  %zeros = f32[2,3]{1,0} broadcast(%zero), dimensions={}
+  %mine = f32[2,3]{1,0} select(%mask, %x, %zeros)
+  ROOT %all = f32[2,3]{1,0} all-reduce(%mine), channel_id=1, replica_groups={{0,1}}, \
+use_global_device_ids=true, to_apply=%sum
+}
+"""
+
+
+def test_maximal_argument_is_read_from_its_device_only() -> None:
+    assert tv_ir.check(MAXIMAL_SPEC, MAXIMAL_BROADCAST).verdict == "equivalent"
+    # device 0's buffer of a value that lives on device 1 holds nothing meaningful
+    reads_elsewhere = MAXIMAL_BROADCAST.replace(
+        "select(%mask, %x, %zeros)", "select(%mask, %zeros, %x)"
+    )
+    r = tv_ir.check(MAXIMAL_SPEC, reads_elsewhere)
+    assert r.verdict == "not_equivalent", f"{r.verdict}: {r.reason}"

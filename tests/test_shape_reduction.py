@@ -732,6 +732,15 @@ def conv_impl(x, k):
     return k[2] * x[: T - 2] + k[1] * x[1 : T - 1] + k[0] * x[2:]
 
 
+def sort_rows_spec(x):
+    return jax.lax.sort(x, dimension=1)
+
+
+def sort_rows_sharded(x):  # each device sorts its rows (XLA's partitioning of a batch dim)
+    rows = NamedSharding(mesh(), P("data", None))
+    return jax.jit(sort_rows_spec, in_shardings=rows, out_shardings=rows)(x)
+
+
 def count_spec(x):
     return jnp.sum(x, axis=0) / jnp.sum(jnp.ones(T))  # a count of constants as normaliser
 
@@ -795,6 +804,16 @@ KEPT = [
         (f32(T), f32(3)),
         "equivalent",
         {"spec argument 0 dim 0": "convolution", "spec argument 1 dim 0": "convolution"},
+    ),
+    Kept(
+        "sort_lanes",
+        sort_rows_sharded,
+        sort_rows_spec,
+        (f32(B, T),),
+        "equivalent",
+        # which element lands where depends on the whole row; the rows are independent
+        {"spec argument 0 dim 1": "sorted dimension"},
+        shrinks=arg(0, 0),
     ),
     Kept(
         "count_of_constants",

@@ -178,5 +178,35 @@ def test_mutated_partition_is_refuted_and_xla_confirms_it(name: str, mutation: s
     assert replay["differs"], f"{name} ({mutation}): XLA does not confirm the counterexample"
 
 
+# the harness's kinds (tests/xla_spmd_mutations.py; bench/xla_spmd_mutants.py runs them all)
+HARNESS_MUTANTS = [
+    ("TiledToReplicatedReduce", "dropped collective"),
+    ("PartialReplicatePad", "dropped collective"),
+    ("PartialReplicatePad", "swapped operands"),
+    ("PartialReplicatePad", "shifted slice"),
+    ("ConvolutionLhsTiledRhsTiled_UnevenDilatedRHSPartitioned", "wrong groups"),
+    # device 0 reads its buffer of a value that lives on device 1 (maximal): meaningless
+    ("GetTupleElementSwapDevice", "swapped operands"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"), [pytest.param(n, k, id=f"{n}-{k}") for n, k in HARNESS_MUTANTS]
+)
+def test_harness_mutant_is_refuted_and_xla_confirms_it(name: str, kind: str) -> None:
+    from xla_spmd_mutations import mutants
+
+    if name not in CASES:
+        pytest.skip("not in corpus")
+    case = CASES[name]
+    before, parted = partition_case(case)
+    [m] = mutants(parted.per_device_hlo, kinds=[kind])
+    r = tv_ir.check(case.path, m.text, time_limit=TIME_LIMIT, layouts=xla_layouts(parted))
+    assert r.verdict == "not_equivalent", f"{name} ({m.site}): {r.verdict}: {r.reason}"
+    inputs = list(r.counterexample.inputs.values())
+    replay = replay_on_xla(before, dataclasses.replace(parted, per_device_hlo=m.text), inputs)
+    assert replay["differs"], f"{name} ({m.site}): XLA does not confirm the counterexample"
+
+
 def test_corpus_is_read_in_place() -> None:
     assert not list(ROOT.rglob("cases.json")), "corpus files copied into the repository"

@@ -96,7 +96,8 @@ def unpartitioned(before: str) -> str:
 
 def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
     """Run the per-device program XLA dumped after partitioning on its devices (each device
-    its piece of each input, padded as XLA pads; `{manual}` shardings so XLA leaves it as it
+    its piece of each input, padded as XLA pads, zeros off a maximal layout's device;
+    `{manual}` shardings so XLA leaves it as it
     is) and the unpartitioned module on one device, on `inputs` (global values, argument
     order). `differs` is True when some device's piece of some result differs from its
     block of the single-device result (unreduced results: the sum over each group)."""
@@ -121,10 +122,7 @@ def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
             for o in single.execute([jax.device_put(np.asarray(x), devs[0]) for x in inputs])
         ]
         pieces = [
-            [
-                lay.shard(x, d, pad=np.zeros((), x.dtype))
-                for lay, x in zip(placement.args, inputs, strict=True)
-            ]
+            [_piece(lay, x, d) for lay, x in zip(placement.args, inputs, strict=True)]
             for d in range(n)
         ]
         got = run_per_device(_manual_program(parted.per_device_hlo, n), pieces, n)
@@ -138,6 +136,13 @@ def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
             if mine.shape != want[k][box].shape or not _close(mine, want[k][box]):
                 return {"differs": True, "output": k, "device": d}
     return {"differs": False}
+
+
+def _piece(lay, x: np.ndarray, d: int) -> np.ndarray:
+    """Device d's buffer of input x: its piece, padded as XLA pads; zeros on the devices
+    that do not hold a maximal layout's value (their buffers mean nothing, as tv reads them)."""
+    piece = lay.shard(x, d, pad=np.zeros((), x.dtype))
+    return np.zeros_like(piece) if lay.maximal not in (None, d) else piece
 
 
 def run_per_device(text: str, per_device: list[list], n: int) -> list[list]:

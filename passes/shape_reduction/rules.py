@@ -669,6 +669,21 @@ class ShapeRules:
             self.d.every_member_at_least(self.keys(op.operands[0])[a], 2)
         self.untrack(op.operands[0], f"reverse at {op.loc}")
 
+    def rule_sort(self, op: Op) -> None:
+        """Each lane (all positions but the sorted dimension) is sorted on its own, by a
+        comparator of scalars: the other dimensions are size-generic and tie across the
+        operands and results; the sorted dimension keeps its size (which element lands
+        where depends on every element of the lane)."""
+        dim = op.attrs["dimension"]
+        first = op.operands[0]
+        for v in list(op.operands[1:]) + list(op.results):
+            self.tie_all(first, v)
+        kx = self.keys(first)
+        if kx:
+            self.d.keep(kx[dim], f"sorted dimension of sort at {op.loc}")
+        for v in op.operands:
+            self.untrack(v, f"sort at {op.loc}")
+
     def rule_dynamic_slice(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
         kx, kr = self.keys(x), self.keys(r)

@@ -496,9 +496,9 @@ class StageProver:
                     total = SymbolicAlgebra().add(total, per_device[d])
                 pairs += _element_pairs(_trim(total, box), _block(spec_value, box))
             return pairs
-        for d, piece in enumerate(per_device):
+        for d in layout.holders:  # a maximal layout's value is on its device only
             box = layout.box(d)
-            pairs += _element_pairs(_trim(piece, box), _block(spec_value, box))
+            pairs += _element_pairs(_trim(per_device[d], box), _block(spec_value, box))
         return pairs
 
     def _same_conditions(self, x, y, memo: dict):
@@ -711,9 +711,11 @@ class StageProver:
                 v = float(self.spec_trace.values[o[0]][o[1]])
             elif aid in TABLE_VALUES:
                 v = TABLE_VALUES[aid]
-            else:
+            elif aid in self.input_atoms:
                 i, idx = self.input_atoms[aid]
                 v = float(self.sim_inputs[i][idx])
+            else:  # a device's share of a partial sum, or its buffer of a value on another
+                v = 0.0  # device: zeros in the simulation (Placement.shard_inputs)
             self.sim_env[aid] = v
         return v
 

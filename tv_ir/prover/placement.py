@@ -152,7 +152,9 @@ class Placement:
 
         Symbolic inputs of an unreduced layout are split into arbitrary partial sums: fresh
         symbols on all but the first device of each group, the first holding the rest, so a
-        proof holds for every way the devices may share the value.
+        proof holds for every way the devices may share the value. A maximal layout's value
+        is on its device only: the other devices' buffers hold anything (fresh symbols;
+        zeros when concrete), so a program that reads them is not proved.
         """
         out = [
             [lay.shard(x, d, pad=_zero_like(x)) for lay, x in zip(self.args, inputs, strict=True)]
@@ -161,6 +163,8 @@ class Placement:
         for k, (lay, x) in enumerate(zip(self.args, inputs, strict=True)):
             if lay.unreduced and np.asarray(x).dtype == object:
                 _split_partial_sums(lay, k, out)
+            if lay.maximal is not None:
+                _absent_elsewhere(lay, k, out)
         return out
 
     def assemble_outputs(self, per_device: list[list], add=None) -> list:
@@ -200,6 +204,21 @@ def _split_partial_sums(lay: Layout, k: int, per_device: list[list]) -> None:
             per_device[d][k] = part
             rest[box] = alg.subtract(rest[box], part[box])
         per_device[group[0]][k] = rest
+
+
+def _absent_elsewhere(lay: Layout, k: int, per_device: list[list]) -> None:
+    """Argument k on the devices that do not hold its maximal layout: meaningless."""
+    from .. import terms as T
+
+    for d, args in enumerate(per_device):
+        if d == lay.maximal:
+            continue
+        x = np.asarray(args[k])
+        if x.dtype == object:
+            key = T.Key("absent", (k, d), _dtype_of(x), f"absent.arg{k}.dev{d}")
+            args[k] = T.symbol_array(key, x.shape)
+        else:
+            args[k] = np.zeros_like(x)
 
 
 def _sdy_devices(fn: Function, meshes: dict) -> int:
