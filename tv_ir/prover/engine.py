@@ -103,6 +103,8 @@ class StageProver:
         self.syms: dict[int, np.ndarray] = {}  # spec value id -> its symbols
         self.owner: dict[int, tuple[int, tuple]] = {}  # symbol atom id -> (value id, index)
         self.proved: set[int] = set()
+        # spec value id -> the earlier value with the same definition (see _spec_pass)
+        self.twins: dict[int, int] = {}
         self.exprs: dict[int, np.ndarray] = {}  # memo of expr()
         self.spec_env: dict[int, object] = {}
         self.spec_order: dict[int, int] = {}
@@ -234,22 +236,36 @@ class StageProver:
         return out
 
     def _spec_pass(self, inputs: list) -> list:
+        """Evaluate the spec symbolically, cutting every float value (a fresh symbol per
+        element, its one-op definition in `defs`). Hash-consed: a value whose definition is
+        an earlier value's (the same terms over the same symbols: a rematerialised copy of a
+        forward value, recomputed in the backward pass) or is an earlier value's symbols
+        (an identity such as a sharding constraint) is that value (`twins`), not a new
+        cut-point: otherwise proving it would expand its unproved recomputation."""
         counter = [0]
+        by_definition: dict[tuple, int] = {}
 
         def hook(op, results):
             self._check_time()
             out = []
             for v, r in zip(op.results, results, strict=True):
                 self.spec_order[v.id] = len(self.spec_order)
-                if _cuttable(op, v, [r]):
+                key = _definition_key(v, r) if _cuttable(op, v, [r]) else None
+                first = None if key is None else by_definition.get(key)
+                if first is not None:
+                    self.twins[v.id] = first
+                    out.append(self.syms[first])
+                elif key is not None:
                     counter[0] += 1
-                    key = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
-                    sym = T.symbol_array(key, v.type.shape)
+                    name = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
+                    sym = T.symbol_array(name, v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
                         self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
                     _carry_definedness(sym, r)
                     self.defs[v.id] = r
                     self.syms[v.id] = sym
+                    by_definition[key] = v.id
+                    by_definition[_definition_key(v, sym)] = v.id
                     out.append(sym)
                 else:
                     out.append(r)
@@ -759,6 +775,13 @@ def _cuttable(op, v, per_device: list) -> bool:
         and v.type.is_float
         and any(_is_sym(r) for r in per_device)
     )
+
+
+def _definition_key(v, definition) -> tuple:
+    """What identifies a spec value: its dtype, shape and terms (hash-consed, so equal
+    definitions over the same symbols give equal keys)."""
+    arr = np.asarray(definition)
+    return (v.type.dtype, arr.shape, tuple(arr.reshape(-1).tolist()))
 
 
 def _carry_definedness(sym: np.ndarray, definition) -> None:
