@@ -254,3 +254,28 @@ def test_a_recomputed_spec_value_is_its_first_copy():
     first_tanh, second_tanh = ops["stablehlo.tanh"]
     assert prover.twins == {second_dot: first_dot, second_tanh: first_tanh}
     assert prover.spec_env[second_tanh] is prover.syms[first_tanh]
+
+
+def test_equal_tiles_of_different_heads_go_to_the_device_own_head():
+    """Masked attention tiles of different heads can hold the same numbers in every
+    simulation run (0 where a row's one unmasked score is, the mask value elsewhere) while
+    being different functions of the inputs. The candidate correspondence took the first
+    equal tile for every device, another head's for half of them, so MaxText's attention
+    `scores - max` could not be proved (a solver timeout) and was left uncut. Among tiles
+    equal in simulation, each device now gets the one its normal forms agree with."""
+    from tv_ir import terms as T
+    from tv_ir.prover.correspond import TileIndex
+    from tv_ir.prover.engine import _likeliest_boxes
+    from tv_ir.prover.simulate import Trace
+
+    heads = T.symbol_array(T.Key("input", 0, "f32", "scores"), (2, 2))  # [head, key]
+    numbers = np.array([[0.0, MASK], [0.0, MASK]])  # both heads: equal in every run
+    runs = [Trace(values={7: numbers}), Trace(values={7: numbers})]
+    index = TileIndex(runs, {7: (2, 2)}, {7: 0})
+    per_device = [heads[0:1], heads[1:2]]  # device d holds head d
+    (c,) = index.candidates([[numbers[0:1]] * 2, [numbers[1:2]] * 2])
+    assert c.boxes[0] == c.boxes[1]  # simulation alone gives device 1 head 0's tile
+    proved = T.symbol_array(T.Key("cut", 7, "f32", "%subtract"), (2, 2))  # its symbols
+    for views in ([heads], [proved, heads]):  # unproved; proved (a recomputed copy)
+        chosen = _likeliest_boxes(c, per_device, views)
+        assert [chosen.block(heads, d)[0, 0] for d in range(2)] == [heads[0, 0], heads[1, 0]]

@@ -460,6 +460,7 @@ class StageProver:
             return per_device
         for c in index.candidates(runs):
             view = self.spec_view(c.spec_value)
+            c = _likeliest_boxes(c, per_device, [view, self.defs[c.spec_value]])
             pairs = []
             for d, a in enumerate(per_device):
                 pairs += _element_pairs(a, c.block(view, d))
@@ -748,6 +749,32 @@ class StageProver:
         ):
             return None
         return base
+
+
+def _likeliest_boxes(c, per_device: list, views: list):
+    """`c` with each device's box chosen, among tiles that were equal in simulation, as the
+    one whose elements have the device's normal forms most often, in any of `views` of the
+    spec value (what users see: its symbols once proved; its definition, which a
+    recomputed value meets). Masked attention tiles of
+    different heads can hold the same numbers in every run (0 on the diagonal, the mask value
+    elsewhere) while being different functions of the inputs: the first such tile found was
+    often another head's, and the proof then failed (MaxText's step). Only which obligation
+    is tried changes; it still has to be proved."""
+    for d, boxes in enumerate(c.alternatives):
+        if len(boxes) < 2:
+            continue
+        piece = np.asarray(per_device[d])
+
+        def agreeing(box, piece=piece):
+            blocks = [np.asarray(v)[box_index(box)] for v in views]
+            if any(b.shape != piece.shape for b in blocks):
+                return -1
+            return sum(any(_same(a, b.flat[k]) for b in blocks) for k, a in enumerate(piece.flat))
+
+        best = max(boxes, key=agreeing)  # the first of equally good boxes
+        if best != c.boxes[d]:
+            c = c.with_box(d, best)
+    return c
 
 
 def _describe_op(op) -> str:
