@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,7 +48,7 @@ class Correspondence:
     boxes: tuple[Box, ...]  # one per device
     # per device, every box whose tile equals the device's value in every run (the first is
     # `boxes[d]`): masked tiles of different heads can be equal in simulation
-    alternatives: tuple[tuple[Box, ...], ...] = ()
+    alternatives: tuple[tuple[Box, ...], ...] = field(default=(), compare=False)
 
     def block(self, array, device: int):
         """The part of a spec-shaped array that `device` holds."""
