@@ -183,3 +183,99 @@ def test_a_large_definedness_condition_is_carried_as_it_is(monkeypatch):
     sym = T.symbol_array(T.Key("cut", 0, "f32", "%divide"), (1,))
     engine._carry_definedness(sym, definition)
     assert sym[0].dom is definition[0].dom
+
+
+def test_rematerialised_values_are_their_forward_twins():
+    """MaxText's scanned layer under full remat, with its sharding constraints: the backward
+    pass recomputes the layer's forward values. Each recomputed spec value has the same
+    definition as its forward twin, so it is that value (hash-consed cut-points): proving an
+    implementation value against it expands nothing. Before, each twin was a cut-point of its
+    own, and an implementation value cut at the forward copy had to be expanded back to meet
+    the twin's definition (164 expansions here; MaxText's step ran out of memory)."""
+    from jax.sharding import PartitionSpec as P
+
+    def layer(h, w):
+        w1, w2 = w
+        h = jax.lax.with_sharding_constraint(h, P("fsdp", None))
+        x = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-5)
+        a = jax.lax.with_sharding_constraint(x @ w1, P("fsdp", "tensor"))
+        return h + jax.lax.with_sharding_constraint(jnp.tanh(a) @ w2, P("fsdp", None))
+
+    def loss(params, x):
+        body = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+        h, _ = jax.lax.scan(lambda h, w: (body(h, w), None), x, params)
+        return jnp.mean(h * h)
+
+    def step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    width = 16
+    params = (
+        jax.ShapeDtypeStruct((1, width, 2 * width), F32),
+        jax.ShapeDtypeStruct((1, 2 * width, width), F32),
+    )
+    specs = (P(None, "fsdp", "tensor"), P(None, "tensor", "fsdp"))
+    report = verify(
+        step,
+        params,
+        jax.ShapeDtypeStruct((8, width), F32),
+        mesh={"fsdp": 4, "tensor": 2},
+        in_shardings=(specs, P("fsdp")),
+        out_shardings=(specs, P()),
+    )
+    assert report.verdict == EQUIVALENT, report
+    # the few expansions left (8 here, one level each) are in the implementation's
+    # recomputed layer
+    assert report.stats.expansions <= 10, report.stats
+
+
+def test_a_recomputed_spec_value_is_its_first_copy():
+    """The spec pass gives a value computed twice from the same operands (remat's recomputed
+    forward) the first copy's symbols."""
+    from tv_ir.frontends.jax.lowering import lower
+
+    from tv_ir.pipeline import prepare
+    from tv_ir.prover.engine import StageProver
+
+    def f(x, w):
+        y = jnp.tanh(x @ w)
+        z = jnp.tanh(jax.lax.optimization_barrier(x) @ w)  # recomputed, as remat does
+        return y * z
+
+    v = jax.ShapeDtypeStruct((2, 2), F32)
+    spec = prepare(lower(jax.jit(f), (v, v), role="spec").text, "spec")
+    prover = StageProver(spec, spec)
+    prover._spec_pass(prover._input_symbols())
+    ops = {op.name: [] for op in spec.main.body.ops}
+    for op in spec.main.body.ops:
+        ops[op.name].append(op.results[0].id)
+    first_dot, second_dot = ops["stablehlo.dot_general"]
+    first_tanh, second_tanh = ops["stablehlo.tanh"]
+    assert prover.twins == {second_dot: first_dot, second_tanh: first_tanh}
+    assert prover.spec_env[second_tanh] is prover.syms[first_tanh]
+
+
+def test_equal_tiles_of_different_heads_go_to_the_device_own_head():
+    """Masked attention tiles of different heads can hold the same numbers in every
+    simulation run (0 where a row's one unmasked score is, the mask value elsewhere) while
+    being different functions of the inputs. The candidate correspondence took the first
+    equal tile for every device, another head's for half of them, so MaxText's attention
+    `scores - max` could not be proved (a solver timeout) and was left uncut. Among tiles
+    equal in simulation, each device now gets the one its normal forms agree with."""
+    from tv_ir import terms as T
+    from tv_ir.prover.correspond import TileIndex
+    from tv_ir.prover.engine import _likeliest_boxes
+    from tv_ir.prover.simulate import Trace
+
+    heads = T.symbol_array(T.Key("input", 0, "f32", "scores"), (2, 2))  # [head, key]
+    numbers = np.array([[0.0, MASK], [0.0, MASK]])  # both heads: equal in every run
+    runs = [Trace(values={7: numbers}), Trace(values={7: numbers})]
+    index = TileIndex(runs, {7: (2, 2)}, {7: 0})
+    per_device = [heads[0:1], heads[1:2]]  # device d holds head d
+    (c,) = index.candidates([[numbers[0:1]] * 2, [numbers[1:2]] * 2])
+    assert c.boxes[0] == c.boxes[1]  # simulation alone gives device 1 head 0's tile
+    proved = T.symbol_array(T.Key("cut", 7, "f32", "%subtract"), (2, 2))  # its symbols
+    for views in ([heads], [proved, heads]):  # unproved; proved (a recomputed copy)
+        chosen = _likeliest_boxes(c, per_device, views)
+        assert [chosen.block(heads, d)[0, 0] for d in range(2)] == [heads[0, 0], heads[1, 0]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,11 @@ from .simulate import Trace
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
 
 # ops that only move or relabel elements: never worth a cut-point of their own
+# equal tiles of one spec value kept as a device's alternatives (heads whose masked scores are
+# equal in every simulation run); a zero value equals thousands of tiles: only so many boxes
+ALTERNATIVES = 8
+
+
 MOVEMENT_OPS = {
     "stablehlo.broadcast_in_dim",
     "stablehlo.reshape",
@@ -46,10 +51,19 @@ MOVEMENT_OPS = {
 class Correspondence:
     spec_value: int  # spec value id
     boxes: tuple[Box, ...]  # one per device
+    # per device, every box whose tile equals the device's value in every run (the first is
+    # `boxes[d]`): masked tiles of different heads can be equal in simulation
+    alternatives: tuple[tuple[Box, ...], ...] = field(default=(), compare=False)
 
     def block(self, array, device: int):
         """The part of a spec-shaped array that `device` holds."""
         return np.asarray(array)[box_index(self.boxes[device])]
+
+    def with_box(self, device: int, box: Box) -> Correspondence:
+        """The same correspondence with `device` holding `box` instead."""
+        boxes = list(self.boxes)
+        boxes[device] = box
+        return Correspondence(self.spec_value, tuple(boxes), self.alternatives)
 
 
 def box_index(box: Box) -> tuple:
@@ -334,20 +348,26 @@ class TileIndex:
         """Correspondences for a value given, per device, its arrays in every simulation run
         (`limit` 0: all of them), earliest spec value first."""
         local = tuple(np.shape(per_device[0][0]))
-        found: dict[int, list[Box]] | None = None
+        found: dict[int, list[tuple[Box, ...]]] | None = None
         for d, arrays in enumerate(per_device):
-            here: dict[int, Box] = {}
-            for member in self._matches(local, arrays, firsts=True):
-                if member[0] not in here:  # equal tiles: any one of them will do
-                    here[member[0]] = self._member(member)[1]
+            here: dict[int, list[Box]] = {}
+            for member in self._matches(local, arrays):
+                boxes = here.setdefault(member[0], [])
+                if len(boxes) < ALTERNATIVES:  # equal tiles: kept as alternatives
+                    boxes.append(self._member(member)[1])
             if d == 0:
-                found = {vid: [box] for vid, box in here.items()}
+                found = {vid: [tuple(boxes)] for vid, boxes in here.items()}
             else:
-                found = {vid: boxes + [here[vid]] for vid, boxes in found.items() if vid in here}
+                found = {
+                    vid: boxes + [tuple(here[vid])] for vid, boxes in found.items() if vid in here
+                }
             if not found:
                 return []
         ordered = sorted(found, key=lambda v: self.order.get(v, 0))
-        return [Correspondence(v, tuple(found[v])) for v in (ordered[:limit] if limit else ordered)]
+        return [
+            Correspondence(v, tuple(b[0] for b in found[v]), tuple(found[v]))
+            for v in (ordered[:limit] if limit else ordered)
+        ]
 
 
 def _first_per_value(members: list) -> list:

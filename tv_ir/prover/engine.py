@@ -106,6 +106,8 @@ class StageProver:
         self.syms: dict[int, np.ndarray] = {}  # spec value id -> its symbols
         self.owner: dict[int, tuple[int, tuple]] = {}  # symbol atom id -> (value id, index)
         self.proved: set[int] = set()
+        # spec value id -> the earlier value with the same definition (see _spec_pass)
+        self.twins: dict[int, int] = {}
         self.exprs: dict[int, np.ndarray] = {}  # memo of expr()
         self.spec_env: dict[int, object] = {}
         self.spec_order: dict[int, int] = {}
@@ -238,22 +240,36 @@ class StageProver:
         return out
 
     def _spec_pass(self, inputs: list) -> list:
+        """Evaluate the spec symbolically, cutting every float value (a fresh symbol per
+        element, its one-op definition in `defs`). Hash-consed: a value whose definition is
+        an earlier value's (the same terms over the same symbols: a rematerialised copy of a
+        forward value, recomputed in the backward pass) or is an earlier value's symbols
+        (an identity such as a sharding constraint) is that value (`twins`), not a new
+        cut-point: otherwise proving it would expand its unproved recomputation."""
         counter = [0]
+        by_definition: dict[tuple, int] = {}
 
         def hook(op, results):
             self._check_time()
             out = []
             for v, r in zip(op.results, results, strict=True):
                 self.spec_order[v.id] = len(self.spec_order)
-                if _cuttable(op, v, [r]):
+                key = _definition_key(v, r) if _cuttable(op, v, [r]) else None
+                first = None if key is None else by_definition.get(key)
+                if first is not None:
+                    self.twins[v.id] = first
+                    out.append(self.syms[first])
+                elif key is not None:
                     counter[0] += 1
-                    key = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
-                    sym = T.symbol_array(key, v.type.shape)
+                    name = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
+                    sym = T.symbol_array(name, v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
                         self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
                     _carry_definedness(sym, r)
                     self.defs[v.id] = r
                     self.syms[v.id] = sym
+                    by_definition[key] = v.id
+                    by_definition[_definition_key(v, sym)] = v.id
                     out.append(sym)
                 else:
                     out.append(r)
@@ -448,6 +464,7 @@ class StageProver:
             return per_device
         for c in index.candidates(runs):
             view = self.spec_view(c.spec_value)
+            c = _likeliest_boxes(c, per_device, [view, self.defs[c.spec_value]])
             pairs = []
             for d, a in enumerate(per_device):
                 pairs += _element_pairs(a, c.block(view, d))
@@ -780,6 +797,32 @@ class StageProver:
         return base
 
 
+def _likeliest_boxes(c, per_device: list, views: list):
+    """`c` with each device's box chosen, among tiles that were equal in simulation, as the
+    one whose elements have the device's normal forms most often, in any of `views` of the
+    spec value (what users see: its symbols once proved; its definition, which a
+    recomputed value meets). Masked attention tiles of
+    different heads can hold the same numbers in every run (0 on the diagonal, the mask value
+    elsewhere) while being different functions of the inputs: the first such tile found was
+    often another head's, and the proof then failed (MaxText's step). Only which obligation
+    is tried changes; it still has to be proved."""
+    for d, boxes in enumerate(c.alternatives):
+        if len(boxes) < 2:
+            continue
+        piece = np.asarray(per_device[d])
+
+        def agreeing(box, piece=piece):
+            blocks = [np.asarray(v)[box_index(box)] for v in views]
+            if any(b.shape != piece.shape for b in blocks):
+                return -1
+            return sum(any(_same(a, b.flat[k]) for b in blocks) for k, a in enumerate(piece.flat))
+
+        best = max(boxes, key=agreeing)  # the first of equally good boxes
+        if best != c.boxes[d]:
+            c = c.with_box(d, best)
+    return c
+
+
 def _describe_op(op) -> str:
     loc = op.loc
     where = f"{loc.file}:{loc.line}" if loc.file else "unknown source line"
@@ -805,6 +848,13 @@ def _cuttable(op, v, per_device: list) -> bool:
         and v.type.is_float
         and any(_is_sym(r) for r in per_device)
     )
+
+
+def _definition_key(v, definition) -> tuple:
+    """What identifies a spec value: its dtype, shape and terms (hash-consed, so equal
+    definitions over the same symbols give equal keys)."""
+    arr = np.asarray(definition)
+    return (v.type.dtype, arr.shape, tuple(arr.reshape(-1).tolist()))
 
 
 def _carry_definedness(sym: np.ndarray, definition) -> None:
