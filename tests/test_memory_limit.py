@@ -171,3 +171,19 @@ def test_address_space_cap_would_break_jax():
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert run.returncode != 0 or "equivalent" not in run.stdout, run.stdout
+
+
+def test_simulation_that_cannot_fit_is_unknown_before_it_starts():
+    """A pair whose values at the sizes checked need more than the limit is refused up
+    front: one numpy allocation of gigabytes runs past the polled limit (a 405B-shaped step
+    with its hidden size kept was killed by the OS at 24 GB)."""
+    big = "tensor<16384x16384xf32>"
+    spec = f"""func.func @main(%x: {big}) -> {big} {{
+  %0 = stablehlo.add %x, %x : {big}
+  return %0 : {big}
+}}"""
+    impl = spec.replace("stablehlo.add %x, %x", "stablehlo.multiply %x, %x")
+    r = tv_ir.check(spec, impl, memory_limit=2000, reduce_shapes=False)
+    assert r.verdict == "unknown"
+    assert "simulating the programs at their real sizes would take about" in r.reason
+    assert "more than the memory limit of 2.0 GB" in r.reason

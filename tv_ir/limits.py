@@ -238,6 +238,30 @@ def check_memory(force: bool = False) -> None:
         raise OutOfMemoryBudget(memory_limit_reason(used))
 
 
+def physical_memory_mb() -> float | None:
+    """The machine's memory in MB (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * _PAGE_SIZE / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def refuse_unaffordable(need_mb: float, what: str) -> None:
+    """OutOfMemoryBudget (verdict unknown) before work that would need `need_mb` MB: more
+    than the memory limit, or than the machine has. A step that allocates gigabytes at once
+    runs past the polled limit (or is killed by the OS) before a poll can see it."""
+    mb = _memory_mb.get()
+    have = mb if mb is not None else physical_memory_mb()
+    if have is not None and need_mb > have:
+        kind = "memory limit" if mb is not None else "machine's memory"
+        raise OutOfMemoryBudget(
+            f"{what} would take about {need_mb / 1024:.1f} GB, more than the {kind} of "
+            f"{have / 1024:.1f} GB"
+        )
+
+
 def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
     mb = _memory_mb.get()
     what = f"memory limit of {mb:g} MB reached" if mb is not None else "memory limit reached"

@@ -17,6 +17,7 @@ from .limits import (
     deadline,
     memory_budget,
     refuse_oversized,
+    refuse_unaffordable,
     run_deep,
     time_left,
     time_limit_reason,
@@ -230,12 +231,32 @@ def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, option
             refuse_oversized(m, m.source)
         except BadInput as e:
             raise BadInput(f"{role}: {e}") from None
+    refuse_unaffordable(_simulation_mb(spec_m, impl_m, placement), _simulation_what(reduction))
     t_import = time.perf_counter() - t0
     left = time_left()  # what import left of the time limit is the prover's
     if left is not None and left <= 0:
         raise OutOfTime(time_limit_reason("while importing"))
     options = dataclasses.replace(options, time_limit=left)
     return reduction, _prove(spec_m, impl_m, placement, options), t_import
+
+
+def _simulation_mb(spec: Module, impl: Module, placement) -> float:
+    """What simulating the pair holds at once: every value of the spec and of each device's
+    implementation, in float64, for each simulation run."""
+    from .ir import elements
+    from .prover.engine import SIM_RUNS
+
+    devices = placement.num_devices if placement is not None else 1
+    return SIM_RUNS * 8 * (elements(spec) + devices * elements(impl)) / 2**20
+
+
+def _simulation_what(reduction) -> str:
+    if reduction is None or not reduction.reduced:
+        return "simulating the programs at their real sizes"
+    kept = [c for c in reduction.classes if c.kept and c.real > 1]
+    if not kept:
+        return "simulating the programs at their reduced sizes"
+    return f"simulating the programs with {kept[0]} and {len(kept) - 1} more kept at real size"
 
 
 def _unless_order_dependent(report: Report, spec: Module, impl: Module) -> Report:
