@@ -365,12 +365,16 @@ def run_suite(
 
 
 def _in_workers(pairs: list[Pair], options: SuiteOptions, workers: int) -> Iterator[PairResult]:
-    """Check pairs in a pool of fresh processes. When a worker dies (the OS killed it, say
-    for memory), the pairs in flight are checked again one at a time, so only the one that
-    kills its worker is reported as an error."""
+    """Check pairs in a pool of processes, a fresh one for each pair. When a worker dies
+    (the OS killed it, say for memory), the pairs in flight are checked again one at a time,
+    so only the one that kills its worker is reported as an error."""
     context = multiprocessing.get_context("spawn")  # jax is not fork-safe
     suspects: list[Pair] = []
-    with futures.ProcessPoolExecutor(workers, context, initializer=_worker_init) as pool:
+    # one process per pair: a pair's memory (numpy does not give it back) never counts
+    # against the next pair's memory limit
+    with futures.ProcessPoolExecutor(
+        workers, context, initializer=_worker_init, max_tasks_per_child=1
+    ) as pool:
         running = {pool.submit(check_pair, p, options): p for p in pairs}
         for f in futures.as_completed(running):
             try:
