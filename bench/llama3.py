@@ -244,15 +244,15 @@ def param_specs(cfg: Config) -> dict:
     return {"layers": layers, "final_norm": P(), "head": P()}
 
 
-def replicated_axes(spec: P) -> tuple[str, ...]:
-    """The mesh axes a weight with this PartitionSpec is replicated over."""
+def replicated_axes(spec: P, axes: tuple[str, ...] = AXES) -> tuple[str, ...]:
+    """The mesh axes (of `axes`) a weight with this PartitionSpec is replicated over."""
     used = {
         a
         for part in spec
         if part is not None
         for a in (part if isinstance(part, tuple) else (part,))
     }
-    return tuple(a for a in AXES if a not in used)
+    return tuple(a for a in axes if a not in used)
 
 
 def mesh(cfg: Config) -> Mesh:

@@ -351,16 +351,6 @@ def pipeline_loss(params, batch, cfg: Config, bug: str | None):
     return loss
 
 
-def replicated_axes(spec: P) -> tuple[str, ...]:
-    used = {
-        a
-        for part in spec
-        if part is not None
-        for a in (part if isinstance(part, tuple) else (part,))
-    }
-    return tuple(a for a in AXES if a not in used)
-
-
 def parallel_step(cfg: Config, bug: str | None = None):
     """The train step as a shard_map over ("data", "fsdp", "stage", "model")."""
     assert bug is None or bug in BUGS
@@ -370,7 +360,7 @@ def parallel_step(cfg: Config, bug: str | None = None):
         loss, grads = jax.value_and_grad(pipeline_loss)(params, batch, cfg, bug)
         # a weight replicated over an axis got a share of its gradient on every device there
         grads = jax.tree_util.tree_map(
-            lambda g, s: jax.lax.psum(g, replicated_axes(s)), grads, specs
+            lambda g, s: jax.lax.psum(g, base.replicated_axes(s, AXES)), grads, specs
         )
         params, state = update(params, grads, state, cfg, bug)
         return params, state, jax.lax.psum(loss, AXES)
