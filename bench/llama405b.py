@@ -41,7 +41,7 @@ for p in (ROOT, ROOT / "bench"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from tv_ir.partitioner import ensure_host_devices  # noqa: E402
+from tv_ir.xla.partitioner import ensure_host_devices  # noqa: E402
 
 ensure_host_devices(16)
 

@@ -104,8 +104,8 @@ SUPPORTED_NOTE = {
 
 
 def registered() -> set[str]:
-    import tv_ir.ops  # noqa: F401  (registers every evaluator)
-    from tv_ir.ops.registry import COLLECTIVES, GLOBAL_VIEW, OPS, PROCESS_OPS
+    import tv_ir.semantics.ops  # noqa: F401  (registers every evaluator)
+    from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW, OPS, PROCESS_OPS
 
     return set(OPS) | set(PROCESS_OPS) | set(COLLECTIVES) | set(GLOBAL_VIEW)
 
@@ -149,7 +149,7 @@ PROGRAMS = {
 def count_ops(text: str) -> Counter:
     """Ops of a program as tv imports it (legalised), custom calls by target."""
     import tv_ir
-    from tv_ir.ir import walk
+    from tv_ir.ir.program import walk
 
     c: Counter = Counter()
     module = tv_ir.load(text)
@@ -305,8 +305,8 @@ def run_group(group: str) -> dict:
 
 
 def known_custom_calls() -> set[str]:
-    from tv_ir.importer import MHLO_CUSTOM_CALLS
-    from tv_ir.spmd import _GSPMD
+    from tv_ir.ir.importer import MHLO_CUSTOM_CALLS
+    from tv_ir.semantics.interpreters.spmd import _GSPMD
 
     return {"Sharding", "mhlo.sharding", *_GSPMD, *MHLO_CUSTOM_CALLS}
 

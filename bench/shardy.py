@@ -35,7 +35,7 @@ def xla_compile_seconds(text: str, name: str, n: int) -> float | None:
     from jax._src import compiler
     from jax._src.lib import xla_client as xc
 
-    from tv_ir.importer import extract_function
+    from tv_ir.ir.importer import extract_function
 
     text = text.replace("sdy.reshard", "sdy.sharding_constraint")
     text = re.sub(

@@ -35,7 +35,7 @@ MESHES = [(1, 2), (2, 2), (2, 4)]
 
 def worker(path: str) -> None:
     """Child process: partition and prove one module, print one JSON line."""
-    from tv_ir.partitioner import ensure_host_devices
+    from tv_ir.xla.partitioner import ensure_host_devices
 
     ensure_host_devices()
     from tv_ir.pipeline import partition_and_check
@@ -118,7 +118,7 @@ def main() -> None:
         worker(a.worker)
         return
 
-    from tv_ir.partitioner import ensure_host_devices
+    from tv_ir.xla.partitioner import ensure_host_devices
 
     ensure_host_devices()
     import jax
@@ -126,8 +126,8 @@ def main() -> None:
     from jax.sharding import Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from tv_ir.partitioner import partition
     from tv_ir.pipeline import prepare
+    from tv_ir.xla.partitioner import partition
 
     meshes = MESHES[:2] if a.quick else MESHES
     header = (

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from tv_ir.partitioner import ensure_host_devices  # noqa: E402
+from tv_ir.xla.partitioner import ensure_host_devices  # noqa: E402
 
 ensure_host_devices(16)
 

@@ -6,7 +6,7 @@ names to them and `run_pipeline` applies a list in order.
 
 from __future__ import annotations
 
-from tv_ir.ir import Module
+from tv_ir.ir.program import Module
 
 from . import cse, expand_batch_norm, inline_calls, inline_fusions
 

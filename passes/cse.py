@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from tv_ir.ir import Block, Module, Op, Value
+from tv_ir.ir.program import Block, Module, Op, Value
 
 name = "cse"
 

@@ -1,5 +1,5 @@
 """expand-batch-norm: batch_norm_training / _inference / _grad as the ops of their
-definition (tv_ir/ops/normalization.py, the spec's decomposition with rsqrt).
+definition (tv_ir/semantics/ops/normalization.py, the spec's decomposition with rsqrt).
 
 One batch_norm op is one value to the prover: its result terms would be the whole
 normalisation expanded over its inputs (a variance is quadratic in every element of its
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tv_ir.ir import Block, Module, Op, Region, TensorType, Value, storage_dtype
+from tv_ir.ir.program import Block, Module, Op, Region, TensorType, Value, storage_dtype
 
 name = "expand-batch-norm"
 

@@ -11,7 +11,7 @@ their own source locations.
 from __future__ import annotations
 
 from tv_ir.errors import BadInput
-from tv_ir.ir import Block, Module, Op, Region, Value
+from tv_ir.ir.program import Block, Module, Op, Region, Value
 
 name = "inline-calls"
 MAX_DEPTH = 64

@@ -10,7 +10,7 @@ applied to its operands, so it is not an op of its own to give semantics to.
 
 from __future__ import annotations
 
-from tv_ir.ir import Block, Module, Value
+from tv_ir.ir.program import Block, Module, Value
 
 from .inline_calls import clone_block
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from tv_ir.algebra import NumpyAlgebra
-from tv_ir.interp import Interpreter
-from tv_ir.ir import Block, Module, Op, Value
+from tv_ir.ir.program import Block, Module, Op, Value
 from tv_ir.limits import OutOfTime, check_time
-from tv_ir.ops.registry import COLLECTIVES, GLOBAL_VIEW, PROCESS_OPS
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters.interp import Interpreter
+from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW, PROCESS_OPS
 
 from .inline_calls import _rename_in_regions, clone_block
 

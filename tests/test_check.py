@@ -146,7 +146,7 @@ def test_scalar_results_are_proved() -> None:
 
 
 def test_running_out_of_memory_while_proving_is_unknown(monkeypatch) -> None:
-    from tv_ir.symbolic import SymbolicAlgebra
+    from tv_ir.semantics.symbolic import SymbolicAlgebra
 
     def exhausted(self, x, y):
         raise MemoryError

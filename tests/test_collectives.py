@@ -23,14 +23,19 @@ from hypothesis import strategies as st
 from xla_oracle import ttype
 
 import tv_ir
-from tv_ir import terms as T
-from tv_ir.algebra import NumpyAlgebra
 from tv_ir.errors import Unsupported
-from tv_ir.interp import evaluate
-from tv_ir.ops import COLLECTIVES
-from tv_ir.process_grid import Device, ProcessGrid, mesh_axes_groups, strategy
-from tv_ir.spmd import SpmdInterpreter
-from tv_ir.symbolic import SymbolicAlgebra
+from tv_ir.semantics import terms as T
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters.interp import evaluate
+from tv_ir.semantics.interpreters.process_grid import (
+    Device,
+    ProcessGrid,
+    mesh_axes_groups,
+    strategy,
+)
+from tv_ir.semantics.interpreters.spmd import SpmdInterpreter
+from tv_ir.semantics.ops import COLLECTIVES
+from tv_ir.semantics.symbolic import SymbolicAlgebra
 
 N = 8  # devices
 SETTINGS = settings(
@@ -727,7 +732,7 @@ def test_mesh_axes_groups_match_the_compatibility_expander(mesh, data) -> None:
     from jaxlib.mlir import ir
     from jaxlib.mlir.passmanager import PassManager
 
-    from tv_ir.importer import mlir_context
+    from tv_ir.ir.importer import mlir_context
 
     axes = data.draw(st.permutations(mesh))[: data.draw(st.integers(1, len(mesh)))]
     inline = ", ".join(f'#stablehlo.mesh_axis<name = "{n}", size = {s}>' for n, s in mesh)

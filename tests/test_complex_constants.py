@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tv_ir
-from tv_ir.interp import evaluate
+from tv_ir.semantics.interpreters.interp import evaluate
 
 SPEC = """
 func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {

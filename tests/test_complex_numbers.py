@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tv_ir
-from tv_ir.closeness import close
+from tv_ir.semantics.closeness import close
 
 X = np.zeros((2, 4), np.float32)
 

@@ -1,6 +1,6 @@
 """Conformance of the op table with XLA on CPU.
 
-Every op registered in `tv_ir.ops.registry.OPS` has at least one conformance record: a
+Every op registered in `tv_ir.semantics.ops.registry.OPS` has at least one conformance record: a
 builder that draws (with hypothesis) a small StableHLO program around the op and random
 inputs for it. The test runs our interpreter and XLA:CPU on the same program text and the
 same inputs and compares the results: integers and booleans exactly, floats within a
@@ -30,10 +30,10 @@ from jax import lax
 from xla_oracle import arr, dense2d, lower, module, run_xla, ttype
 
 import tv_ir
-from tv_ir.importer import parse_mlir
-from tv_ir.interp import evaluate
-from tv_ir.ir import walk
-from tv_ir.ops.registry import OPS
+from tv_ir.ir.importer import parse_mlir
+from tv_ir.ir.program import walk
+from tv_ir.semantics.interpreters.interp import evaluate
+from tv_ir.semantics.ops.registry import OPS
 
 Draw = Callable[[st.SearchStrategy], Any]
 

@@ -51,6 +51,6 @@ def test_wrong_fill_value_is_refuted() -> None:
 
 
 def _tiled_output():
-    from tv_ir.boundary_layouts import GivenLayouts
+    from tv_ir.prover.boundary_layouts import GivenLayouts
 
     return GivenLayouts(out_shardings=["{devices=[4]<=[4]}"])

@@ -1,5 +1,6 @@
 """`case` / `if` on a value that depends on the inputs: every branch runs and the results
-are chosen by it (tv_ir/ops/control.py; in lockstep on every device, tv_ir/spmd.py)."""
+are chosen by it (tv_ir/semantics/ops/control.py; in lockstep on every device,
+tv_ir/semantics/interpreters/spmd.py)."""
 
 from __future__ import annotations
 

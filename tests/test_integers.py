@@ -12,8 +12,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import tv_ir
-from tv_ir import terms as T
 from tv_ir.prover import smt
+from tv_ir.semantics import terms as T
 
 
 def lower(f, *args) -> str:
@@ -429,9 +429,9 @@ func.func @main({args}) -> tensor<{out[1]}> {{
 
 
 def test_wrapped_terms_evaluate_like_the_machine() -> None:
-    from tv_ir.interp import Interpreter, evaluate
-    from tv_ir.ir import NUMPY_DTYPE
-    from tv_ir.symbolic import SymbolicAlgebra
+    from tv_ir.ir.program import NUMPY_DTYPE
+    from tv_ir.semantics.interpreters.interp import Interpreter, evaluate
+    from tv_ir.semantics.symbolic import SymbolicAlgebra
 
     rng = np.random.default_rng(0)
     for _ in range(60):

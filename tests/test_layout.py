@@ -21,9 +21,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tv_ir
-from tv_ir.attrs import SdyAxis, SdyMesh, SdySharding
 from tv_ir.errors import BadInput, Unsupported
-from tv_ir.layout import Layout
+from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
+from tv_ir.semantics.layout import Layout
 
 N = 8
 DEVICES = jax.devices()

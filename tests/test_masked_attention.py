@@ -15,10 +15,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from tv_ir.frontends.jax import verify
 
-from tv_ir.closeness import close, close_elementwise
 from tv_ir.prover import engine
 from tv_ir.prover.correspond import TileIndex
 from tv_ir.prover.simulate import Trace
+from tv_ir.semantics.closeness import close, close_elementwise
 
 B, S, D, H, K = 2, 4, 8, 2, 4
 MASK = -0.7 * float(np.finfo(np.float32).max)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tv_ir.frontends.jax import verify
 
-from tv_ir.report import EQUIVALENT, NOT_EQUIVALENT
+from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT
 
 F32 = jnp.float32
 MASK = -0.7 * float(np.finfo(np.float32).max)  # MaxText's DEFAULT_MASK_VALUE
@@ -72,7 +72,8 @@ def test_embedding_width_shrinks_through_gather_and_scatter():
 @pytest.mark.xfail(
     strict=True,
     reason="a scatter that overwrites at colliding ids depends on the order XLA applies the "
-    "updates in, so tv reports its difference as unknown (tv_ir.reduction_order); refuting it "
+    "updates in, so tv reports its difference as unknown (tv_ir.semantics.reduction_order); "
+    "refuting it "
     "needs the difference shown under every order",
 )
 def test_scatter_that_overwrites_instead_of_adding_is_refuted():
@@ -168,8 +169,8 @@ def test_a_large_definedness_condition_is_carried_as_it_is(monkeypatch):
     gradient element (thousands of nodes in MaxText's step); simplifying it under its own
     facts for every element of every value took minutes per value. A condition above
     `SETTLE_LIMIT` nodes is carried unsimplified (it is equivalent either way)."""
-    from tv_ir import terms as T
     from tv_ir.prover import engine
+    from tv_ir.semantics import terms as T
 
     xs = [T.symbol(f"g{i}") for i in range(engine.SETTLE_LIMIT)]
     norm = T.sum_of([T.div(T.const(1.0), x) for x in xs])  # defined where every g != 0
@@ -263,10 +264,10 @@ def test_equal_tiles_of_different_heads_go_to_the_device_own_head():
     equal tile for every device, another head's for half of them, so MaxText's attention
     `scores - max` could not be proved (a solver timeout) and was left uncut. Among tiles
     equal in simulation, each device now gets the one its normal forms agree with."""
-    from tv_ir import terms as T
     from tv_ir.prover.correspond import TileIndex
     from tv_ir.prover.engine import _likeliest_boxes
     from tv_ir.prover.simulate import Trace
+    from tv_ir.semantics import terms as T
 
     heads = T.symbol_array(T.Key("input", 0, "f32", "scores"), (2, 2))  # [head, key]
     numbers = np.array([[0.0, MASK], [0.0, MASK]])  # both heads: equal in every run

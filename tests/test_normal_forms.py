@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from tv_ir.frontends.jax import verify
 
-from tv_ir import terms as T
+from tv_ir.semantics import terms as T
 
 S = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
 

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import tv_ir
-from tv_ir import terms as T
 from tv_ir.pipeline import prepare
 from tv_ir.prover.engine import Options, StageProver
 from tv_ir.prover.obligation_cache import ObligationCache
+from tv_ir.semantics import terms as T
 
 DEPTH, SEQ, D = 4, 3, 4
 

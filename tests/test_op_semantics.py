@@ -155,8 +155,8 @@ def test_expand_batch_norm_computes_what_the_ops_do() -> None:
     from test_conformance import _batch_norm_case, _widen
     from tv_ir.passes import expand_batch_norm
 
-    from tv_ir.interp import evaluate
-    from tv_ir.ir import walk
+    from tv_ir.ir.program import walk
+    from tv_ir.semantics.interpreters.interp import evaluate
 
     @settings(max_examples=30, deadline=None)
     @given(st.data(), st.sampled_from(["training", "inference", "grad"]))

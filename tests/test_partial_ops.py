@@ -243,7 +243,7 @@ def test_adamw_bias_corrections_are_one_condition() -> None:
 
 
 def test_power_of_a_constant_base_equals_one_only_at_exponent_zero() -> None:
-    from tv_ir import terms as T
+    from tv_ir.semantics import terms as T
 
     t = T.symbol("t")
     pow_t = T.power(T.const(0.9), t)

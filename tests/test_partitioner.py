@@ -8,7 +8,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tv_ir
-from tv_ir.partitioner import partition
+from tv_ir.xla.partitioner import partition
 
 
 def test_megatron_mlp_is_partitioned_with_its_layouts() -> None:

@@ -16,7 +16,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tv_ir import check
-from tv_ir.xla_dumps import read_dump
+from tv_ir.xla.dumps import read_dump
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "xla_spmd" / "cases"
 

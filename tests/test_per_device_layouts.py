@@ -4,7 +4,7 @@ The module's own `mhlo.sharding`s and XLA's `mhlo.spmd_parameters_shardings` /
 `mhlo.spmd_output_sharding` (no `mhlo.num_partitions`: jaxlib's conversion drops it), the
 pre-partition module given as spec (`tv check BEFORE AFTER`), or the caller's
 `--num-partitions` / `--in-shardings` / `--out-shardings`; nothing guessed
-(`tv_ir.boundary_layouts`).
+(`tv_ir.prover.boundary_layouts`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 
 import tv_ir
 from tv_ir.errors import Unsupported
-from tv_ir.interp import evaluate
+from tv_ir.semantics.interpreters.interp import evaluate
 
 PER_AXIS = "!quant.uniform<i8:f32:0, {0.1:-30,0.5:-20}>"
 OTHER = "!quant.uniform<i8:f32:0, {0.1:-20,0.2:-30}>"
@@ -106,7 +106,7 @@ def test_other_ops_on_quantized_types_are_refused() -> None:
 
 
 def test_rewriting_keeps_locations_and_storage_ranges() -> None:
-    from tv_ir.quantized_types import lower_quantized_types
+    from tv_ir.ir.quantized_types import lower_quantized_types
 
     line = (
         "    %0 = stablehlo.uniform_quantize %arg0 : (tensor<4xf32>) -> "
@@ -123,7 +123,7 @@ def test_quantized_types_in_bytecode_are_unsupported_not_bad_input() -> None:
 
     from jaxlib.mlir import ir
 
-    from tv_ir.importer import mlir_context
+    from tv_ir.ir.importer import mlir_context
 
     t = "tensor<2x!quant.uniform<i8:f32, 0.5>>"
     ctx = mlir_context()

@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import tv_ir
-from tv_ir.interp import evaluate
+from tv_ir.semantics.interpreters.interp import evaluate
 
 MESH = Mesh(np.array(jax.devices()[:2]), ("x",))
 SPECS = (P("x"),) * 6
@@ -95,4 +95,4 @@ def test_a_single_device_reading_needs_spmd_execution() -> None:
     (body,) = [op for op in module.main.body.ops if op.name == "sdy.manual_computation"]
     ragged = next(op for op in body.regions[0].block.ops if op.name == "mhlo.ragged_all_to_all")
     with pytest.raises(Unsupported, match="needs SPMD execution"):
-        tv_ir.ops.lookup(ragged.name)
+        tv_ir.semantics.ops.lookup(ragged.name)

@@ -1,5 +1,5 @@
 """A refutation where a reduction's body is not commutative or associative is unknown: the
-order XLA combines elements in is its choice (tv_ir/reduction_order.py)."""
+order XLA combines elements in is its choice (tv_ir/semantics/reduction_order.py)."""
 
 from __future__ import annotations
 

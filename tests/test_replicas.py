@@ -15,10 +15,10 @@ from jax.sharding import PartitionSpec as P
 
 import tv_ir
 from tv_ir.errors import Unsupported
-from tv_ir.interp import evaluate
-from tv_ir.layout import Layout
 from tv_ir.pipeline import prepare
 from tv_ir.prover.placement import Placement
+from tv_ir.semantics.interpreters.interp import evaluate
+from tv_ir.semantics.layout import Layout
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 from xla_oracle import run_xla
 
 import tv_ir
-from tv_ir.interp import evaluate
+from tv_ir.semantics.interpreters.interp import evaluate
 
 
 def tv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -225,8 +225,8 @@ def _per_device(f, in_spec, out_spec, *args) -> tuple:
     a 4-device mesh, every argument laid out by `in_spec` (a PartitionSpec)."""
     from jax.sharding import Mesh, NamedSharding
 
-    from tv_ir.importer import parse_mlir
-    from tv_ir.partitioner import partition
+    from tv_ir.ir.importer import parse_mlir
+    from tv_ir.xla.partitioner import partition
 
     mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
     ins = (NamedSharding(mesh, in_spec),) * len(args)

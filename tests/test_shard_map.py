@@ -11,10 +11,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import tv_ir
-from tv_ir.algebra import NumpyAlgebra
 from tv_ir.pipeline import prepare
 from tv_ir.prover.placement import Placement
-from tv_ir.spmd import SpmdInterpreter
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters.spmd import SpmdInterpreter
 
 SHAPES = [(8, 16), (16, 32), (32, 16)]
 

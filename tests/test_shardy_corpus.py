@@ -19,11 +19,11 @@ from shardy_corpus import cases, split_bundle
 from xla_oracle import run_xla
 
 import tv_ir
-from tv_ir.importer import extract_function, parse_mlir
-from tv_ir.interp import evaluate
+from tv_ir.ir.importer import extract_function, parse_mlir
 from tv_ir.pipeline import prepare, shardy_partition_and_check
 from tv_ir.prover.placement import Placement
-from tv_ir.shardy_passes import run_shardy
+from tv_ir.semantics.interpreters.interp import evaluate
+from tv_ir.xla.shardy_passes import run_shardy
 
 CASES = cases()
 pytestmark = pytest.mark.skipif(not CASES, reason="Shardy corpus folder is absent")

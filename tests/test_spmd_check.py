@@ -13,9 +13,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import tv_ir
-from tv_ir.partitioner import partition
 from tv_ir.pipeline import partition_and_check, prepare
 from tv_ir.prover.placement import Placement
+from tv_ir.xla.partitioner import partition
 
 GROUPS = "replica_groups={{0,1,2,3},{4,5,6,7}}"
 
@@ -138,7 +138,7 @@ def test_mesh_axes_replica_groups_keep_their_device_order() -> None:
     (`mesh[...], device_ids=([2,4]T(1,0)) {'axis_0'}`); jaxlib's HLO -> StableHLO conversion
     drops the permutation, so tv expands the groups itself. A reshard that XLA partitions into
     such an all_to_all must be proved."""
-    from tv_ir.importer import dense_mesh_replica_groups
+    from tv_ir.ir.importer import dense_mesh_replica_groups
 
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from test_conformance import RECORDS, Record, _widen
 
 import tv_ir
-from tv_ir import terms as T
 from tv_ir.errors import Unsupported
-from tv_ir.interp import Interpreter, evaluate
-from tv_ir.symbolic import SymbolicAlgebra
+from tv_ir.semantics import terms as T
+from tv_ir.semantics.interpreters.interp import Interpreter, evaluate
+from tv_ir.semantics.symbolic import SymbolicAlgebra
 
 
 def _index_arguments(module) -> set[int]:

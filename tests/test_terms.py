@@ -7,8 +7,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tv_ir import terms as T
 from tv_ir.prover import smt
+from tv_ir.semantics import terms as T
 
 x, y, z = (T.symbol(n) for n in "xyz")
 

@@ -17,8 +17,8 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
 import tv_ir  # noqa: E402
-from tv_ir.ir import walk  # noqa: E402
-from tv_ir.ops.registry import OPS  # noqa: E402
+from tv_ir.ir.program import walk  # noqa: E402
+from tv_ir.semantics.ops.registry import OPS  # noqa: E402
 
 
 class Tiny(nn.Module):

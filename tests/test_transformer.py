@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 
 import tv_ir  # noqa: E402
 from tests.programs import transformer as T  # noqa: E402
-from tv_ir.interp import evaluate  # noqa: E402
+from tv_ir.semantics.interpreters.interp import evaluate  # noqa: E402
 
 TV = Path(sys.executable).with_name("tv")
 GRAD = pytest.mark.parametrize("grad", [False, True], ids=["fwd", "grad"])

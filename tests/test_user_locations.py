@@ -19,8 +19,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from tv_ir.frontends.jax import verify
 
-from tv_ir.importer import convert_location
-from tv_ir.sources import TV_DIRS, is_library_file, is_tv_file
+from tv_ir.ir.importer import convert_location
+from tv_ir.ir.sources import TV_DIRS, is_library_file, is_tv_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TV_PACKAGE_DIRS = [ROOT / "tv_ir", ROOT / "frontends", ROOT / "passes"]

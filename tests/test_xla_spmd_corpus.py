@@ -75,7 +75,7 @@ MISCOMPILES = {
 }
 # the programs differ (XLA too, on tv's input), but not by a miscompile: the reducer (an
 # argmax by a strict `>`, ties to the right) is not commutative, so the order XLA reduces in
-# is its choice (random inputs, without ties, agree): unknown (tv_ir/reduction_order.py)
+# is its choice (random inputs, without ties, agree): unknown (tv_ir/semantics/reduction_order.py)
 ORDER_DEPENDENT = {"TiledToPartiallyTiledTupleReduce"}
 
 

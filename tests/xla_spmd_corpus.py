@@ -51,7 +51,7 @@ def cases() -> list[Case]:
 
 def partition_case(case: Case, as_stablehlo: bool = False):
     """(the module as StableHLO text, XLA's `Partitioned`) for `case` on its devices."""
-    from tv_ir.partitioner import hlo_to_stablehlo_text, partition
+    from tv_ir.xla.partitioner import hlo_to_stablehlo_text, partition
 
     before = hlo_to_stablehlo_text(case.path.read_text(), case.num_devices)
     return before, partition(before, case.num_devices, propagate=False, as_stablehlo=as_stablehlo)
@@ -60,7 +60,7 @@ def partition_case(case: Case, as_stablehlo: bool = False):
 def xla_layouts(parted):
     """The executable's result shardings, as the caller's layouts: where the module leaves
     a result unannotated (replicated, as the unit tests read it) neither program says."""
-    from tv_ir.boundary_layouts import GivenLayouts
+    from tv_ir.prover.boundary_layouts import GivenLayouts
 
     return GivenLayouts(out_shardings=list(parted.out_shardings))
 
@@ -69,7 +69,7 @@ def unpartitioned(before: str) -> str:
     """The module for one device: every `mhlo.sharding` and the partition count dropped."""
     from jaxlib.mlir import ir
 
-    from tv_ir.importer import mlir_context
+    from tv_ir.ir.importer import mlir_context
 
     def strip(op) -> None:
         if "mhlo.sharding" in op.attributes:
@@ -176,7 +176,7 @@ def _manual_program(hlo: str, n: int) -> str:
     inputs) and `{manual}`."""
     from jaxlib.mlir import ir
 
-    from tv_ir.importer import hlo_text_to_stablehlo_bytecode, mlir_context
+    from tv_ir.ir.importer import hlo_text_to_stablehlo_bytecode, mlir_context
 
     with mlir_context():
         m = ir.Module.parse(hlo_text_to_stablehlo_bytecode(hlo, "per-device program"))
@@ -188,7 +188,7 @@ def _wrap_manual(text: str, n: int) -> str:
     """Rename @main to @per_device and add a @main over [1, ...]-shaped values that calls it."""
     from jaxlib.mlir import ir
 
-    from tv_ir.importer import mlir_context
+    from tv_ir.ir.importer import mlir_context
 
     with mlir_context(), ir.Location.unknown():
         m = ir.Module.parse(text)

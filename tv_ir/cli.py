@@ -14,8 +14,9 @@ import sys
 import traceback
 from importlib import resources
 
+from tv_ir.report.result import EXIT_CODES
+
 from .errors import BadInput, TvError
-from .report import EXIT_CODES
 
 EXIT_BAD_INPUT = 3
 EXIT_INTERNAL_ERROR = 4
@@ -209,7 +210,7 @@ def _print(report, args, progress) -> int:
 
 def _given_layouts(args):
     """`--num-partitions`, `--in-shardings`, `--out-shardings` (None when absent)."""
-    from .boundary_layouts import GivenLayouts
+    from tv_ir.prover.boundary_layouts import GivenLayouts
 
     def strings(flag, text):
         if text is None:
@@ -384,8 +385,8 @@ def _run_passes(args) -> int:
 def _compile_with_dumps(args, dump_dir: str) -> list[str] | None:
     """Compile the module with XLA for CPU, dumping every pass into `dump_dir`; the output
     shardings XLA chose (None for a module without shardings)."""
-    from .importer import HLO_TEXT_STARTS, read_source
-    from .partitioner import hlo_to_stablehlo_text, num_partitions_of, partition
+    from tv_ir.ir.importer import HLO_TEXT_STARTS, read_source
+    from tv_ir.xla.partitioner import hlo_to_stablehlo_text, num_partitions_of, partition
 
     data, name = read_source(args.source)
     if isinstance(data, bytes):
@@ -420,7 +421,7 @@ def _demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .partitioner import ensure_host_devices
+    from tv_ir.xla.partitioner import ensure_host_devices
 
     ensure_host_devices()  # before jax is imported: XLA gets 8 CPU devices
     args = _parser().parse_args(argv)

@@ -1,6 +1,6 @@
 """`tv passes`: translation validation of XLA's pass pipeline, one pass at a time.
 
-Each snapshot of the compilation (`tv_ir.xla_dumps`) is proved equal to a snapshot already
+Each snapshot of the compilation (`tv_ir.xla.dumps`) is proved equal to a snapshot already
 proved equal to the input, so the first snapshot that is refuted names the pass that changed
 the program's meaning:
 
@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
+from tv_ir.xla.dumps import Snapshot, read_dump
+
 from .errors import BadInput, TvError
-from .report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
-from .xla_dumps import Snapshot, read_dump
 
 UNCHANGED = "unchanged"
 BAD_INPUT = "bad_input"
@@ -108,7 +109,8 @@ def validate_passes(
 
 
 def _check_step(reference: Snapshot, snap: Snapshot, out_shardings, options) -> Step:
-    from .boundary_layouts import GivenLayouts
+    from tv_ir.prover.boundary_layouts import GivenLayouts
+
     from .pipeline import check, prepare
     from .prover.placement import Placement
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from .boundary_layouts import per_device_evidence
+from tv_ir.ir.importer import load
+from tv_ir.ir.program import Module
+from tv_ir.prover.boundary_layouts import per_device_evidence
+from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
+
 from .errors import BadInput, Unsupported
-from .importer import load
-from .ir import Module
 from .limits import (
     OutOfMemoryBudget,
     OutOfTime,
@@ -26,7 +28,6 @@ from .limits import (
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .prover.smt import SolverError
-from .report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
 
 def prepare(source, role: str) -> Module:
@@ -107,7 +108,7 @@ def check(
 
     `impl` may be a per-device program: its argument/result layouts come from `placement`,
     else from its own `mhlo.sharding` / XLA SPMD module attributes, the spec's annotations
-    (a pre-partition spec), then `layouts` (`tv_ir.boundary_layouts.GivenLayouts`); single
+    (a pre-partition spec), then `layouts` (`tv_ir.prover.boundary_layouts.GivenLayouts`); single
     device when nothing says it is per-device.
     `time_limit` bounds the whole run (import, unrolling, simulation, proof): when it runs
     out the verdict is unknown. `memory_limit` (MB) bounds the process's resident memory,
@@ -243,7 +244,8 @@ def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, option
 def _simulation_mb(spec: Module, impl: Module, placement) -> float:
     """What simulating the pair holds at once: every value of the spec and of each device's
     implementation, in float64, for each simulation run."""
-    from .ir import elements
+    from tv_ir.ir.program import elements
+
     from .prover.engine import SIM_RUNS
 
     devices = placement.num_devices if placement is not None else 1
@@ -261,8 +263,9 @@ def _simulation_what(reduction) -> str:
 
 def _unless_order_dependent(report: Report, spec: Module, impl: Module) -> Report:
     """A refutation where a reduction's body is not commutative or associative may be a
-    difference of order, which XLA is free to choose: unknown (`tv_ir.reduction_order`)."""
-    from .reduction_order import order_dependent_reductions
+    difference of order, which XLA is free to choose: unknown
+    (`tv_ir.semantics.reduction_order`)."""
+    from tv_ir.semantics.reduction_order import order_dependent_reductions
 
     found = order_dependent_reductions(spec) + order_dependent_reductions(impl)
     if not found:
@@ -283,9 +286,9 @@ def _unless_order_dependent(report: Report, spec: Module, impl: Module) -> Repor
 
 
 def _boundary_placement(spec: Module, impl: Module, layouts) -> Placement:
-    """Where `impl`'s arguments and results live (`tv_ir.boundary_layouts`); a program that
+    """Where `impl`'s arguments and results live (`tv_ir.prover.boundary_layouts`); a program that
     is not per-device runs on one device, a shard_map module on its mesh."""
-    from .boundary_layouts import boundary_placement, says_per_device
+    from tv_ir.prover.boundary_layouts import boundary_placement, says_per_device
 
     if says_per_device(spec, impl, layouts):
         return boundary_placement(spec, impl, layouts)
@@ -320,8 +323,8 @@ def _name_mesh(per_device: Module, meshes) -> None:
 
 
 def _partitioned(impl, spec_m: Module):
-    from .importer import read_source
-    from .partitioner import partition
+    from tv_ir.ir.importer import read_source
+    from tv_ir.xla.partitioner import partition
 
     if hasattr(impl, "operation"):
         text, name = impl.operation.get_asm(enable_debug_info=True), "<ir.Module>"
@@ -330,7 +333,7 @@ def _partitioned(impl, spec_m: Module):
         if isinstance(text, bytes):
             raise BadInput(f"{name}: pass annotated modules as StableHLO text")
         if text.lstrip().startswith("HloModule"):  # XLA takes StableHLO: convert it
-            from .importer import parse_mlir
+            from tv_ir.ir.importer import parse_mlir
 
             text = parse_mlir(text)[0].operation.get_asm(enable_debug_info=True)
     parted = partition(text)
@@ -369,8 +372,8 @@ def partition_and_check(
 
 
 def _partition_and_check(module, timeout, seed, progress, time_limit, reduce_shapes) -> Report:
-    from .importer import read_source
-    from .partitioner import partition
+    from tv_ir.ir.importer import read_source
+    from tv_ir.xla.partitioner import partition
 
     data, name = read_source(module)
     if isinstance(data, bytes):
@@ -439,8 +442,8 @@ def _shardy_partition_and_check(
     time_limit,
     reduce_shapes,
 ) -> Report:
-    from .importer import read_source
-    from .shardy_passes import run_shardy
+    from tv_ir.ir.importer import read_source
+    from tv_ir.xla.shardy_passes import run_shardy
 
     data, name = read_source(module)
     if isinstance(data, bytes):

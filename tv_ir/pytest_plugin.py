@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from .report import EQUIVALENT
+from tv_ir.report.result import EQUIVALENT
 
 
 def _is_manifest(name: str) -> bool:

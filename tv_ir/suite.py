@@ -26,8 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from xml.etree import ElementTree
 
+from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN
+
 from .errors import BadInput, TvError
-from .report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN
 
 BAD_INPUT = "bad_input"
 ERROR = "error"  # a bug in tv, or a worker that died
@@ -262,7 +263,8 @@ class ResultCache:
 
 def check_pair(pair: Pair, options: SuiteOptions) -> PairResult:
     """Check one pair in this process, as `tv check` / `tv partition` would."""
-    from .boundary_layouts import GivenLayouts
+    from tv_ir.prover.boundary_layouts import GivenLayouts
+
     from .pipeline import check, partition_and_check
 
     t0 = time.perf_counter()
@@ -321,7 +323,7 @@ def _line(e: BaseException, limit: int = 300) -> str:
 
 
 def _worker_init() -> None:
-    from .partitioner import ensure_host_devices
+    from tv_ir.xla.partitioner import ensure_host_devices
 
     ensure_host_devices()
 

@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 
 from tv_ir.errors import BadInput
-from tv_ir.partitioner import Partitioned, partition
-from tv_ir.report import Report
+from tv_ir.report.result import Report
+from tv_ir.xla.partitioner import Partitioned, partition
 
 PARTITIONER_BUGS = ("wrong_replica_group", "wrong_shard_offset")
 _GROUPS = re.compile(r"replica_groups=\{(\{[\d,]+\}(?:,\{[\d,]+\})*)\}")
@@ -63,7 +63,7 @@ def per_device_mlir(parted: Partitioned, hlo: str | None = None) -> str:
     """The per-device program as StableHLO text, its layouts as `mhlo.sharding` attributes."""
     from jaxlib.mlir import ir
 
-    from tv_ir.importer import hlo_text_to_stablehlo_bytecode, mlir_context
+    from tv_ir.ir.importer import hlo_text_to_stablehlo_bytecode, mlir_context
 
     data = hlo_text_to_stablehlo_bytecode(hlo or parted.per_device_hlo, "per-device program")
     with mlir_context():

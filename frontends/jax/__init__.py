@@ -8,13 +8,13 @@ its CPU backend), so meshes of up to 8 devices work on a laptop, and registers t
 files with JAX as not user code (so ops traced through `verify` carry the user's lines).
 """
 
-from tv_ir.partitioner import ensure_host_devices
-from tv_ir.sources import register_with_jax
+from tv_ir.ir.sources import register_with_jax
+from tv_ir.xla.partitioner import ensure_host_devices
 
 ensure_host_devices()
 register_with_jax()  # tv's frames are not the user's: JAX records the user's line for ops
 
-from tv_ir.report import Report  # noqa: E402
+from tv_ir.report.result import Report  # noqa: E402
 
 from .testing import NotEquivalentError, assert_equivalent  # noqa: E402
 from .verify import verify  # noqa: E402

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tv_ir.report import Report
+from tv_ir.report.result import Report
 
 from .verify import verify
 

@@ -9,8 +9,8 @@ and its source-line metadata (XLA_HLO_DEBUG) unless already set, and asks XLA (j
 host CPU devices; import it before torch_xla starts.
 """
 
-from tv_ir.partitioner import ensure_host_devices
-from tv_ir.report import Report
+from tv_ir.report.result import Report
+from tv_ir.xla.partitioner import ensure_host_devices
 
 from . import runtime
 

@@ -35,7 +35,7 @@ def build(cap: Captured, order: list[tuple[str, str]] | None = None) -> Program:
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo
 
-    from tv_ir.importer import mlir_context
+    from tv_ir.ir.importer import mlir_context
 
     ctx = mlir_context()
     with ctx, ir.Location.unknown():
@@ -72,7 +72,7 @@ def signature(prog_text: str) -> list[tuple[str, str]]:
     """(argument name, type) of `@main`, read back from a built program."""
     from jaxlib.mlir import ir
 
-    from tv_ir.importer import mlir_context
+    from tv_ir.ir.importer import mlir_context
 
     with mlir_context():
         m = ir.Module.parse(prog_text)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tv_ir.errors import BadInput
-from tv_ir.report import Report
+from tv_ir.report.result import Report
 
 from . import runtime
 from .export import Exported, export

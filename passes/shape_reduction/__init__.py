@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tv_ir.ir import Module, TensorType, elements, walk
-from tv_ir.ops.shape import TABLE_ATTR
+from tv_ir.ir.program import Module, TensorType, elements, walk
+from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
 from .factors import choose, witnesses

@@ -13,9 +13,9 @@ import hashlib
 
 import numpy as np
 
-from tv_ir.ir import Block, Function, Module, Op, Region, TensorType, Value
-from tv_ir.layout import Layout
-from tv_ir.ops.shape import TABLE_ATTR
+from tv_ir.ir.program import Block, Function, Module, Op, Region, TensorType, Value
+from tv_ir.semantics.layout import Layout
+from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
 from .rules import ELEMENTWISE, Rescale
@@ -261,7 +261,7 @@ def inconsistent(m: Module) -> str | None:
     the element count, elementwise operands of other shapes, a dot whose contracted sizes
     differ, a broadcast of a dimension to another size), or None: a reduced program that
     fails this is not used."""
-    from tv_ir.ir import walk
+    from tv_ir.ir.program import walk
 
     for op in walk(m.main.body):
         ins = [v.type for v in op.operands if isinstance(v.type, TensorType)]

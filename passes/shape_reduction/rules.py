@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir import Block, Function, Module, Op, TensorType, Value, walk
+from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, walk
 
 from .classes import DimClasses, Key
 
@@ -247,9 +247,9 @@ class ShapeRules:
             self.fold(b.owner)
 
     def _evaluator(self, dev: int):
-        from tv_ir.algebra import NumpyAlgebra
-        from tv_ir.evaluator import BlockEvaluator
-        from tv_ir.process_grid import Device
+        from tv_ir.semantics.algebra import NumpyAlgebra
+        from tv_ir.semantics.interpreters.evaluator import BlockEvaluator
+        from tv_ir.semantics.interpreters.process_grid import Device
 
         if self._evaluators is None:
             self._evaluators = [

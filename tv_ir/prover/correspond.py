@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..closeness import close_elementwise
+from tv_ir.semantics.closeness import close_elementwise
+
 from .simulate import Trace
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension

@@ -23,15 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import terms as T
-from ..algebra import NumpyAlgebra
+from tv_ir.ir.program import Module, TensorType
+from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
+from tv_ir.semantics import terms as T
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters.interp import Interpreter
+from tv_ir.semantics.interpreters.spmd import SpmdInterpreter, device_name
+from tv_ir.semantics.symbolic import TABLE_VALUES, SymbolicAlgebra
+
 from ..errors import TvError, Unsupported
-from ..interp import Interpreter
-from ..ir import Module, TensorType
 from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
-from ..report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, OutputResult, Report, Stats
-from ..spmd import SpmdInterpreter, device_name
-from ..symbolic import TABLE_VALUES, SymbolicAlgebra
 from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation

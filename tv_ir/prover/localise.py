@@ -17,13 +17,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attrs import SdySharding
+from tv_ir.ir.attrs import SdySharding
+from tv_ir.ir.program import Module, Op, TensorType
+from tv_ir.report.result import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
+from tv_ir.semantics.interpreters.mesh_coords import mesh_coords
+from tv_ir.semantics.layout import Layout
+from tv_ir.semantics.ops.registry import COLLECTIVES
+
 from ..errors import TvError
-from ..ir import Module, Op, TensorType
-from ..layout import Layout
-from ..mesh_coords import mesh_coords
-from ..ops.registry import COLLECTIVES
-from ..report import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
 from .correspond import MOVEMENT_OPS, TileIndex, box_index, mesh_groups
 from .simulate import (
     Trace,

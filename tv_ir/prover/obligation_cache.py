@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from fractions import Fraction
 
-from .. import terms as T
+from tv_ir.semantics import terms as T
 
 # canonical nodes per obligation (with its recorded definitions) beyond which it is not
 # cached: a cost guard, the proof goes on without the cache

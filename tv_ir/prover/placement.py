@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..attrs import SdyAxis, SdySharding
+from tv_ir.ir.attrs import SdyAxis, SdySharding
+from tv_ir.ir.program import Function, Module, TensorType
+from tv_ir.semantics.layout import Layout
+
 from ..errors import BadInput, Unsupported
-from ..ir import Function, Module, TensorType
-from ..layout import Layout
 
 
 @dataclass
@@ -188,8 +189,8 @@ def _shape(t) -> tuple:
 
 
 def _split_partial_sums(lay: Layout, k: int, per_device: list[list]) -> None:
-    from .. import terms as T
-    from ..symbolic import SymbolicAlgebra
+    from tv_ir.semantics import terms as T
+    from tv_ir.semantics.symbolic import SymbolicAlgebra
 
     alg = SymbolicAlgebra()
     for group in lay.unreduced:
@@ -208,7 +209,7 @@ def _split_partial_sums(lay: Layout, k: int, per_device: list[list]) -> None:
 
 def _absent_elsewhere(lay: Layout, k: int, per_device: list[list]) -> None:
     """Argument k on the devices that do not hold its maximal layout: meaningless."""
-    from .. import terms as T
+    from tv_ir.semantics import terms as T
 
     for d, args in enumerate(per_device):
         if d == lay.maximal:
@@ -241,8 +242,8 @@ def _only_mesh(meshes: dict) -> str:
 
 def _partial_axes(fn: Function) -> dict[int, tuple[str, ...]]:
     """Argument index -> mesh axes it is reduced over by sdy.all_reduce / reduce_scatter."""
-    from ..ops.registry import GLOBAL_VIEW
-    from ..ops.sharding import REDUCING
+    from tv_ir.semantics.ops.registry import GLOBAL_VIEW
+    from tv_ir.semantics.ops.sharding import REDUCING
 
     root = {v.id: k for k, v in enumerate(fn.body.args)}
     partial: dict[int, list[str]] = {}
@@ -267,7 +268,7 @@ def _partial_axes(fn: Function) -> dict[int, tuple[str, ...]]:
 def _zero_like(x):
     x = np.asarray(x)
     if x.dtype == object:
-        from .. import terms as T
+        from tv_ir.semantics import terms as T
 
         return T.ZERO
     return np.zeros((), x.dtype)
@@ -309,7 +310,7 @@ def _mesh_devices(module: Module) -> int:
 
 def _dtype_of(arr) -> str | None:
     """The element type of an array of input symbols (from their Keys)."""
-    from .. import terms as T
+    from tv_ir.semantics import terms as T
 
     for e in np.asarray(arr).reshape(-1):
         a = T.as_atom(e) if isinstance(e, T.Poly) else None

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir import Module, TensorType, elements
-from ..report import Report
+from tv_ir.ir.program import Module, TensorType, elements
+from tv_ir.report.result import Report
+
 from .localise import differs, refutation
 
 REPLAY_LIMIT = 20_000_000  # elements over all values of both real programs
@@ -130,7 +131,7 @@ def confirm_proof(report: Report, reduction, spec, impl, placement, seed: int = 
     a difference at the real sizes refutes (replayed there); one at a larger reduced size
     makes the verdict unknown (the pair's meaning depends on that size in a way the
     reduction does not follow)."""
-    from ..report import NOT_EQUIVALENT, UNKNOWN
+    from tv_ir.report.result import NOT_EQUIVALENT, UNKNOWN
 
     if reduction.real_elements <= REPLAY_LIMIT:
         found = _differs(spec, impl, placement, seed)

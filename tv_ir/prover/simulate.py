@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..algebra import NumpyAlgebra
-from ..closeness import RTOL, close, close_elementwise  # noqa: F401 (re-exported)
-from ..interp import Interpreter
-from ..ir import Function, Module, TensorType
+from tv_ir.ir.program import Function, Module, TensorType
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.closeness import RTOL, close, close_elementwise  # noqa: F401 (re-exported)
+from tv_ir.semantics.interpreters.interp import Interpreter
+
 from ..limits import check_time
 
 
@@ -55,7 +56,7 @@ def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False
 def compared_constants(*modules: Module, limit: int = 16) -> list[float]:
     """Finite float constants that the programs compare values against (thresholds,
     sentinels), so simulation can land on both sides of each guard."""
-    from ..ir import walk
+    from tv_ir.ir.program import walk
 
     found: list[float] = []
     for m in modules:
@@ -188,7 +189,7 @@ def run_traced_devices(
     module: Module, per_device_inputs: list[list], num_replicas: int, num_partitions: int
 ) -> Trace:
     """Run a per-device program on every device; values and outputs are per-device lists."""
-    from ..spmd import SpmdInterpreter
+    from tv_ir.semantics.interpreters.spmd import SpmdInterpreter
 
     trace = Trace()
     n = num_replicas * num_partitions

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import z3
 
-from .. import terms as T
+from tv_ir.semantics import terms as T
 
 SolverError = z3.Z3Exception  # z3's own exceptions, for modules that do not import z3
 

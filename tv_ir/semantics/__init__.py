@@ -1,0 +1,1 @@
+"""What programs mean: element algebras, symbolic terms, the op table, the interpreters, layouts."""

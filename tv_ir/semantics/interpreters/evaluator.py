@@ -1,0 +1,137 @@
+"""Evaluate the ops of a block with an element algebra (concrete or symbolic): the machinery
+shared by the one-program interpreter (`interp`) and the per-device ones (`spmd`).
+
+Like JAX's `eval_jaxpr`: an environment from values to arrays, one table lookup per op.
+A `hook` may observe (and replace) the results of each op of the top-level block; the prover
+uses it to record simulations and to cut symbolic evaluation at proved values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from tv_ir.errors import TvError, Unsupported
+from tv_ir.ir.program import Block, Function, Module, Op
+from tv_ir.limits import check_time
+from tv_ir.semantics.ops import OpContext, lookup
+from tv_ir.semantics.ops.complex_numbers import COMPLEX_AWARE
+
+Hook = Callable[[Op, list], list]
+
+
+class InterpreterError(TvError):
+    """An evaluator failed on an op: a bug in tv (an internal error, exit 4)."""
+
+    exit_code = 4
+
+
+class BlockEvaluator:
+    """Runs blocks op by op through the op table (one device, or one program)."""
+
+    def __init__(self, module: Module, alg, hook: Hook | None = None, device=None):
+        self.module = module
+        self.alg = alg
+        self.hook = hook
+        self.device = device
+        self.env: dict[int, object] = {}
+
+    def run(self, fn: Function | None = None, args: list | None = None) -> list:
+        fn = fn or self.module.main
+        return self._block(fn.body, list(args or []), top=True)
+
+    def call(self, name: str, args: list) -> list:
+        fn = self.module.functions.get(name)
+        if fn is None:
+            raise Unsupported(f"call to unknown function @{name}", op="func.call")
+        return self._block(fn.body, args, top=False)
+
+    def _block(self, block: Block, args: list, top: bool) -> list:
+        env = self.env
+        if len(args) != len(block.args):
+            raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(args)}")
+        for v, a in zip(block.args, args, strict=True):
+            env[v.id] = a
+        for op in block.ops:
+            check_time()
+            results = self.evaluate_op(op)
+            if top and self.hook is not None:
+                results = self.hook(op, results)
+            for v, r in zip(op.results, results, strict=True):
+                env[v.id] = r
+        return [env[v.id] for v in block.results]
+
+    def evaluate_op(self, op: Op) -> list:
+        """The results of `op` on the current environment."""
+        fn = lookup(op.name, op.loc)
+        refuse_complex(op)
+        operands = [self.env[v.id] for v in op.operands]
+        ctx = self.context(op)
+        return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
+
+    def context(self, op: Op) -> OpContext:
+        """What an evaluator of `op` sees; its regions run in this interpreter."""
+        return OpContext(
+            name=op.name,
+            attrs=op.attrs,
+            operand_types=[v.type for v in op.operands],
+            result_types=[v.type for v in op.results],
+            alg=self.alg,
+            run_region=lambda i, args, op=op: self._block(op.regions[i].block, args, top=False),
+            regions=op.regions,
+            call=self.call,
+            device=self.device,
+            loc=op.loc,
+        )
+
+
+def refuse_complex(op: Op) -> None:
+    """Ops that do not know complex numbers never see one: numpy would quietly drop
+    imaginary parts, terms have none (tv_ir.semantics.ops.complex_numbers)."""
+    if op.name in COMPLEX_AWARE:
+        return
+    for v in (*op.operands, *op.results):
+        if getattr(v.type, "is_complex", False):
+            raise Unsupported(f"{op.name} on complex values ({v.type})", op=op.name, loc=op.loc)
+
+
+def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
+    """Run an evaluator of `op`, attributing failures to the op (name, location)."""
+    try:
+        return evaluate()
+    except Unsupported as e:
+        if e.loc is None:
+            e.loc = op.loc
+        if e.op is None:
+            e.op = op.name
+        raise
+    except (TvError, MemoryError, RecursionError):
+        raise
+    except Exception as e:  # an evaluator bug or a violated precondition: name the op
+        raise InterpreterError(
+            f"evaluating {op.name} at {op.loc} failed: {type(e).__name__}: {e}"
+        ) from e
+
+
+def checked_results(op: Op, out) -> list:
+    """An evaluator's output as a list of results checked against the op's result types."""
+    if not isinstance(out, list):
+        out = [out]
+    return [_shaped(r, v.type) for r, v in zip(out, op.results, strict=True)]
+
+
+def _shaped(r, t):
+    """Check an evaluator's result against the op's declared type."""
+    if isinstance(r, tuple) or not hasattr(t, "shape"):
+        return r
+    r = np.asarray(r)
+    if r.shape != tuple(t.shape):
+        raise InterpreterError(f"result shape {r.shape} does not match declared {t}")
+    if r.dtype != object and r.dtype != np.dtype(t.numpy_dtype):
+        r = r.astype(t.numpy_dtype)
+    elif r.dtype == object and t.is_integer:  # terms: reduce to the type's machine range
+        from tv_ir.semantics.symbolic import machine_integers
+
+        r = machine_integers(r, t)
+    return r

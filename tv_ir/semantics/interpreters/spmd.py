@@ -1,0 +1,421 @@
+"""Run one per-device program on every process of a StableHLO process grid, in lockstep (SPMD).
+
+Each process has its own `BlockEvaluator` (its environment, its `Device` in `OpContext.device`),
+so ordinary ops (and the regions inside them) run per device through the op table, and
+`partition_id` / `replica_id` fold to constants per device. Collectives run once for all
+devices from `COLLECTIVES` with the `ProcessGrid`. Ops whose regions may hold collectives
+(`while`, `case`, `if`, `func.call`, `composite`) run their regions on all devices together;
+their predicates / indices must agree across devices.
+
+Values cross the API as per-device lists: `run` takes and returns `[device_id][index]`
+(device id = replica_id * num_partitions + partition_id), and so does the hook.
+
+`sdy.manual_computation` (what `jax.shard_map` lowers to) runs in lockstep too: each device's
+(global) operand is cut to its piece by the `in_shardings` (over the manual axes, device =
+partition id), the body runs on all devices with its collectives, and the devices' results
+are assembled by the `out_shardings` into the global value each device then holds.
+The hook sees the ops of a top-level manual computation's body as well (with local values).
+The GSPMD form of shard_map works the same way: `custom_call @SPMDFullToShardShape` cuts its
+operand by the `mhlo.sharding` of the `@Sharding` annotation producing it, and
+`@SPMDShardToFullShape` assembles the devices' pieces by its own `mhlo.sharding`.
+
+Replicas. A box of a result that several devices compute (an out_sharding leaves a manual
+axis out: `out_specs=P()`) is only *claimed* equal on them (`check_vma=False` does not check
+it). As XLA does, each device keeps its own copy: its global value holds its own piece in
+its box, and the first holder's copy of every box it does not compute. Boxes whose copies
+are not identical are recorded in `replicas` (`Replicas`): the prover proves every copy
+equal to the first, or refutes the claim on the device named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from tv_ir.errors import BadInput, Unsupported
+from tv_ir.ir.attrs import SdySharding
+from tv_ir.ir.program import Block, Function, Module, Op, TensorType
+from tv_ir.limits import check_time
+from tv_ir.semantics.interpreters.evaluator import (
+    BlockEvaluator,
+    InterpreterError,
+    checked_results,
+    run_evaluator,
+)
+from tv_ir.semantics.interpreters.mesh_coords import mesh_coords
+from tv_ir.semantics.interpreters.process_grid import ProcessGrid
+from tv_ir.semantics.layout import Layout
+from tv_ir.semantics.ops.control import (
+    MAX_TRIP_COUNT,
+    known_truth,
+    refuse_collective_branches,
+    select_case,
+    select_results,
+)
+from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW
+
+_GSPMD = ("SPMDFullToShardShape", "SPMDShardToFullShape")
+PerDevice = list[list]  # [device_id][value index]
+SpmdHook = Callable[[Op, PerDevice], PerDevice]
+
+
+@dataclasses.dataclass
+class Replicas:
+    """One box of a shard_map result computed by several devices, whose copies are claimed
+    equal (by the out_sharding) but are not identical values: each copy must be proved
+    equal to the first (what a device that does not compute the box reads)."""
+
+    op: Op
+    result: int  # which result of `op`
+    box: tuple  # ((start, stop), ...) of the global value
+    devices: tuple[int, ...]  # device ids holding a copy, in order (device 0's first)
+    values: list  # each device's copy (its local piece)
+
+    def where(self) -> str:
+        """'result 0 of sdy.manual_computation at f.py:12'."""
+        loc = self.op.loc
+        at = f" at {loc.file}:{loc.line}" if getattr(loc, "file", None) else ""
+        return f"result {self.result} of {self.op.name}{at}"
+
+
+class SpmdInterpreter:
+    """Lockstep execution of `module` on `num_replicas` x `num_partitions` processes.
+
+    Grid sizes default to the module's `mhlo.num_replicas` / `mhlo.num_partitions`, else 1.
+    `hook(op, per_device_results)` sees (and may replace) the results of each top-level op.
+    """
+
+    def __init__(
+        self,
+        module: Module,
+        alg,
+        num_replicas: int | None = None,
+        num_partitions: int | None = None,
+        hook: SpmdHook | None = None,
+    ):
+        self.module = module
+        self.alg = alg
+        self.hook = hook
+        self.grid = ProcessGrid(
+            num_replicas or int(module.attrs.get("mhlo.num_replicas", 1)),
+            num_partitions or int(module.attrs.get("mhlo.num_partitions", 1)),
+            meshes=module.attrs.get("sdy.meshes"),
+        )
+        self.procs = [BlockEvaluator(module, alg, device=d) for d in self.grid.devices]
+        self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
+        self._lockstep = {
+            "stablehlo.while": self._while,
+            "stablehlo.case": self._case,
+            "stablehlo.if": self._if,
+            "func.call": self._call,
+            "stablehlo.composite": self._call,
+            "stablehlo.async_start": self._async_start,
+        }
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.procs)
+
+    def run(self, per_device_args: PerDevice, fn: Function | None = None) -> PerDevice:
+        """Run `fn` (default: main) with `per_device_args[device_id]` on each device."""
+        if len(per_device_args) != self.num_devices:
+            raise BadInput(f"{len(per_device_args)} argument lists for {self.num_devices} devices")
+        fn = fn or self.module.main
+        return self._block(fn.body, [list(a) for a in per_device_args], top=True)
+
+    def run_op(self, op: Op, per_device_operands: PerDevice) -> PerDevice:
+        """Evaluate one op on every device from the given operands."""
+        for proc, xs in zip(self.procs, per_device_operands, strict=True):
+            for v, x in zip(op.operands, xs, strict=True):
+                proc.env[v.id] = x
+        return self._op(op)
+
+    # -- blocks and ops ----------------------------------------------------------------------
+    def _block(self, block: Block, args: PerDevice, top: bool) -> PerDevice:
+        for proc, a in zip(self.procs, args, strict=True):
+            if len(a) != len(block.args):
+                raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(a)}")
+            for v, x in zip(block.args, a, strict=True):
+                proc.env[v.id] = x
+        for op in block.ops:
+            check_time()
+            results = self._op(op, top)
+            if top and self.hook is not None:
+                results = self.hook(op, results)
+            for proc, rs in zip(self.procs, results, strict=True):
+                for v, r in zip(op.results, rs, strict=True):
+                    proc.env[v.id] = r
+        return [[proc.env[v.id] for v in block.results] for proc in self.procs]
+
+    def _op(self, op: Op, top: bool = False) -> PerDevice:
+        if op.name in COLLECTIVES:
+            return self._collective(op)
+        if op.name in GLOBAL_VIEW and self.num_devices > 1:
+            raise Unsupported(
+                f"{op.name} in a per-device program (a Shardy op of the global view: "
+                "partition the module first)",
+                op=op.name,
+                loc=op.loc,
+            )
+        if op.name == "sdy.manual_computation":
+            operands = self._operands(op)
+            out = run_evaluator(op, lambda: self._manual_computation(op, operands, top))
+            return [checked_results(op, o) for o in out]
+        if op.name == "stablehlo.custom_call" and op.attrs.get("call_target_name") in _GSPMD:
+            operands = self._operands(op)
+            out = run_evaluator(op, lambda: self._gspmd_manual(op, operands))
+            return [checked_results(op, o) for o in out]
+        lockstep = self._lockstep.get(op.name)
+        if lockstep is not None:
+            operands = self._operands(op)
+            out = run_evaluator(op, lambda: lockstep(op, operands))
+            return [checked_results(op, o) for o in out]
+        return [self._on_device(proc, op) for proc in self.procs]
+
+    def _on_device(self, proc: BlockEvaluator, op: Op) -> list:
+        """An ordinary op on one device; evaluator faults name the device."""
+        try:
+            return proc.evaluate_op(op)
+        except InterpreterError as e:
+            d = proc.device
+            where = f"device {d.device_id} (replica {d.replica_id}, partition {d.partition_id})"
+            if where in str(e):
+                raise
+            raise InterpreterError(f"{e} on {where}") from e
+
+    def _operands(self, op: Op) -> PerDevice:
+        return [[proc.env[v.id] for v in op.operands] for proc in self.procs]
+
+    def _collective(self, op: Op) -> PerDevice:
+        fn = COLLECTIVES[op.name]
+        ctx = dataclasses.replace(self.procs[0].context(op), device=None)
+        operands = self._operands(op)
+        out = run_evaluator(op, lambda: fn(ctx, self.grid, operands))
+        return [checked_results(op, o) for o in out]
+
+    def _region(self, op: Op, i: int, args: PerDevice) -> PerDevice:
+        return self._block(op.regions[i].block, args, top=False)
+
+    def _agreed(self, op: Op, what: str, values: list):
+        """The value every device computed for a control decision."""
+        if any(v != values[0] for v in values):
+            raise Unsupported(f"{op.name}: {what} diverges across devices: {values}", op=op.name)
+        return values[0]
+
+    # -- lockstep control flow ---------------------------------------------------------------
+    def _while(self, op: Op, operands: PerDevice) -> PerDevice:
+        values = operands
+        for _ in range(MAX_TRIP_COUNT):
+            preds = [self.alg.truth(p[0]) for p in self._region(op, 0, values)]
+            if not self._agreed(op, "the loop predicate", preds):
+                return values
+            values = self._region(op, 1, values)
+        raise Unsupported(f"{op.name}: loop did not terminate within {MAX_TRIP_COUNT} iterations")
+
+    def _case(self, op: Op, operands: PerDevice) -> PerDevice:
+        n = len(op.regions)
+        known = [self.alg.known_index(o[0]) for o in operands]
+        if all(i is not None for i in known):
+            i = self._agreed(op, "the branch index", known)
+            return self._region(op, i if 0 <= i < n else n - 1, [[] for _ in self.procs])
+        self._every_branch_may_run(op, operands, "the branch index")
+        results = [self._region(op, k, [[] for _ in self.procs]) for k in range(n)]
+        return [
+            select_case(self.alg, o[0], [r[d] for r in results]) for d, o in enumerate(operands)
+        ]
+
+    def _if(self, op: Op, operands: PerDevice) -> PerDevice:
+        known = [known_truth(self.alg, o[0]) for o in operands]
+        if all(p is not None for p in known):
+            pred = self._agreed(op, "the predicate", known)
+            return self._region(op, 0 if pred else 1, [[] for _ in self.procs])
+        self._every_branch_may_run(op, operands, "the predicate")
+        on_true = self._region(op, 0, [[] for _ in self.procs])
+        on_false = self._region(op, 1, [[] for _ in self.procs])
+        return [
+            select_results(self.alg, o[0], on_true[d], on_false[d]) for d, o in enumerate(operands)
+        ]
+
+    def _every_branch_may_run(self, op: Op, operands: PerDevice, what: str) -> None:
+        """A decision that depends on the inputs runs every branch in lockstep and each
+        device picks its results: the same as running the chosen branch when every device
+        decides on the same term, or when no branch talks to other devices."""
+        first = np.asarray(operands[0][0]).reshape(())
+        if all(np.asarray(o[0]).reshape(()).item() == first.item() for o in operands):
+            return
+        refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc)
+
+    def _call(self, op: Op, operands: PerDevice) -> PerDevice:
+        """func.call (callee) and composite (its decomposition) run the function in lockstep."""
+        name = op.attrs.get("callee") or op.attrs.get("decomposition")
+        fn = self.module.functions.get(name)
+        if fn is None:
+            raise Unsupported(f"call to unknown function @{name}", op=op.name)
+        return self._block(fn.body, operands, top=False)
+
+    def _async_start(self, op: Op, operands: PerDevice) -> PerDevice:
+        """The body (a collective or a slice) in lockstep; each device's future holds its
+        results (ops/asynchronous.py)."""
+        out = self._region(op, 0, operands)
+        return [[r[0] if len(r) == 1 else tuple(r)] for r in out]
+
+    # -- shard_map ---------------------------------------------------------------------------
+    def _manual_computation(self, op: Op, operands: PerDevice, top: bool) -> PerDevice:
+        """Global operands -> local pieces (in_shardings), body in lockstep, results ->
+        global values (out_shardings) on every device."""
+        if self.grid.num_replicas != 1:
+            raise Unsupported("sdy.manual_computation with more than one replica", op=op.name)
+        manual = tuple(op.attrs.get("manual_axes") or ())
+        block = op.regions[0].block
+        ins = self._manual_layouts(op, "in_shardings", [v.type for v in op.operands], manual)
+        outs = self._manual_layouts(op, "out_shardings", [v.type for v in op.results], manual)
+        pids = [proc.device.partition_id for proc in self.procs]
+        local = []
+        for pid, args in zip(pids, operands, strict=True):
+            pieces = []
+            for k, (lay, x, v) in enumerate(zip(ins, args, block.args, strict=True)):
+                piece = x if lay is None else lay.shard(x, pid)
+                want = tuple(v.type.shape) if isinstance(v.type, TensorType) else ()
+                if lay is not None and tuple(piece.shape) != want:
+                    raise Unsupported(
+                        f"sdy.manual_computation: operand {k} piece on device {pid} has shape "
+                        f"{list(piece.shape)}, the body takes {v.type} (uneven sharding?)",
+                        op=op.name,
+                    )
+                pieces.append(piece)
+            local.append(pieces)
+        results = self._block(block, local, top=top)
+        glob: PerDevice = [[] for _ in self.procs]
+        for k, lay in enumerate(outs):
+            values = [results[d][k] for d in range(len(self.procs))]
+            if lay is None:  # a token: each device's own
+                for d, val in enumerate(values):
+                    glob[d].append(val)
+                continue
+            by_pid = [None] * lay.num_devices
+            for pid, val in zip(pids, values, strict=True):
+                by_pid[pid] = val
+            for d, val in enumerate(self._assemble(op, k, lay, by_pid, pids)):
+                glob[d].append(val)
+        return glob
+
+    def _manual_layouts(self, op: Op, key: str, types: list, manual: tuple) -> list:
+        """One Layout per value over the manual axes only (None for non-tensors)."""
+        shardings = op.attrs.get(key) or []
+        if len(shardings) != len(types):
+            raise BadInput(
+                f"sdy.manual_computation: {len(shardings)} {key} for {len(types)} values"
+            )
+        meshes = self.module.attrs.get("sdy.meshes")
+        out = []
+        for s, t in zip(shardings, types, strict=True):
+            if not isinstance(t, TensorType):
+                out.append(None)
+                continue
+            if any(a.name in manual for a in s.unreduced):
+                raise Unsupported(f"sdy.manual_computation: unreduced manual axes in {s}")
+            only = SdySharding(
+                s.mesh, tuple(tuple(a for a in axes if a.name in manual) for axes in s.dims)
+            )
+            lay = Layout.from_sdy(only, meshes, tuple(t.shape), self.grid.num_partitions)
+            out.append(lay)
+        return out
+
+    def _gspmd_manual(self, op: Op, operands: PerDevice) -> PerDevice:
+        """`@SPMDFullToShardShape`: each device's piece of the global operand, by the sharding
+        of the `@Sharding` annotation that produces it; `@SPMDShardToFullShape`: the global
+        value assembled from the devices' pieces by the op's own sharding."""
+        target = op.attrs.get("call_target_name")
+        if self.grid.num_replicas != 1 or len(op.operands) != 1 or len(op.results) != 1:
+            raise Unsupported(f"custom_call @{target} (several replicas or values)", op=op.name)
+        full = op.operands[0] if target == "SPMDFullToShardShape" else op.results[0]
+        annotated = op.operands[0].owner if target == "SPMDFullToShardShape" else op
+        text = annotated.attrs.get("mhlo.sharding") if annotated is not None else None
+        if not isinstance(text, str) or not isinstance(full.type, TensorType):
+            raise Unsupported(f"custom_call @{target} without a tensor sharding", op=op.name)
+        lay = Layout.from_hlo_sharding(text, tuple(full.type.shape), self.grid.num_partitions)
+        if isinstance(lay, list) or lay.manual or lay.unreduced or lay.maximal is not None:
+            raise Unsupported(f"custom_call @{target} with sharding {text}", op=op.name)
+        pids = [proc.device.partition_id for proc in self.procs]
+        if target == "SPMDFullToShardShape":
+            return [[lay.shard(args[0], pid)] for pid, args in zip(pids, operands, strict=True)]
+        by_pid = [None] * lay.num_devices
+        for pid, args in zip(pids, operands, strict=True):
+            by_pid[pid] = args[0]
+        return [[value] for value in self._assemble(op, 0, lay, by_pid, pids)]
+
+    def _assemble(self, op: Op, k: int, lay: Layout, by_pid: list, pids: list[int]) -> list:
+        """Each device's global value of a shard_map result from the devices' pieces (by
+        partition id): its own copy of the box it computed, the first holder's copy of the
+        others (XLA keeps each device's copy). Boxes whose copies are not identical are
+        recorded in `self.replicas`."""
+        base = lay.assemble(by_pid)
+        holders: dict[tuple, list[int]] = {}
+        for pid in range(lay.num_devices):
+            holders.setdefault(lay.box(pid), []).append(pid)
+        views = {}
+        for box, devs in holders.items():
+            if len(devs) < 2:
+                continue
+            pieces = [_local(lay, by_pid[p], p) for p in devs]
+            differ = [not _identical(pieces[0], x) for x in pieces[1:]]
+            if not any(differ):
+                continue
+            self.replicas.append(Replicas(op, k, box, tuple(devs), pieces))
+            for p, x, d in zip(devs[1:], pieces[1:], differ, strict=True):
+                if d:
+                    own = np.array(base, copy=True)
+                    own[_slices(box)] = x
+                    views[p] = own
+        return [views.get(pid, base) for pid in pids]
+
+
+def _local(lay: Layout, value, pid: int):
+    """A device's piece without the padding of uneven shards."""
+    shape = lay.local_shape(pid)
+    return np.asarray(value)[(*(slice(0, n) for n in shape), Ellipsis)]
+
+
+def _slices(box) -> tuple:
+    return (*(slice(a, b) for a, b in box), Ellipsis)
+
+
+def _identical(a, b) -> bool:
+    """The same value: the same numbers, or the same (hash-consed) terms."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype == object or b.dtype == object:
+        return all(x is y or _equal_scalar(x, y) for x, y in zip(a.flat, b.flat, strict=True))
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))
+
+
+def _equal_scalar(x, y) -> bool:
+    try:
+        return type(x) is type(y) and bool(x == y)
+    except Exception:
+        return False
+
+
+def device_name(module: Module, device: int, n: int) -> str:
+    """'device 3 (x=3)': a device and its coordinates when the module names a mesh of n."""
+
+    coords = mesh_coords(module, device, n) or {}
+    at = f" ({', '.join(f'{a}={i}' for a, i in coords.items())})" if coords else ""
+    return f"device {device}{at}"
+
+
+def mesh_size(module: Module, op: Op) -> int:
+    """The number of devices of the mesh a `sdy.manual_computation` is sharded over."""
+    shardings = list(op.attrs.get("in_shardings") or []) + list(op.attrs.get("out_shardings") or [])
+    meshes = module.attrs.get("sdy.meshes") or {}
+    for s in shardings:
+        mesh = s.mesh if not isinstance(s.mesh, str) else meshes.get(s.mesh)
+        if mesh is not None:
+            return max(1, math.prod(size for _, size in mesh.axes))
+    raise BadInput(f"{op.name} at {op.loc}: no mesh for its shardings")
