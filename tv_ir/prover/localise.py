@@ -84,8 +84,10 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
         placement.num_devices,
         other=lambda: _run_impl(impl, placement, _other_inputs(inputs)),
     )
-    impl_site, matched_spec, blamed = _impl_site(impl, walk, differing)
+    impl_site, matched_spec, blamed, used_at = _impl_site(impl, walk, differing)
     loc = Location(impl=impl_site, spec=_spec_site(spec, matched_spec, differing))
+    if used_at is not None and used_at is not blamed:
+        loc.used_at = _site(used_at)
     if blamed is not None:
         loc.related = _body_returns(blamed, impl.main.body.results[differing], walk)
         loc.related += related_sites(blamed, walk.index_values)
@@ -279,22 +281,29 @@ DEVICE_IDS = {"stablehlo.partition_id", "stablehlo.replica_id"}
 
 def _impl_site(impl: Module, walk: _Walk, output: int):
     """The implementation op where the first divergence appears (see `_Walk`); also the set
-    of spec values that some implementation value equals."""
+    of spec values that some implementation value equals, the blamed op, and the diverging
+    op that used the blamed op's value as a whole (the same op unless blame moved back)."""
     main = impl.main
     result = main.body.results[output]
     cone = _cone(result)
-    site = None
+    users = _users(main)
+    site = healed = used_at = None
     for op in _execution_order(main):
         walk.note_spec_values(op)  # every value, so the spec side knows what has a counterpart
         if site is None and any(r.id in cone for r in op.results) and walk.diverges(op):
-            site = walk.blame(op)
+            if walk.persists(op, result, cone, users):
+                site, used_at = walk.blame(op), op
+            elif healed is None:
+                healed = op
+    if site is None and healed is not None:  # no divergence reaches the output on its own
+        site, used_at = walk.blame(healed), healed
     if site is None:  # every value has a counterpart, but the output is not the spec's
         kind = walk.kind(result)
         if kind is not None and kind.suspicious:  # off by a factor: where it was scaled
             site = walk.introducer(result)
         else:  # e.g. a partial sum returned as whole: the op that returns it
             site = _assembled_by(result, walk) or result.owner
-    return (_site(site) if site is not None else None), walk.spec_seen, site
+    return (_site(site) if site is not None else None), walk.spec_seen, site, used_at
 
 
 ASSEMBLING = ("stablehlo.dynamic_update_slice", "stablehlo.scatter")
@@ -426,6 +435,8 @@ class _Walk:
         c = self.index.scale_of([[x] for x in vals])
         if c is not None:  # before partial sums: a replicated value is a trivial one
             return Kind(scale=c)
+        if self.n > 1 and self._partly_idle_tiles(v, vals):
+            return MIXED  # not a partial sum whose other members happen to be zeros
         sums = [(g, _group_sums(vals, g)) for g in mesh_groups(self.n)] if self.n > 1 else []
         for groups, summed in sums:
             if self.index.candidates([[x] for x in summed], limit=1):
@@ -442,6 +453,17 @@ class _Walk:
         if all(i or self.index.holds_tile([x]) for i, x in zip(idle, vals, strict=True)):
             return MIXED
         return None
+
+    def _partly_idle_tiles(self, v, vals) -> bool:
+        """Some devices hold data-free values (a pipeline stage that has not started: its
+        zeros) and every other one a tile. Summed over a group, such zeros would make any
+        tile look like a partial sum."""
+        idle = self.idle_devices(v)
+        return (
+            any(idle)
+            and not all(idle)
+            and all(i or self.index.holds_tile([x]) for i, x in zip(idle, vals, strict=True))
+        )
 
     def idle_devices(self, v) -> list[bool]:
         """Per device: does the value come out the same on other inputs (data-free)?"""
@@ -474,6 +496,28 @@ class _Walk:
             self.assembling.update(r.id for r in op.results)
             return False
         return any(not self.matched(r) or self.lost(op, r) for r in op.results)
+
+    def persists(self, op, output, cone: set[int], users: dict[int, list]) -> bool:
+        """Does a result of `op` without a counterpart reach `output` through values that
+        have none either? A value the spec never computes that is only restructured data
+        (the batch reshaped into micro-batches, each of which is a tile of the spec's batch
+        again) heals on the way: the op that made it is not where the programs part ways."""
+        stack = [r for r in op.results if r.id in cone and not self.matched(r)]
+        seen: set[int] = set()
+        while stack:
+            v = stack.pop()
+            if v.id == output.id:
+                return True
+            if v.id in seen:
+                continue
+            seen.add(v.id)
+            for user in users.get(v.id, ()):
+                stack.extend(
+                    r
+                    for r in _fed_by(user, v)
+                    if r.id in cone and r.id not in seen and not self.matched(r)
+                )
+        return False
 
     def lost(self, op, r) -> bool:
         if self.n == 1 or not self.is_data(r) or not all(self.idle_devices(r)):
@@ -542,6 +586,25 @@ def _data_inputs(op) -> list:
     if op.name == "sdy.manual_computation" and op.regions:
         ins += op.regions[0].block.results
     return ins
+
+
+def _users(fn) -> dict[int, list]:
+    """The ops that read each value (a shard_map reads the values its body returns)."""
+    users: dict[int, list] = {}
+    for op in _execution_order(fn):
+        for v in _data_inputs(op):
+            users.setdefault(v.id, []).append(op)
+    return users
+
+
+def _fed_by(op, v) -> list:
+    """The results of `op` that `v` flows into: all of them, or for a shard_map whose body
+    returns `v`, the matching results."""
+    if op.name == "sdy.manual_computation" and op.regions:
+        body = op.regions[0].block.results
+        if any(r is v for r in body) and not any(u is v for u in op.operands):
+            return [r for r, b in zip(op.results, body, strict=True) if b is v]
+    return list(op.results)
 
 
 def _group_sums(vals: list, groups) -> list:

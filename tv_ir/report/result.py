@@ -39,6 +39,9 @@ class Location:
     # where the diverging impl op's inputs come from (nearest collective / slice on each data
     # path, index computations): the candidates when the op itself is not the mistake
     related: list[OpSite] = field(default_factory=list)
+    # when `impl` made a value that is only a partial sum or off by a factor, the first op
+    # that uses it as a whole: the missing collective or scale belongs between the two
+    used_at: OpSite | None = None
 
     # the implementation side, flattened for convenience (`report.location.file`)
     @property

@@ -32,6 +32,8 @@ def render(r) -> str:
         if r.location is not None:
             if r.location.impl is not None:
                 lines.append(f"  first diverging op in impl: {r.location.impl}")
+                if r.location.used_at is not None:
+                    lines.append(f"    used as a whole at: {r.location.used_at}")
                 for site in r.location.related:
                     lines.append(f"    its inputs come from: {site}")
             if r.location.spec is not None:

@@ -1,0 +1,91 @@
+"""Where a refutation says the programs part ways, in a pipelined tensor-parallel step.
+
+A GPipe schedule reshapes the batch into micro-batches (a value the spec never computes,
+though each micro-batch is a tile of the spec's batch again) and feeds a pipeline stage that
+has not started with zeros (so a stage's tile, summed with those zeros, looks like a partial
+sum). Neither is where a missing collective is: the report names the op that made the
+partial sum and the line that uses it as a whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import tv_ir
+
+STAGES, TP, MICRO, LAYERS = 2, 2, 2, 4
+B, D, F = 8, 4, 8
+
+
+def spec(x, w1, w2):
+    h = x
+    for i in range(LAYERS):
+        h = h + jnp.tanh(h @ w1[i]) @ w2[i]
+    return jnp.mean(h * h)
+
+
+def pipelined(bug: bool):
+    def body(x, w1, w2):
+        stage = jax.lax.axis_index("stage")
+        xs = x.reshape(MICRO, -1, x.shape[1])
+
+        def stage_layers(h):
+            for i in range(w1.shape[0]):
+                y = jnp.tanh(h @ w1[i]) @ w2[i]
+                if bug and i == w1.shape[0] - 1:
+                    h = h + y  # BUG: not summed over "model"
+                else:
+                    h = h + jax.lax.psum(y, "model")
+            return h
+
+        state = jnp.zeros_like(xs[0])
+        loss = 0.0
+        for t in range(MICRO + STAGES - 1):
+            out = stage_layers(jnp.where(stage == 0, xs[min(t, MICRO - 1)], state))
+            if 0 <= t - (STAGES - 1) < MICRO:
+                share = jnp.mean(out * out) / MICRO
+                loss = loss + jnp.where(stage == STAGES - 1, share, 0.0)
+            if t < MICRO + STAGES - 2:
+                state = jax.lax.ppermute(out, "stage", [(0, 1)])
+        return jax.lax.psum(loss, "stage")
+
+    mesh = Mesh(np.array(jax.devices()[: STAGES * TP]).reshape(STAGES, TP), ("stage", "model"))
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P(), P("stage", None, "model"), P("stage", "model", None)),
+        out_specs=P(),
+        check_vma=False,
+    )
+
+
+def _lower(f):
+    shapes = [(B, D), (LAYERS, D, F), (LAYERS, F, D)]
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    return jax.jit(f).lower(*args).as_text(debug_info=True)
+
+
+def _line(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if f"# {marker}" in text)
+
+
+def test_correct_pipeline_is_proved() -> None:
+    r = tv_ir.check(_lower(spec), _lower(pipelined(False)))
+    assert r.verdict == "equivalent", r.reason
+
+
+def test_missing_psum_is_named_where_the_partial_sum_is_used() -> None:
+    r = tv_ir.check(_lower(spec), _lower(pipelined(True)))
+    assert r.verdict == "not_equivalent", r.reason
+    loc = r.location
+    # not the micro-batch reshape, nor the stage-0 select fed with zeros
+    assert loc.impl.op == "stablehlo.dot_general", str(r)
+    assert loc.used_at is not None and loc.used_at.line == _line("BUG"), str(r)
+    assert "used as a whole at" in str(r)
