@@ -89,3 +89,23 @@ def test_missing_psum_is_named_where_the_partial_sum_is_used() -> None:
     assert loc.impl.op == "stablehlo.dot_general", str(r)
     assert loc.used_at is not None and loc.used_at.line == _line("BUG"), str(r)
     assert "used as a whole at" in str(r)
+
+
+def test_running_out_of_time_while_localising_keeps_the_refutation(monkeypatch) -> None:
+    """The counterexample is replayed before the search for the diverging op starts: when
+    that search hits the time limit the verdict stays `not_equivalent`, without an op."""
+    from tv_ir.limits import OutOfTime
+    from tv_ir.prover import localise
+
+    def out_of_time(*args, **kwargs):
+        raise OutOfTime("time limit of 1 s reached")
+
+    monkeypatch.setattr(localise, "_impl_site", out_of_time)
+    x = jax.ShapeDtypeStruct((4,), jnp.float32)
+    spec_text = jax.jit(lambda v: v * 2.0).lower(x).as_text()
+    impl_text = jax.jit(lambda v: v * 3.0).lower(x).as_text()
+    r = tv_ir.check(spec_text, impl_text)
+    assert r.verdict == "not_equivalent", r.reason
+    assert r.counterexample.expected != r.counterexample.actual
+    assert r.location.impl is None and "time limit" in r.location.note
+    assert "the diverging op was not found" in str(r)

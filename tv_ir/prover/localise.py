@@ -25,6 +25,7 @@ from tv_ir.semantics.layout import Layout
 from tv_ir.semantics.ops.registry import COLLECTIVES
 
 from ..errors import TvError
+from ..limits import OutOfMemoryBudget, OutOfTime, check_time
 from .correspond import MOVEMENT_OPS, TileIndex, box_index, mesh_groups
 from .simulate import (
     Trace,
@@ -77,6 +78,15 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
     )
     if ce.device is not None:
         ce.mesh_coords = mesh_coords(impl, ce.device, placement.num_partitions)
+    try:
+        loc = _location(spec, impl, placement, inputs, spec_tr, impl_tr, differing)
+    except (OutOfTime, OutOfMemoryBudget) as e:  # the difference is shown: only where is not
+        loc = Location(note=f"the diverging op was not found ({e} while looking for it)")
+    return ce, loc, outputs
+
+
+def _location(spec, impl, placement, inputs, spec_tr, impl_tr, differing: int) -> Location:
+    """Where the programs part ways, for output `differing` (a walk over every value)."""
     walk = _Walk(
         impl.main,
         impl_tr,
@@ -92,7 +102,7 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
         loc.related = _body_returns(blamed, impl.main.body.results[differing], walk)
         loc.related += related_sites(blamed, walk.index_values)
         loc.related = _distinct(loc.related, loc.impl)[:RELATED_LIMIT]
-    return ce, loc, outputs
+    return loc
 
 
 def _first_difference(spec_tr, impl_tr, spec: Module, impl: Module, placement):
@@ -289,6 +299,7 @@ def _impl_site(impl: Module, walk: _Walk, output: int):
     users = _users(main)
     site = healed = used_at = None
     for op in _execution_order(main):
+        check_time()
         walk.note_spec_values(op)  # every value, so the spec side knows what has a counterpart
         if site is None and any(r.id in cone for r in op.results) and walk.diverges(op):
             if walk.persists(op, result, cone, users):
@@ -505,6 +516,7 @@ class _Walk:
         stack = [r for r in op.results if r.id in cone and not self.matched(r)]
         seen: set[int] = set()
         while stack:
+            check_time()
             v = stack.pop()
             if v.id == output.id:
                 return True

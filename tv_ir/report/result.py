@@ -42,6 +42,8 @@ class Location:
     # when `impl` made a value that is only a partial sum or off by a factor, the first op
     # that uses it as a whole: the missing collective or scale belongs between the two
     used_at: OpSite | None = None
+    # why no op is named (the search for it ran out of time or memory)
+    note: str = ""
 
     # the implementation side, flattened for convenience (`report.location.file`)
     @property

@@ -38,6 +38,8 @@ def render(r) -> str:
                     lines.append(f"    its inputs come from: {site}")
             if r.location.spec is not None:
                 lines.append(f"  where the spec parts ways:  {r.location.spec}")
+            if r.location.note:
+                lines.append(f"  location: {r.location.note}")
         lines.append("  counterexample inputs (replayed concretely in float64):")
         for name, value in ce.inputs.items():
             lines.append(f"    {name}: {_tensor(value)}")
