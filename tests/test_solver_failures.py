@@ -73,3 +73,27 @@ def test_backstop_outside_the_solver_wrapper(monkeypatch):
     r = tv_ir.check(lower(relu_where), lower(relu_max))
     assert r.verdict == "unknown", str(r)
     assert "z3 failed: out of memory" in r.reason
+
+
+def test_a_solver_query_never_outlives_the_time_limit(monkeypatch) -> None:
+    """A query is given at most what is left of the run's time limit (and z3 is interrupted
+    a little after that), not its own per-query timeout: a 600 s query under a 0.5 s limit."""
+    from tv_ir.limits import deadline
+    from tv_ir.prover import smt
+
+    timeouts = []
+    real_set = z3.Solver.set
+
+    def recording_set(self, *args, **kwargs):
+        if args and args[0] == "timeout":
+            timeouts.append(args[1])
+            assert args[1] <= 500, "the query was given its own 600 s"  # fail fast, not in 600 s
+        return real_set(self, *args, **kwargs)
+
+    monkeypatch.setattr(z3.Solver, "set", recording_set)
+    x, y, z = z3.Ints("x y z")
+    cubes = z3.And(x > 0, y > 0, z > 0, x * x * x + y * y * y == z * z * z)  # undecided
+    with deadline(0.5):
+        r = smt._solve(smt._Encoder(), [cubes], 600.0)
+    assert r.status == "unknown"
+    assert timeouts and timeouts[0] <= 500

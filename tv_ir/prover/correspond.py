@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tv_ir.limits import check_time
 from tv_ir.semantics.closeness import close_elementwise
 
 from .simulate import Trace
@@ -223,6 +224,7 @@ class TileIndex:
             groups: dict[tuple, tuple[float, list]] = {}
             r, _ = self._direction(local)
             for vid, shape in self.shapes.items():
+                check_time()  # an index over every spec value of a large program takes a while
                 if vid not in self.traces[0].values:
                     continue
                 values = [np.asarray(tr.values[vid]) for tr in self.traces]
@@ -271,6 +273,7 @@ class TileIndex:
         for k, members, first in idx[lo:]:
             if k > key[0] + tol:
                 break
+            check_time()  # near-zero tiles: thousands may share a key
             vid, box = self._member(members[0])
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
@@ -294,6 +297,7 @@ class TileIndex:
         if idx is None:
             idx = []
             for vid, box, arrays in self._tiles(local):
+                check_time()
                 pivot = _pivot(arrays[0])
                 if pivot is None:
                     continue
@@ -323,6 +327,7 @@ class TileIndex:
             c = pivot / spec_pivot
             if not _whole_ratio(c):
                 continue
+            check_time()
             if all(
                 close_elementwise(
                     a, c * np.asarray(self._tile(vid, box, i, local), dtype=np.float64)

@@ -12,6 +12,7 @@ unknown.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import z3
@@ -19,6 +20,10 @@ import z3
 from tv_ir.semantics import terms as T
 
 SolverError = z3.Z3Exception  # z3's own exceptions, for modules that do not import z3
+
+# seconds past a query's timeout after which z3 is interrupted (its timeout is not always
+# honoured on nonlinear queries)
+INTERRUPT_GRACE_S = 1.0
 
 # z3's timeout is not always honoured on nonlinear queries (seen with sqrt and inverses):
 # cap its memory so such a query ends as `unknown` instead of exhausting the machine
@@ -247,11 +252,23 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
 
 
 def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
+    from ..limits import time_left
+
+    left = time_left()  # a query never outlives the run's time limit
+    if left is not None:
+        timeout_s = max(0.01, min(timeout_s, left))
     s = z3.Solver()
     s.set("timeout", int(timeout_s * 1000))
     s.add(*enc.side)
     s.add(z3.Or(diffs) if len(diffs) > 1 else diffs[0])
-    r = s.check()
+    # z3 does not always honour its timeout on nonlinear queries: interrupt it a little after
+    watchdog = threading.Timer(timeout_s + INTERRUPT_GRACE_S, s.ctx.interrupt)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        r = s.check()
+    finally:
+        watchdog.cancel()
     if r == z3.unsat:
         return SmtResult("unsat")
     if r == z3.sat:
