@@ -16,7 +16,7 @@ from importlib import resources
 
 from tv_ir.report.result import EXIT_CODES
 
-from .errors import BadInput, TvError
+from .errors import BadInput, TvError, one_line
 
 EXIT_BAD_INPUT = 3
 EXIT_INTERNAL_ERROR = 4
@@ -441,26 +441,20 @@ def main(argv: list[str] | None = None) -> int:
             raise BadInput("--workers, --junit, --jsonl and --cache are for suites: tv check SUITE")
         return _run_check(args.spec, args.impl, args)
     except BadInput as e:
-        print(f"tv: error: {_one_line(e)}", file=sys.stderr)
+        print(f"tv: error: {one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("tv: interrupted", file=sys.stderr)
         return 2
     except TvError as e:
         if e.exit_code == EXIT_INTERNAL_ERROR:
-            return _internal_error(e, args, f"{_one_line(e)}")
-        print(f"tv: unknown: {_one_line(e)}", file=sys.stderr)
+            return _internal_error(e, args, f"{one_line(e)}")
+        print(f"tv: unknown: {one_line(e)}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"verdict": "unknown", "reason": _one_line(e)}))
+            print(json.dumps({"verdict": "unknown", "reason": one_line(e)}))
         return e.exit_code
     except Exception as e:  # a bug in tv: never a verdict, never exit 0
-        return _internal_error(e, args, f"{type(e).__name__}: {_one_line(e)}")
-
-
-def _one_line(e: BaseException, limit: int = 500) -> str:
-    """An error message on one line, cut to `limit` characters."""
-    msg = " ".join(str(e).split())
-    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+        return _internal_error(e, args, f"{type(e).__name__}: {one_line(e)}")
 
 
 def _internal_error(e: BaseException, args, msg: str) -> int:

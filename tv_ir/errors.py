@@ -24,3 +24,9 @@ class Unsupported(TvError):
         super().__init__(message)
         self.op = op
         self.loc = loc
+
+
+def one_line(e: BaseException, limit: int = 500) -> str:
+    """An error's message on one line (a user-facing error is one line), cut to `limit`."""
+    msg = " ".join(str(e).split())
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."

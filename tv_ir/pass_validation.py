@@ -24,7 +24,7 @@ from pathlib import Path
 from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 from tv_ir.xla.dumps import Snapshot, read_dump
 
-from .errors import BadInput, TvError
+from .errors import BadInput, TvError, one_line
 
 UNCHANGED = "unchanged"
 BAD_INPUT = "bad_input"
@@ -125,9 +125,9 @@ def _check_step(reference: Snapshot, snap: Snapshot, out_shardings, options) -> 
             placement = Placement.single_device(spec.main)
             report = check(spec, impl, placement=placement, **options)
     except BadInput as e:
-        return Step(snap, reference, BAD_INPUT, _line(e), time.perf_counter() - t0)
+        return Step(snap, reference, BAD_INPUT, one_line(e, 300), time.perf_counter() - t0)
     except TvError as e:
-        return Step(snap, reference, UNKNOWN, _line(e), time.perf_counter() - t0)
+        return Step(snap, reference, UNKNOWN, one_line(e, 300), time.perf_counter() - t0)
     detail = report.reason
     if report.verdict == NOT_EQUIVALENT and report.location and report.location.impl:
         detail = f"differs at {report.location.impl}"
@@ -143,11 +143,6 @@ def _result_layouts(spec, impl, given: list[str | None] | None) -> list[str | No
         for s, i in zip(spec.main.result_types, impl.main.result_types, strict=False)
     ]
     return guessed if any(guessed) else None
-
-
-def _line(e: BaseException, limit: int = 300) -> str:
-    msg = " ".join(str(e).split())
-    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
 def step_line(step: Step) -> str:

@@ -28,7 +28,7 @@ from xml.etree import ElementTree
 
 from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN
 
-from .errors import BadInput, TvError
+from .errors import BadInput, TvError, one_line
 
 BAD_INPUT = "bad_input"
 ERROR = "error"  # a bug in tv, or a worker that died
@@ -296,12 +296,12 @@ def check_pair(pair: Pair, options: SuiteOptions) -> PairResult:
                 layouts=given if given.any else None,
             )
     except BadInput as e:
-        return _result(pair, BAD_INPUT, _line(e), t0)
+        return _result(pair, BAD_INPUT, one_line(e, 300), t0)
     except TvError as e:
         verdict = BAD_INPUT if e.exit_code == 3 else UNKNOWN if e.exit_code == 2 else ERROR
-        return _result(pair, verdict, _line(e), t0)
+        return _result(pair, verdict, one_line(e, 300), t0)
     except Exception as e:  # a bug in tv: an error, never a verdict
-        return _result(pair, ERROR, f"internal error: {type(e).__name__}: {_line(e)}", t0)
+        return _result(pair, ERROR, f"internal error: {type(e).__name__}: {one_line(e, 300)}", t0)
     return _result(pair, report.verdict, _detail(report), t0, json.loads(report.to_json()))
 
 
@@ -315,11 +315,6 @@ def _detail(report) -> str:
     if report.verdict == NOT_EQUIVALENT and report.location and report.location.impl:
         return f"differs at impl {report.location.impl}"
     return report.reason
-
-
-def _line(e: BaseException, limit: int = 300) -> str:
-    msg = " ".join(str(e).split())
-    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
 def _worker_init() -> None:
