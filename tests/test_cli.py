@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tv_command import tv
 
 ADD = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
   %0 = stablehlo.add %a, %a : tensor<2xf32>
@@ -30,12 +29,6 @@ CUSTOM = """func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {
   return %0 : tensor<2xf32>
 }
 """
-
-
-def tv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tv_ir.cli", *args], capture_output=True, text=True, cwd=cwd
-    )
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -14,17 +12,12 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from tv_command import tv
 
 from tv_ir import check
 from tv_ir.xla.dumps import read_dump
 
 CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "xla_spmd" / "cases"
-
-
-def tv(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tv_ir.cli", *args], capture_output=True, text=True
-    )
 
 
 def layer(a, b):

@@ -12,6 +12,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 import pytest
+from tv_command import tv
 
 from tv_ir import suite
 
@@ -30,16 +31,6 @@ THRICE = SCALED.replace("dense<2.0>", "dense<3.0>")
 # a per-device program on 2 devices: its layouts come from the manifest
 PER_DEVICE = SCALED.replace("4xf32", "2xf32")
 SHARDED = ["{devices=[2]0,1}"]
-
-
-def tv(*args: str, cwd: Path | None = None, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tv_ir.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-    )
 
 
 @pytest.fixture
