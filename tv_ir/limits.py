@@ -14,6 +14,15 @@ and nesting depth.
   `OutOfMemoryBudget` (verdict `unknown`). Not `setrlimit(RLIMIT_AS)`: XLA and tv's deep
   thread reserve far more address space than they use, so an address-space cap breaks them
   (threads fail to start) long before memory is short, and it would outlive the call.
+- **Enforced** (`enforced_limits`): the polls above are cooperative, and one long step
+  between two polls (a symbolic scatter over input-dependent indices, a library call) ran
+  a check to 13 GB under a 3 GB limit. A watchdog thread watches the clock and resident
+  memory and, when a poll has not stopped the run `ENFORCE_GRACE_S` past the deadline or
+  with memory `ENFORCE_MEMORY_SLACK` over the limit, raises `OutOfTime` /
+  `OutOfMemoryBudget` in the checking thread itself (CPython's asynchronous exceptions:
+  delivered at the thread's next bytecode), once: if tv code swallows it, the polls, which
+  now fire too, end the run. Inside a C call (a z3 query, an XLA compile) it waits for the
+  call to return; z3 queries have their own timeout and interrupt (prover/smt.py).
 - **Depth** (`run_deep`): programs nest (regions in regions, loops unrolled thousands of
   times, terms built from terms) and tv's walks over them recurse; they run on a thread
   with a large stack and a high recursion limit, so depth is bounded by
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import sys
 import threading
 import time
@@ -268,6 +278,59 @@ def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
     if used is not None:
         what += f" ({used:.0f} MB resident)"
     return f"{what}{' ' + detail if detail else ''}"
+
+
+# -- enforcement ----------------------------------------------------------------------------
+
+ENFORCE_GRACE_S = 2.0  # past the deadline before the watchdog steps in
+ENFORCE_MEMORY_SLACK = 1.10  # times the memory limit before the watchdog steps in
+WATCH_INTERVAL_S = 0.1
+
+
+@contextlib.contextmanager
+def enforced_limits():
+    """Make the current time and memory limits hold in the enclosed work even where no poll
+    is reached (see the module docstring): a watchdog raises the limit's error in this
+    thread."""
+    end, mb = _deadline.get(), _memory_mb.get()
+    if end is None and mb is None:
+        yield
+        return
+    target = threading.get_ident()
+    lock = threading.Lock()
+    armed = [True]
+    stop = threading.Event()
+    limit_reason = time_limit_reason()  # this thread's context: the limit as the user gave it
+
+    def interrupt(base: type, message: str) -> None:
+        init = lambda self: base.__init__(self, message)  # noqa: E731 (raised without arguments)
+        raised = type(base.__name__, (base,), {"__init__": init})
+        with lock:
+            if armed[0]:
+                armed[0] = False  # once: a second one could land after the run has ended
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(target), ctypes.py_object(raised)
+                )
+
+    def watch() -> None:
+        while not stop.wait(WATCH_INTERVAL_S):
+            if end is not None and time.perf_counter() > end + ENFORCE_GRACE_S:
+                return interrupt(OutOfTime, limit_reason)
+            used = rss_mb() if mb is not None else 0.0
+            if mb is not None and used > mb * ENFORCE_MEMORY_SLACK:
+                what = f"memory limit of {mb:g} MB reached ({used:.0f} MB resident)"
+                return interrupt(OutOfMemoryBudget, what)
+
+    watcher = threading.Thread(target=watch, name="tv-limits", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        with lock:
+            armed[0] = False
+            # an exception scheduled but not yet delivered must not escape the run
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
+        stop.set()
 
 
 # -- depth ----------------------------------------------------------------------------------

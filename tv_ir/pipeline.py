@@ -17,6 +17,7 @@ from .limits import (
     TooDeep,
     check_time,
     deadline,
+    enforced_limits,
     memory_budget,
     refuse_oversized,
     refuse_unaffordable,
@@ -138,7 +139,8 @@ def _bounded(run, time_limit, *args) -> Report:
     t0 = time.perf_counter()
     with deadline(time_limit):
         try:
-            return run(*args)
+            with enforced_limits():
+                return run(*args)
         except (OutOfTime, TooDeep, OutOfMemoryBudget) as e:
             reason = str(e)
         except RecursionError:

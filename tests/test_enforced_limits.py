@@ -1,0 +1,54 @@
+"""The time and memory limits hold inside one long step, where tv's own polls are not
+reached: a watchdog raises the limit's error in the checking thread."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import tv_ir
+from tv_ir.limits import rss_mb
+from tv_ir.semantics.symbolic import SymbolicAlgebra
+
+X = jax.ShapeDtypeStruct((4, 4), jnp.float32)
+SPEC = jax.jit(lambda x: x * 2.0).lower(X).as_text()
+IMPL = jax.jit(lambda x: x + x).lower(X).as_text()
+
+
+def test_a_step_that_never_polls_the_clock_is_stopped_at_the_time_limit(monkeypatch) -> None:
+    finished = []
+
+    def slow_multiply(self, x, y):  # 60 s of work that never calls check_time
+        for _ in range(6000):
+            time.sleep(0.01)
+        finished.append(True)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", slow_multiply)
+    r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
+    assert r.verdict == "unknown" and "time limit of 1 s" in r.reason, r.reason
+    assert not finished
+
+
+def test_a_step_that_never_polls_memory_is_stopped_at_the_memory_limit(monkeypatch) -> None:
+    finished = []
+    held = []
+
+    def greedy_multiply(self, x, y):  # grows by 8 MB every 10 ms, never calls check_memory
+        for _ in range(200):
+            held.append(np.ones(2**20))
+            time.sleep(0.01)
+        finished.append(True)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", greedy_multiply)
+    limit = rss_mb() + 400  # the process's own memory, plus 400 MB for the check
+    try:
+        r = tv_ir.check(SPEC, IMPL, memory_limit=limit)
+    finally:
+        held.clear()
+    assert r.verdict == "unknown" and "memory limit" in r.reason, r.reason
+    assert not finished
