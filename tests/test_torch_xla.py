@@ -1,7 +1,7 @@
 """torch_xla front end: examples proved, planted bugs refuted (API and CLI), bad input.
 
 torch_xla and jax share this process (torch_xla's CPU runtime is configured by the front
-end's import). Skipped only when torch_xla is missing outside CI; CI installs `.[dev,torch]`.
+end's import). Skipped only when torch_xla is missing outside CI; CI installs `.[dev,torch,hf]`.
 """
 
 from __future__ import annotations
@@ -36,6 +36,18 @@ def refuted(report, file: str | None = None) -> None:
     assert ce is not None and ce.inputs and ce.expected != ce.actual
     if file is not None:
         assert (report.location.impl.file or "").endswith(file), str(report)
+
+
+def test_hugging_face_gpt2_megatron_with_dropout_proved():
+    """transformers' own GPT2LMHeadModel, unmodified: its loss in train mode (dropout),
+    tied output head, Megatron TP over "model", batch over "data"."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("transformers")
+    import hf_gpt2
+
+    report = hf_gpt2.verify(dropout=0.1, time_limit=600)
+    assert report.verdict == "equivalent", str(report)
+    assert report.stats.stages > 0
 
 
 def test_gpt_block_megatron_proved():

@@ -1,0 +1,91 @@
+"""Hugging Face's GPT-2 (`transformers.GPT2LMHeadModel`, unmodified) under torch_xla SPMD:
+Megatron tensor parallelism on a (2, 4) ("data", "model") mesh, batch over "data", its
+language-model loss with dropout on (train mode) and the output head tied to the token
+embedding, as GPT-2 has it. XLA partitions the model; tv proves the per-device program
+equal to the unsharded model.
+
+    python examples/torch_xla/hf_gpt2.py [--eval] [--fsdp] [--time-limit S]
+
+Needs the `hf` extra (`pip install 'tv-ir[torch,hf]'`, transformers 4.57.1).
+"""
+
+# ruff: noqa: I001  (tv_ir.frontends.torch_xla configures torch_xla: import it first)
+from __future__ import annotations
+
+import argparse
+import time
+
+import tv_ir.frontends.torch_xla as tvx  # sets torch_xla's CPU runtime first
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch_xla.distributed.spmd as xs  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+VOCAB, POSITIONS, DIM, HEADS = 72, 16, 32, 4
+BATCH, SEQ = 2, 6  # 12 tokens: no size equals another, so shape reduction can tell them apart
+
+
+class LanguageModelLoss(torch.nn.Module):
+    """The model's own loss on a batch of token ids (labels are the ids, shifted inside)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, labels=ids).loss
+
+
+def megatron(fsdp: bool = False) -> dict[str, tuple]:
+    """GPT-2's Conv1D weights are (in, out): column-parallel splits dim 1, row-parallel
+    dim 0; with `fsdp` the other dimension (and the token embedding) over "data"."""
+    d = "data" if fsdp else None
+    specs = {
+        "model.transformer.h.0.attn.c_attn.weight": (d, "model"),
+        "model.transformer.h.0.attn.c_proj.weight": ("model", d),
+        "model.transformer.h.0.mlp.c_fc.weight": (d, "model"),
+        "model.transformer.h.0.mlp.c_proj.weight": ("model", d),
+    }
+    if fsdp:
+        specs["model.transformer.wte.weight"] = ("data", None)
+    return specs
+
+
+def verify(dropout: float = 0.1, fsdp: bool = False, **options):
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=POSITIONS,
+        n_embd=DIM,
+        n_layer=1,
+        n_head=HEADS,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
+        attn_pdrop=dropout,
+        loss_type="ForCausalLM",
+    )
+    model = LanguageModelLoss(GPT2LMHeadModel(config))
+    model.train(dropout > 0)
+    mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    return tvx.verify(
+        model, ids, mesh=mesh, shardings=megatron(fsdp), input_shardings=[("data", None)], **options
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--eval", action="store_true", help="dropout off (eval mode)")
+    ap.add_argument("--fsdp", action="store_true", help="weights also split over 'data'")
+    ap.add_argument("--time-limit", type=float, default=300.0)
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    report = verify(0.0 if a.eval else 0.1, a.fsdp, time_limit=a.time_limit)
+    print(report)
+    print(f"verify: {time.perf_counter() - t0:.1f} s")
+    raise SystemExit(report.exit_code)
+
+
+if __name__ == "__main__":
+    main()
