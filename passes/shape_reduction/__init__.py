@@ -22,7 +22,7 @@ from tv_ir.ir import Module, TensorType, elements, walk
 from tv_ir.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
-from .factors import choose, witnesses
+from .factors import can_shrink, choose, witnesses
 from .rewrite import Rewriter, inconsistent, scaled_layout
 from .rules import ShapeRules
 
@@ -257,7 +257,10 @@ def _normalisers(d: DimClasses, rules) -> list:
     never guessed)."""
     sizes: dict = {}
     by_size: dict = {}
+    fixed = set()  # classes whose factor is 1 whatever is decided below
     for root, members in d.classes().items():
+        if not can_shrink(d, members):
+            fixed.add(root)
         sizes[root] = {d.real[k] for k in members}
         for n in sizes[root]:
             if n >= 3:
@@ -271,14 +274,17 @@ def _normalisers(d: DimClasses, rules) -> list:
             # member's size of each class summed over shrinks by that class's factor. A sum
             # may be normalised by some of what it sums only (`mean(sum(x, -1))`, the sum
             # of a loss over tokens and vocabulary divided by the tokens): each set of its
-            # classes is a candidate, and only one may match
+            # classes is a candidate, and they must all be read at one reduced count: the
+            # classes that can shrink must be the same in all (a class whose factor is 1,
+            # such as a micro-batch of 2 that a mean reduces, counts alike at every size)
             found = {}
             # a class of size 1 (a kept dimension of a keepdims sum) counts nothing
             real_keys = tuple(k for k in n.keys if max(sizes[d.find(k)]) > 1)
             for keys in _key_subsets(real_keys):
                 power = _normalises(c, keys, d, sizes)
                 if power:
-                    found.setdefault(frozenset(d.find(k) for k in keys), (keys, power))
+                    shrinking = frozenset(d.find(k) for k in keys) - fixed
+                    found.setdefault((shrinking, power), (keys, power))
             if os.environ.get("TV_REDUCTION_DEBUG"):
                 print(f"normaliser? {c} of {n.keys}: {list(found.values())}", file=sys.stderr)
             if len(found) == 1:
@@ -287,7 +293,7 @@ def _normalisers(d: DimClasses, rules) -> list:
     # one constant normalising several uses (a spread splat) must shrink the same way in all
     by_operand: dict = {}
     for n, power, _ in accepted:
-        classes = frozenset(d.find(k) for k in n.keys)
+        classes = frozenset(d.find(k) for k in n.keys) - fixed
         by_operand.setdefault((id(n.op), n.operand), set()).add((classes, power))
     if os.environ.get("TV_REDUCTION_DEBUG"):
         for v in by_operand.values():

@@ -36,6 +36,15 @@ def _smallest_prime(n: int) -> int:
     return n
 
 
+def can_shrink(d: DimClasses, members: list[Key]) -> bool:
+    """Whether the class of `members` may get a factor above 1: not kept, and its bounds
+    (every member's size, offsets, lower bounds) allow one. A class that cannot keeps a
+    factor of 1 whatever else is decided (`choose` only ever lowers factors)."""
+    if d.reason_kept(members) is not None:
+        return False
+    return _largest_divisor(*d.bound(members)) > 1
+
+
 def choose(d: DimClasses) -> dict[Key, int]:
     """The factor of every class (keyed by its root)."""
     classes = d.classes()
