@@ -8,6 +8,8 @@ step at real sizes), on JAX programs written as users write them.
   micro-batch, which cannot shrink, so they are one normaliser.
 - The other direction: a count that could normalise either of two dimensions that both
   shrink is ambiguous, and both keep their sizes.
+- The reduced programs never hold more elements than the real ones: a splat is not copied
+  where nothing shrank, and a reduction that would grow is said, and checked at real sizes.
 """
 
 from __future__ import annotations
@@ -145,3 +147,56 @@ def test_count_of_either_of_two_shrinking_dimensions_keeps_both() -> None:
     for name in ("spec argument 0 dim 0", "spec argument 0 dim 1"):
         assert "may be its size" in why.get(name, ""), reduced.reduction["summary"]
     assert "spec argument 0 dim 2" in shrunk(reduced), reduced.reduction["summary"]
+
+
+# -- never larger than the real programs -------------------------------------------------------
+
+
+def windowed_spec(x, y):
+    """x keeps both its sizes (a window) and is scaled by one splat three times (one value
+    after tv's CSE); y shrinks, saving less than three copies of the splat would cost."""
+    pooled = jax.lax.reduce_window(x, 0.0, jax.lax.add, (2, 2), (1, 1), "VALID")
+    return (pooled * 3.0) * 3.0 + jnp.tanh(pooled) * 3.0, jnp.tanh(y) * 3.0
+
+
+def windowed_dp(x, y):
+    return smap(windowed_spec, (P(), P("data")), (P(), P("data")))(x, y)
+
+
+WINDOWED = (f32(NT, ND), f32(2, 2))
+
+
+def test_reduced_programs_never_hold_more_than_the_real_ones() -> None:
+    reduced, _ = both(windowed_dp, *WINDOWED, spec=windowed_spec, expect="equivalent")
+    r = reduced.reduction
+    assert r["reduced"], f"{r['summary']}\n{reduced.notes}"
+    assert r["reduced_elements"] < r["real_elements"], r["summary"]
+    for c in r["classes"]:
+        assert c["reduced"] <= c["real"], r["summary"]
+
+
+def test_a_reduction_that_grows_is_said_and_checked_at_real_sizes(monkeypatch) -> None:
+    from tv_ir.passes.shape_reduction.rewrite import Rewriter
+
+    def copy_per_use(self, v, t):  # the splat copied at every use, as before
+        return self.copy_splat(self.splats[v.id], v, t)
+
+    monkeypatch.setattr(Rewriter, "splat_at", copy_per_use)
+    reduced, _ = both(windowed_dp, *WINDOWED, spec=windowed_spec, expect="equivalent")
+    assert not reduced.reduction["reduced"], reduced.reduction["summary"]
+    assert any("made the programs larger" in n for n in reduced.notes), str(reduced)
+
+
+def test_a_factor_that_does_not_divide_a_size_keeps_its_class() -> None:
+    from tv_ir.passes.shape_reduction.classes import DimClasses
+    from tv_ir.passes.shape_reduction.factors import check_factors
+
+    d = DimClasses()
+    a, b = d.add((1, 0), 12, "a"), d.add((2, 0), 6, "b")
+    d.tie(a, b)
+    c = d.add((3, 0), 8, "c")
+    factor = {d.find(a): 4, d.find(c): 4}  # 4 does not divide 6: b would not be a whole size
+    check_factors(d, d.classes(), factor)
+    assert factor == {d.find(a): 1, d.find(c): 4}
+    assert "does not divide size 6" in d.reason_kept([a, b])
+    assert d.reason_kept([c]) is None

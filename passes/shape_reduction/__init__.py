@@ -197,6 +197,14 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         if root not in only_splats
     ]
     red.reduced_elements = elements(red.spec) + elements(red.impl)
+    if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
+        red.failed = (
+            f"shape reduction made the programs larger ({real:,} -> {red.reduced_elements:,} "
+            "elements, a bug in tv); checked at real sizes"
+        )
+        red.spec = red.impl = red.placement = None
+        red.witnesses, red.arg_factors, red.reduced_elements = [], [], real
+        return red
     red.tables = sum(
         1
         for m in (red.spec, red.impl)

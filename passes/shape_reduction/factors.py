@@ -102,7 +102,20 @@ def choose(d: DimClasses) -> dict[Key, int]:
     for whole in defs:
         grp = atoms(whole)
         factor[whole] = 1 if grp is None or whole in stuck else _prod(factor[a] for a in grp)
+    check_factors(d, classes, factor)
     return factor
+
+
+def check_factors(d: DimClasses, classes: dict[Key, list[Key]], factor: dict[Key, int]) -> None:
+    """Every factor is a whole divisor of every member's size, so no reduced size exceeds
+    its real one; a class where that fails (a bug in the choice above) keeps its size, and
+    the report says so."""
+    for root, members in classes.items():
+        f = factor.get(root, 1)
+        bad = [d.real[k] for k in members if f < 1 or d.real[k] % f]
+        if bad:
+            factor[root] = 1
+            d.keep(root, f"tv chose factor {f}, which does not divide size {bad[0]} (a bug)")
 
 
 def _roots_of(defs, whole) -> list:
