@@ -200,3 +200,13 @@ def test_a_factor_that_does_not_divide_a_size_keeps_its_class() -> None:
     assert factor == {d.find(a): 1, d.find(c): 4}
     assert "does not divide size 6" in d.reason_kept([a, b])
     assert d.reason_kept([c]) is None
+
+
+def test_report_says_why_a_class_no_op_keeps_did_not_shrink() -> None:
+    # 4 rows, 2 per "data" shard, as micro-batches of one: the batch cannot shrink (a member
+    # of size 1), and the report says so instead of leaving it out
+    reduced, _ = both(
+        norm_grads_micro, f32(2 * B, T, D), f32(D), spec=norm_grads, expect="equivalent"
+    )
+    assert "has size 1" in kept(reduced).get("spec argument 0 dim 0", ""), reduced.reduction
+    assert "spec argument 0 dim 0: 4 kept" in reduced.reduction["summary"]

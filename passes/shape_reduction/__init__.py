@@ -445,9 +445,25 @@ def _describe(d: DimClasses, factor: dict, skip: set) -> list[DimClass]:
         first = min(members, key=lambda k: (_rank_name(d.names.get(k, "")), k))
         f = factor.get(root, 1)
         real = d.real[first]
-        out.append(DimClass(d.names.get(first, "?"), real, real // f, d.reason_kept(members)))
+        why = d.reason_kept(members)
+        if why is None and f == 1 and real > 2:
+            why = _why_whole(d, members)
+        out.append(DimClass(d.names.get(first, "?"), real, real // f, why))
     out.sort(key=lambda c: (c.reduced == c.real, -c.real))
     return out
+
+
+def _why_whole(d: DimClasses, members: list) -> str:
+    """Why a class that no op keeps still has factor 1 (so the report says so)."""
+    ones = [k for k in members if d.real[k] == 1]
+    if ones:
+        return f"its member {d.names.get(ones[0], '?')} has size 1"
+    g, cap = d.bound(members)
+    if g == 1:
+        return "no factor divides all its members' sizes and offsets"
+    if cap <= 1:
+        return "its lower bounds (2 on reduced and contracted dimensions) allow no factor"
+    return "the merged dimensions it is a part of allow no factor"
 
 
 def _rank_name(name: str) -> int:
