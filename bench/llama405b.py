@@ -1,7 +1,8 @@
 """A Llama-3-405B-shaped training step: grouped-query attention, AdamW, and DP x FSDP x PP x TP
 with Megatron sequence parallelism, as one `jax.shard_map` (issue #10's last done-when row).
 
-    python bench/llama405b.py [--layers 2] [--toy] [--bug NAME] [--time-limit S] [--memory-limit MB]
+    python bench/llama405b.py [--layers 2] [--toy] [--optimizer sgd] [--batch B] [--bug NAME]
+                              [--time-limit S] [--memory-limit MB]
 
 The model is bench/llama3.py's decoder (RMSNorm, RoPE, causal softmax attention, SwiGLU, a
 cross-entropy head on one-hot targets) with Llama 3 405B's sizes: hidden 16384, 128 query
@@ -387,6 +388,7 @@ def main() -> None:
     ap.add_argument("--toy", action="store_true", help="toy sizes (runs at real size too)")
     ap.add_argument("--bug", choices=sorted(BUGS))
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
+    ap.add_argument("--batch", type=int, help="global batch (default 8)")
     ap.add_argument("--time-limit", type=float, default=600)
     ap.add_argument("--memory-limit", type=float, default=6000)
     ap.add_argument("--no-reduce", action="store_true")
@@ -394,6 +396,8 @@ def main() -> None:
     from tv_ir.frontends.jax import verify
 
     cfg = with_(TOY if a.toy else LLAMA_405B, layers=a.layers, optimizer=a.optimizer)
+    if a.batch:
+        cfg = with_(cfg, batch=a.batch)
     t0 = time.perf_counter()
     report = verify(
         parallel_step(cfg, a.bug),
@@ -408,7 +412,8 @@ def main() -> None:
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(report)
-    print(f"\n{cfg.label()}: {report.verdict} in {seconds:.1f} s, peak {peak:.0f} MB")
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in report.stats.seconds.items())
+    print(f"\n{cfg.label()}: {report.verdict} in {seconds:.1f} s, peak {peak:.0f} MB ({phases})")
     sys.exit(report.exit_code)
 
 

@@ -22,7 +22,7 @@ from tv_ir.ir.program import Module, TensorType, elements, walk
 from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
-from .factors import choose, witnesses
+from .factors import can_shrink, choose, witnesses
 from .rewrite import Rewriter, inconsistent, scaled_layout
 from .rules import ShapeRules
 
@@ -197,6 +197,14 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         if root not in only_splats
     ]
     red.reduced_elements = elements(red.spec) + elements(red.impl)
+    if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
+        red.failed = (
+            f"shape reduction made the programs larger ({real:,} -> {red.reduced_elements:,} "
+            "elements, a bug in tv); checked at real sizes"
+        )
+        red.spec = red.impl = red.placement = None
+        red.witnesses, red.arg_factors, red.reduced_elements = [], [], real
+        return red
     red.tables = sum(
         1
         for m in (red.spec, red.impl)
@@ -257,7 +265,10 @@ def _normalisers(d: DimClasses, rules) -> list:
     never guessed)."""
     sizes: dict = {}
     by_size: dict = {}
+    fixed = set()  # classes whose factor is 1 whatever is decided below
     for root, members in d.classes().items():
+        if not can_shrink(d, members):
+            fixed.add(root)
         sizes[root] = {d.real[k] for k in members}
         for n in sizes[root]:
             if n >= 3:
@@ -271,14 +282,17 @@ def _normalisers(d: DimClasses, rules) -> list:
             # member's size of each class summed over shrinks by that class's factor. A sum
             # may be normalised by some of what it sums only (`mean(sum(x, -1))`, the sum
             # of a loss over tokens and vocabulary divided by the tokens): each set of its
-            # classes is a candidate, and only one may match
+            # classes is a candidate, and they must all be read at one reduced count: the
+            # classes that can shrink must be the same in all (a class whose factor is 1,
+            # such as a micro-batch of 2 that a mean reduces, counts alike at every size)
             found = {}
             # a class of size 1 (a kept dimension of a keepdims sum) counts nothing
             real_keys = tuple(k for k in n.keys if max(sizes[d.find(k)]) > 1)
             for keys in _key_subsets(real_keys):
                 power = _normalises(c, keys, d, sizes)
                 if power:
-                    found.setdefault(frozenset(d.find(k) for k in keys), (keys, power))
+                    shrinking = frozenset(d.find(k) for k in keys) - fixed
+                    found.setdefault((shrinking, power), (keys, power))
             if os.environ.get("TV_REDUCTION_DEBUG"):
                 print(f"normaliser? {c} of {n.keys}: {list(found.values())}", file=sys.stderr)
             if len(found) == 1:
@@ -287,7 +301,7 @@ def _normalisers(d: DimClasses, rules) -> list:
     # one constant normalising several uses (a spread splat) must shrink the same way in all
     by_operand: dict = {}
     for n, power, _ in accepted:
-        classes = frozenset(d.find(k) for k in n.keys)
+        classes = frozenset(d.find(k) for k in n.keys) - fixed
         by_operand.setdefault((id(n.op), n.operand), set()).add((classes, power))
     if os.environ.get("TV_REDUCTION_DEBUG"):
         for v in by_operand.values():
@@ -431,9 +445,25 @@ def _describe(d: DimClasses, factor: dict, skip: set) -> list[DimClass]:
         first = min(members, key=lambda k: (_rank_name(d.names.get(k, "")), k))
         f = factor.get(root, 1)
         real = d.real[first]
-        out.append(DimClass(d.names.get(first, "?"), real, real // f, d.reason_kept(members)))
+        why = d.reason_kept(members)
+        if why is None and f == 1 and real > 2:
+            why = _why_whole(d, members)
+        out.append(DimClass(d.names.get(first, "?"), real, real // f, why))
     out.sort(key=lambda c: (c.reduced == c.real, -c.real))
     return out
+
+
+def _why_whole(d: DimClasses, members: list) -> str:
+    """Why a class that no op keeps still has factor 1 (so the report says so)."""
+    ones = [k for k in members if d.real[k] == 1]
+    if ones:
+        return f"its member {d.names.get(ones[0], '?')} has size 1"
+    g, cap = d.bound(members)
+    if g == 1:
+        return "no factor divides all its members' sizes and offsets"
+    if cap <= 1:
+        return "its lower bounds (2 on reduced and contracted dimensions) allow no factor"
+    return "the merged dimensions it is a part of allow no factor"
 
 
 def _rank_name(name: str) -> int:

@@ -36,6 +36,15 @@ def _smallest_prime(n: int) -> int:
     return n
 
 
+def can_shrink(d: DimClasses, members: list[Key]) -> bool:
+    """Whether the class of `members` may get a factor above 1: not kept, and its bounds
+    (every member's size, offsets, lower bounds) allow one. A class that cannot keeps a
+    factor of 1 whatever else is decided (`choose` only ever lowers factors)."""
+    if d.reason_kept(members) is not None:
+        return False
+    return _largest_divisor(*d.bound(members)) > 1
+
+
 def choose(d: DimClasses) -> dict[Key, int]:
     """The factor of every class (keyed by its root)."""
     classes = d.classes()
@@ -93,7 +102,20 @@ def choose(d: DimClasses) -> dict[Key, int]:
     for whole in defs:
         grp = atoms(whole)
         factor[whole] = 1 if grp is None or whole in stuck else _prod(factor[a] for a in grp)
+    check_factors(d, classes, factor)
     return factor
+
+
+def check_factors(d: DimClasses, classes: dict[Key, list[Key]], factor: dict[Key, int]) -> None:
+    """Every factor is a whole divisor of every member's size, so no reduced size exceeds
+    its real one; a class where that fails (a bug in the choice above) keeps its size, and
+    the report says so."""
+    for root, members in classes.items():
+        f = factor.get(root, 1)
+        bad = [d.real[k] for k in members if f < 1 or d.real[k] % f]
+        if bad:
+            factor[root] = 1
+            d.keep(root, f"tv chose factor {f}, which does not divide size {bad[0]} (a bug)")
 
 
 def _roots_of(defs, whole) -> list:

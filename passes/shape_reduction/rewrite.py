@@ -48,6 +48,9 @@ class Rewriter:
         self.tables = tables or {}  # value ids of float tables that become symbols
         self.num_partitions = num_partitions
         self.vmap: dict[int, Value] = {}
+        # splat copies made in the block being rewritten: (value id, type) -> the copy, so
+        # a splat shared by many uses (CSE) is copied once per shape, not once per use
+        self.copies: dict = {}
 
     def f(self, vid: int, axis: int) -> int:
         key = (vid, axis)
@@ -85,8 +88,10 @@ class Rewriter:
     def block(self, b: Block) -> Block:
         args = [self.value(a) for a in b.args]
         ops: list[Op] = []
+        outer, self.copies = self.copies, {}  # a copy made in a region is not seen outside
         for op in b.ops:
             ops.extend(self.op(op))
+        self.copies = outer
         return Block(args, ops, [self.vmap[v.id] for v in b.results])
 
     def op(self, op: Op) -> list[Op]:
@@ -104,7 +109,7 @@ class Rewriter:
                 before += new_ops
                 operands.append(nv)
             elif v.id in self.splats and op.name in ELEMENTWISE and op.results:
-                new_ops, nv = self.copy_splat(self.splats[v.id], v, self.operand_type(v, op))
+                new_ops, nv = self.splat_at(v, self.operand_type(v, op))
                 before += new_ops
                 operands.append(nv)
             else:
@@ -202,6 +207,19 @@ class Rewriter:
             return TensorType(tuple(self.type_of(user.results[0]).shape), t.dtype)
         return t
 
+    def splat_at(self, v: Value, t: TensorType) -> tuple[list[Op], Value]:
+        """Splat `v` at type `t`: itself where its own reduced type is `t`, else its copy at
+        `t` in this block (made at the first use). A copy per use would make the reduced
+        programs larger than the real ones where the uses' dimensions keep their sizes."""
+        own = self.vmap[v.id]
+        if own.type == t:
+            return [], own
+        if (v.id, t) in self.copies:
+            return [], self.copies[(v.id, t)]
+        ops, copy = self.copy_splat(self.splats[v.id], v, t)
+        self.copies[(v.id, t)] = copy
+        return ops, copy
+
     def copy_splat(self, maker: Op, v: Value, t: TensorType) -> tuple[list[Op], Value]:
         """A copy of splat `v` (made by `maker`: a splat constant, a scalar broadcast, or an
         elementwise op of splats) of type `t`."""
@@ -217,7 +235,7 @@ class Rewriter:
         for u in maker.operands:
             if u.id in self.splats and isinstance(u.type, TensorType) and u.type.shape:
                 ut = TensorType(t.shape, u.type.dtype)
-                more, nu = self.copy_splat(self.splats[u.id], u, ut)
+                more, nu = self.splat_at(u, ut)
                 ops += more
                 operands.append(nu)
             else:

@@ -472,11 +472,15 @@ class ShapeRules:
         if x.id in self.pos.floats:
             self.pos.floats[r.id] = self.pos.floats[x.id]
         bd = op.attrs["broadcast_dimensions"]
+        # the positions it spreads over: a new dimension or a broadcast one, of size above 1
+        # (a dimension of size 1 added to `g / N`, keepdims undone, spreads nothing)
         spread = tuple(
             k
             for j, k in enumerate(kr)
-            if j not in bd or x.type.shape[bd.index(j)] != r.type.shape[j]
+            if r.type.shape[j] > 1 and (j not in bd or x.type.shape[bd.index(j)] != r.type.shape[j])
         )
+        if not spread and x.id in self.pos.scaled:  # the same values, unit dimensions added
+            self.pos.scaled[r.id] = self.pos.scaled[x.id]
         if spread or x.id in self.pos.summed:
             self.pos.summed[r.id] = self.pos.summed.get(x.id, ()) + spread
         if x.id in self.pos.spread_splats:  # a spread constant broadcast further

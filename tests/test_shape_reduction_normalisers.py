@@ -1,0 +1,212 @@
+"""Shape reduction of the counts a training step divides by (issue #10, the Llama-3-405B-shaped
+step at real sizes), on JAX programs written as users write them.
+
+- RMSNorm's mean, forward and backward, over a micro-batch of one: its `1 / hidden` is spread
+  over the hidden positions through a dimension of size 1, and must still shrink.
+- A cross-entropy mean over a device's tokens (a micro-batch of 2 times a sequence shard),
+  where the same count is also the whole sequence: the candidates differ only by the
+  micro-batch, which cannot shrink, so they are one normaliser.
+- The other direction: a count that could normalise either of two dimensions that both
+  shrink is ambiguous, and both keep their sizes.
+- The reduced programs never hold more elements than the real ones: a splat is not copied
+  where nothing shrank, and a reduction that would grow is said, and checked at real sizes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from test_shape_reduction import both, f32, kept, shrunk, smap
+
+# -- RMSNorm over a micro-batch of one ---------------------------------------------------------
+
+B, T, D = 2, 16, 64  # batch (one row per "data" shard), sequence, hidden
+
+
+def rms_norm(x, w):
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-5) * w
+
+
+def norm_loss(x, w):
+    return jnp.sum(jnp.tanh(rms_norm(x, w)))
+
+
+def norm_grads(x, w):
+    return jax.grad(norm_loss, argnums=(0, 1))(x, w)
+
+
+def norm_grads_micro(x, w):
+    """Each "data" shard's rows (one) as micro-batches of one, gradients accumulated."""
+
+    def body(x, w):
+        micro = x.reshape(x.shape[0], 1, T, D)
+        gxs, gw = [], jnp.zeros_like(w)
+        for m in range(micro.shape[0]):
+            gx, g = jax.grad(norm_loss, argnums=(0, 1))(micro[m], w)
+            gxs.append(gx)
+            gw = gw + g
+        return jnp.concatenate(gxs, axis=0), gw
+
+    return smap(body, (P("data"), P()), (P("data"), P()))(x, w)
+
+
+def norm_grads_micro_bug(x, w):
+    def body(x, w):
+        gx, gw = jax.grad(norm_loss, argnums=(0, 1))(x, w)
+        return gx, gw * 2  # BUG: the weight's gradient counted twice
+
+    return smap(body, (P("data"), P()), (P("data"), P()))(x, w)
+
+
+def test_rms_norm_over_a_micro_batch_of_one_shrinks_the_hidden_size() -> None:
+    reduced, _ = both(norm_grads_micro, f32(B, T, D), f32(D), spec=norm_grads, expect="equivalent")
+    # the backward of the mean divides by D under a dimension of size 1 (keepdims): that
+    # dimension spreads over nothing, and D is still the count it normalises
+    assert "spec argument 0 dim 2" in shrunk(reduced), reduced.reduction["summary"]
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+
+
+def test_rms_norm_over_a_micro_batch_of_one_bug_refuted() -> None:
+    reduced, _ = both(
+        norm_grads_micro_bug, f32(B, T, D), f32(D), spec=norm_grads, expect="not_equivalent"
+    )
+    assert "spec argument 0 dim 2" in shrunk(reduced), reduced.reduction["summary"]
+
+
+# -- a cross-entropy mean over a device's tokens -----------------------------------------------
+
+NB, NT, ND, NV = 8, 32, 12, 24  # batch, sequence, width, vocabulary
+
+
+@functools.cache
+def token_mesh() -> Mesh:
+    """The batch over "model" (4 shards of 2 rows), the sequence over "data" (2 shards)."""
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+
+def xent(x, w, targets):
+    logp = jax.nn.log_softmax(x @ w, axis=-1)
+    return -jnp.mean(jnp.sum(targets * logp, axis=-1))
+
+
+def xent_grad(x, w, targets):
+    return jax.value_and_grad(xent, argnums=1)(x, w, targets)
+
+
+def xent_grad_tokens(x, w, targets):
+    """Each device's mean over its 2 x 16 tokens (as many as the whole sequence), averaged
+    over the 8 token shards."""
+
+    def local(x, w, targets):
+        return xent(x, w, targets) / 8
+
+    def body(x, w, targets):
+        loss, g = jax.value_and_grad(local, argnums=1)(x, w, targets)
+        return jax.lax.psum(loss, ("data", "model")), jax.lax.psum(g, ("data", "model"))
+
+    tokens = P("model", "data")
+    return jax.shard_map(
+        body,
+        mesh=token_mesh(),
+        in_specs=(tokens, P(), tokens),
+        out_specs=(P(), P()),
+        check_vma=False,
+    )(x, w, targets)
+
+
+def test_token_mean_whose_count_is_also_the_sequence_is_a_normaliser() -> None:
+    args = (f32(NB, NT, ND), f32(ND, NV), f32(NB, NT, NV))
+    reduced, _ = both(xent_grad_tokens, *args, spec=xent_grad, expect="equivalent")
+    # 32 = 2 rows x 16 positions on a device, or the whole sequence: the rows cannot shrink
+    # (a mean reduces the 2 of them), so both read the same reduced count
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+
+
+# -- an ambiguous count keeps its classes ------------------------------------------------------
+
+
+def both_axes_spec(x):
+    return jnp.sum(x, axis=(0, 1)) / NT  # NT: the rows' count, or the columns'?
+
+
+def both_axes_dp(x):
+    def body(x):
+        return jax.lax.psum(jnp.sum(x, axis=(0, 1)), "data") / NT
+
+    return smap(body, P("data"), P(), check_vma=False)(x)
+
+
+def test_count_of_either_of_two_shrinking_dimensions_keeps_both() -> None:
+    reduced, _ = both(both_axes_dp, f32(NT, NT, 4), spec=both_axes_spec, expect="equivalent")
+    why = kept(reduced)
+    for name in ("spec argument 0 dim 0", "spec argument 0 dim 1"):
+        assert "may be its size" in why.get(name, ""), reduced.reduction["summary"]
+    assert "spec argument 0 dim 2" in shrunk(reduced), reduced.reduction["summary"]
+
+
+# -- never larger than the real programs -------------------------------------------------------
+
+
+def windowed_spec(x, y):
+    """x keeps both its sizes (a window) and is scaled by one splat three times (one value
+    after tv's CSE); y shrinks, saving less than three copies of the splat would cost."""
+    pooled = jax.lax.reduce_window(x, 0.0, jax.lax.add, (2, 2), (1, 1), "VALID")
+    return (pooled * 3.0) * 3.0 + jnp.tanh(pooled) * 3.0, jnp.tanh(y) * 3.0
+
+
+def windowed_dp(x, y):
+    return smap(windowed_spec, (P(), P("data")), (P(), P("data")))(x, y)
+
+
+WINDOWED = (f32(NT, ND), f32(2, 2))
+
+
+def test_reduced_programs_never_hold_more_than_the_real_ones() -> None:
+    reduced, _ = both(windowed_dp, *WINDOWED, spec=windowed_spec, expect="equivalent")
+    r = reduced.reduction
+    assert r["reduced"], f"{r['summary']}\n{reduced.notes}"
+    assert r["reduced_elements"] < r["real_elements"], r["summary"]
+    for c in r["classes"]:
+        assert c["reduced"] <= c["real"], r["summary"]
+
+
+def test_a_reduction_that_grows_is_said_and_checked_at_real_sizes(monkeypatch) -> None:
+    from tv_ir.passes.shape_reduction.rewrite import Rewriter
+
+    def copy_per_use(self, v, t):  # the splat copied at every use, as before
+        return self.copy_splat(self.splats[v.id], v, t)
+
+    monkeypatch.setattr(Rewriter, "splat_at", copy_per_use)
+    reduced, _ = both(windowed_dp, *WINDOWED, spec=windowed_spec, expect="equivalent")
+    assert not reduced.reduction["reduced"], reduced.reduction["summary"]
+    assert any("made the programs larger" in n for n in reduced.notes), str(reduced)
+
+
+def test_a_factor_that_does_not_divide_a_size_keeps_its_class() -> None:
+    from tv_ir.passes.shape_reduction.classes import DimClasses
+    from tv_ir.passes.shape_reduction.factors import check_factors
+
+    d = DimClasses()
+    a, b = d.add((1, 0), 12, "a"), d.add((2, 0), 6, "b")
+    d.tie(a, b)
+    c = d.add((3, 0), 8, "c")
+    factor = {d.find(a): 4, d.find(c): 4}  # 4 does not divide 6: b would not be a whole size
+    check_factors(d, d.classes(), factor)
+    assert factor == {d.find(a): 1, d.find(c): 4}
+    assert "does not divide size 6" in d.reason_kept([a, b])
+    assert d.reason_kept([c]) is None
+
+
+def test_report_says_why_a_class_no_op_keeps_did_not_shrink() -> None:
+    # 4 rows, 2 per "data" shard, as micro-batches of one: the batch cannot shrink (a member
+    # of size 1), and the report says so instead of leaving it out
+    reduced, _ = both(
+        norm_grads_micro, f32(2 * B, T, D), f32(D), spec=norm_grads, expect="equivalent"
+    )
+    assert "has size 1" in kept(reduced).get("spec argument 0 dim 0", ""), reduced.reduction
+    assert "spec argument 0 dim 0: 4 kept" in reduced.reduction["summary"]
