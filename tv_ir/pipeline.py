@@ -6,9 +6,9 @@ import dataclasses
 import time
 
 from .boundary_layouts import per_device_evidence
-from .errors import BadInput, Unsupported
+from .errors import BadInput, TvError, Unsupported
 from .importer import load
-from .ir import Module
+from .ir import Module, walk
 from .limits import (
     OutOfMemoryBudget,
     OutOfTime,
@@ -29,8 +29,9 @@ from .prover.smt import SolverError
 from .report import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
 
-def prepare(source, role: str) -> Module:
-    """Import, inline calls, unroll fixed-trip-count loops, merge repeated computations."""
+def prepare(source, role: str, unroll: bool = True) -> Module:
+    """Import, inline calls, unroll fixed-trip-count loops (unless `unroll` is False: loop
+    induction reads the loops), merge repeated computations."""
     from tv_ir.passes import run_pipeline
 
     from .passes.unroll import unroll_static_loops
@@ -44,6 +45,8 @@ def prepare(source, role: str) -> Module:
     check_time()
     module = run_pipeline(module)
     check_time()
+    if not unroll:
+        return module
     module = unroll_static_loops(module)
     check_time()
     # unrolled loop bodies bring their calls to the top level: inline them too
@@ -151,19 +154,30 @@ def _bounded(run, time_limit, *args) -> Report:
     return report
 
 
-def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts) -> Report:
+def _check(
+    spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts, induction=True
+) -> Report:
     t0 = time.perf_counter()
-    spec_m = prepare(spec, "spec")
-    impl_m = prepare(impl, "impl")
+    spec_m = prepare(spec, "spec", unroll=False)
+    impl_m = prepare(impl, "impl", unroll=False)
     if placement is None and _pre_partition(spec_m, impl_m):
         # an annotated module (jit with shardings, torch_xla mark_sharding): what runs is
         # XLA's partitioning of it, so that is what is verified
         meshes = impl_m.attrs.get("sdy.meshes")
-        impl_m, placement = _partitioned(impl, spec_m)
+        impl_m, placement = _partitioned(impl, spec_m, unroll=False)
         _name_mesh(impl_m, meshes)
     if placement is None:
         placement = _boundary_placement(spec_m, impl_m, layouts)
     check_signatures(spec_m, impl_m, placement)
+    induction_note = None
+    if induction:
+        found = _by_induction(spec_m, impl_m, placement, timeout, seed, progress, reduce_shapes)
+        if isinstance(found, Report):
+            found.stats.seconds["total"] = time.perf_counter() - t0
+            found.spec_name, found.impl_name = spec_m.source, impl_m.source
+            return found
+        induction_note = found
+    spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
     reduction, report, t_import = _reduce_and_prove(
         real, reduce_shapes, True, t0, Options(timeout, seed, progress, None)
@@ -208,10 +222,53 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes, layout
         report.stats.seconds["confirm"] = time.perf_counter() - t1
     if report.verdict == NOT_EQUIVALENT:
         report = _unless_order_dependent(report, real[0], real[1])
+    if induction_note:
+        report.notes.append(f"loops checked unrolled, not by induction: {induction_note}")
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
+
+
+def _unrolled(module: Module) -> Module:
+    """`module` with its fixed-trip loops unrolled (what `prepare` does by default)."""
+    from tv_ir.passes import run_pipeline
+
+    from .passes.unroll import unroll_static_loops
+
+    if not any(op.name == "stablehlo.while" for op in walk(module.main.body)):
+        return module
+    module = unroll_static_loops(module)
+    check_time()
+    return run_pipeline(module)  # unrolled loop bodies bring their calls to the top level
+
+
+def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes):
+    """The pair proved through its loops (tv_ir.prover.loop_induction), else why not (None:
+    no loops to prove that way). Never a refutation: failures fall back to unrolling."""
+    from .passes.loop_cut import top_level_loops
+    from .passes.shard_map_program import per_device_program
+    from .prover.loop_induction import prove_loops_by_induction
+
+    if not top_level_loops(spec):
+        return None
+    if not top_level_loops(impl):  # a shard_map's loops are in its body
+        flat = per_device_program(impl)
+        if flat is None or not top_level_loops(flat.module):
+            return None
+        impl = flat.module
+        placement = Placement(1, flat.num_devices, flat.args, flat.results)
+        check_signatures(spec, impl, placement)
+
+    def check_pair(s, i, place):
+        return _check(s, i, timeout, seed, progress, place, reduce_shapes, None, induction=False)
+
+    try:
+        return prove_loops_by_induction(spec, impl, placement, check_pair, seed)
+    except (OutOfTime, TooDeep, OutOfMemoryBudget):
+        raise
+    except (TvError, SolverError) as e:
+        return f"{type(e).__name__}: {e}"
 
 
 def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, options: Options):
@@ -319,7 +376,7 @@ def _name_mesh(per_device: Module, meshes) -> None:
         per_device.attrs["sdy.meshes"] = dict(meshes)
 
 
-def _partitioned(impl, spec_m: Module):
+def _partitioned(impl, spec_m: Module, unroll: bool = True):
     from .importer import read_source
     from .partitioner import partition
 
@@ -334,7 +391,7 @@ def _partitioned(impl, spec_m: Module):
 
             text = parse_mlir(text)[0].operation.get_asm(enable_debug_info=True)
     parted = partition(text)
-    impl_m = prepare(parted.per_device_hlo, "partitioned impl")
+    impl_m = prepare(parted.per_device_hlo, "partitioned impl", unroll)
     impl_m.source = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
