@@ -110,13 +110,22 @@ def _pair_positions(spec, impl, placement, loops, seed) -> list[_LoopPair] | str
         impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
     )
     out = []
+    # spec value -> the impl value known to hold it (arguments; earlier loops' results), so a
+    # loop reading an earlier loop's results pairs them as that loop did (duplicate values,
+    # e.g. a residual saved twice, would otherwise pair either way)
+    held = {a.id: b.id for a, b in zip(spec.main.args, impl.main.args, strict=True)}
     for s_parts, i_parts in loops:
         pairs, taken = [], set()
         for k, kind in enumerate(s_parts.kinds):
             if kind in (COUNTER, DERIVED):
                 continue
             found = None
-            for j, ikind in enumerate(i_parts.kinds):
+            want = held.get(s_parts.loop.operands[k].id)
+            order = sorted(
+                range(len(i_parts.kinds)), key=lambda j: i_parts.loop.operands[j].id != want
+            )
+            for j in order:
+                ikind = i_parts.kinds[j]
                 if j in taken or ikind != kind:
                     continue
                 if s_parts.layer_order.get(k) != i_parts.layer_order.get(j):
@@ -130,6 +139,7 @@ def _pair_positions(spec, impl, placement, loops, seed) -> list[_LoopPair] | str
                 return f"no impl position of the loop at {where} holds its position {k} ({kind})"
             taken.add(found[1])
             pairs.append(found)
+            held[s_parts.loop.results[k].id] = i_parts.loop.results[found[1]].id
         out.append(_LoopPair(s_parts, i_parts, pairs))
     return out
 
