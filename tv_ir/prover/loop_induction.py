@@ -140,6 +140,11 @@ def _pair_positions(spec, impl, placement, loops, seed) -> list[_LoopPair] | str
             taken.add(found[1])
             pairs.append(found)
             held[s_parts.loop.results[k].id] = i_parts.loop.results[found[1]].id
+        left = [j for j, kind in enumerate(i_parts.kinds) if kind not in (COUNTER, DERIVED)]
+        left = [j for j in left if j not in taken]
+        if left:
+            where = i_parts.loop.loc
+            return f"impl positions {left} of the loop at {where} hold no spec position"
         out.append(_LoopPair(s_parts, i_parts, pairs))
     return out
 
