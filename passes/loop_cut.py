@@ -24,16 +24,17 @@ the prover's business (tv_ir.prover.loop_induction, docs/equivalence.md "Loops")
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tv_ir.algebra import NumpyAlgebra
 from tv_ir.interp import Interpreter
-from tv_ir.ir import Block, Function, Module, Op, TensorType, Value, walk
+from tv_ir.ir import Block, Function, Module, Op, Region, TensorType, Value, walk
 
 from .inline_calls import clone_block
-from .unroll import known_values, loop_start
+from .unroll import MAX_TRIPS, known_operands, known_values
 
 COUNTER, DERIVED, CARRIED, INVARIANT, STACKED_IN, STACKED_OUT = (
     "counter",
@@ -73,9 +74,7 @@ def loop_parts(module: Module, loop: Op) -> LoopParts | str:
     """The loop's positions, or why it is not a scan this pass can cut."""
     from tv_ir.passes import run_pipeline
 
-    trips, starts = loop_start(module, loop)
-    if trips is None or trips < 1:
-        return "its trip count is not fixed"
+    starts = known_operands(module, loop)
     src = loop.regions[1].block
     copy = clone_block(src, {})
     fn = Function("main", copy, [v.type for v in copy.results])
@@ -86,6 +85,11 @@ def loop_parts(module: Module, loop: Op) -> LoopParts | str:
     if len(tested) != 1:
         return "it has no counter counting up by one that its condition tests"
     counter = tested[0]
+    if starts[counter] is None:
+        return "its counter does not start from a constant"
+    trips = _trip_count(module, loop, counter, int(np.asarray(starts[counter])))
+    if trips is None or trips < 1:
+        return "its trip count is not fixed by its counter"
     derived = {}  # other positions counting up by one: the counter plus a fixed offset
     for k in counting:
         if k != counter and starts[k] is not None and starts[counter] is not None:
@@ -112,8 +116,6 @@ def loop_parts(module: Module, loop: Op) -> LoopParts | str:
             writes[k] = r.owner
         else:
             kinds.append(CARRIED)
-    if starts[counter] is None:
-        return "its counter does not start from a constant"
     parts = LoopParts(
         loop, trips, body, kinds, counter, reads=reads, writes=writes, derived=derived
     )
@@ -139,6 +141,22 @@ def _counting(body: Block) -> list[int]:
         if len(others) == 1 and _constant(others[0]) == 1:
             found.append(k)
     return found
+
+
+def _trip_count(module: Module, loop: Op, counter: int, start: int) -> int | None:
+    """How many times the condition holds as the counter counts up from `start` (None if
+    it depends on anything else)."""
+    interp = Interpreter(module, NumpyAlgebra())
+    cond = loop.regions[0].block
+    arg = cond.args[counter]
+    for trips in range(MAX_TRIPS + 1):
+        value = np.asarray(start + trips, dtype=arg.type.numpy_dtype)
+        go = known_values(interp, cond, {arg.id: value}).get(cond.results[0].id)
+        if go is None:
+            return None
+        if not bool(np.asarray(go).reshape(())):
+            return trips
+    return None
 
 
 def _compared(cond: Block) -> set[int]:
@@ -205,9 +223,11 @@ def _layer_orders(module: Module, parts: LoopParts) -> dict[int, tuple[int, ...]
     order: dict[int, list[int]] = {k: [] for k in ops}
     counter = parts.body.args[parts.counter]
     start = parts.counter_start
+    indices = [v for k, found in ops.items() for op in found for v in op.operands[first_index[k] :]]
+    index_ops = Block(parts.body.args, _live(parts.body.ops, indices), [])
     for step in range(parts.trips):
         value = np.asarray(start + step, dtype=counter.type.numpy_dtype)
-        env = known_values(interp, parts.body, {counter.id: value})
+        env = known_values(interp, index_ops, {counter.id: value})
         for k, found in ops.items():
             layers = set()
             for op in found:
@@ -345,3 +365,43 @@ def with_main(module: Module, fn: Function, source: str) -> Module:
     functions = {k: f for k, f in module.functions.items() if k != module.main.name}
     functions[fn.name] = fn
     return Module(functions, dict(module.attrs), source, list(module.other_ops), fn.name)
+
+
+@contextmanager
+def shortened(module: Module, loops: list[LoopParts], trips: int):
+    """Within the block, each of `module`'s `loops` runs at most `trips` iterations: the
+    first ones, or the last ones for a loop that walks its stacks backwards (a reversed
+    scan reads the layers a forward scan wrote first). The values of the same programs from
+    fewer layers, for a concrete run that only pairs positions up (loop_induction), at a
+    cost independent of the trip count."""
+    block = module.main.body
+    saved = [(p.loop.regions[0], list(p.loop.operands)) for p in loops]
+    saved_ops = list(block.ops)
+    try:
+        for p in loops:
+            k = min(trips, p.trips)
+            orders = list(p.layer_order.values())
+            backwards = bool(orders) and all(o[0] > o[-1] for o in orders)
+            first = p.counter_start + (p.trips - k if backwards else 0)
+            t = p.loop.operands[p.counter].type
+            start = _constant_op(first, t)
+            block.ops.insert(block.ops.index(p.loop), start)
+            p.loop.operands[p.counter] = start.results[0]
+            args = [Value(v.type, v.name) for v in p.loop.operands]
+            end = _constant_op(first + k, t)
+            attrs = {"comparison_direction": "LT", "compare_type": "SIGNED"}
+            lt = Op("stablehlo.compare", [args[p.counter], end.results[0]], [], attrs)
+            lt.results = [Value(TensorType((), "i1"), None, lt, 0)]
+            p.loop.regions[0] = Region(Block(args, [end, lt], lt.results))
+        yield
+    finally:
+        block.ops[:] = saved_ops
+        for p, (region, operands) in zip(loops, saved, strict=True):
+            p.loop.regions[0] = region
+            p.loop.operands = operands
+
+
+def _constant_op(value: int, t: TensorType) -> Op:
+    op = Op("stablehlo.constant", [], [], {"value": np.array(value, t.numpy_dtype)})
+    op.results = [Value(t, None, op, 0)]
+    return op

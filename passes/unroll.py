@@ -141,13 +141,13 @@ def known_values(interp: Interpreter, block: Block, args: dict[int, np.ndarray])
     return env
 
 
-def loop_start(module: Module, loop: Op) -> tuple[int | None, list]:
-    """(the trip count of `loop`, a top-level op of @main, or None if not fixed; the values
-    its operands start from where known, None elsewhere)."""
+def known_operands(module: Module, loop: Op) -> list:
+    """The values `loop` (a top-level op of @main) starts from, where they fold to
+    constants (None elsewhere)."""
     interp = Interpreter(module, NumpyAlgebra())
     known: dict[int, np.ndarray] = {}
     for op in module.main.body.ops:
         if op is loop:
-            return _trip_count(interp, loop, known), [known.get(v.id) for v in loop.operands]
+            return [known.get(v.id) for v in loop.operands]
         _fold(interp, op, known)
-    return None, []
+    return [None for _ in loop.operands]

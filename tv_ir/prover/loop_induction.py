@@ -38,6 +38,7 @@ from tv_ir.passes.loop_cut import (
     body_function,
     loop_parts,
     rest_function,
+    shortened,
     top_level_loops,
     with_main,
 )
@@ -52,6 +53,7 @@ from .simulate import random_inputs, run_traced, run_traced_devices
 
 CheckPair = Callable[[Module, Module, Placement], Report]
 INPUT_KINDS = (CARRIED, INVARIANT, STACKED_IN)
+PAIRING_TRIPS = 2  # iterations each loop runs in the run that pairs positions up
 OUTPUT_KINDS = (CARRIED, STACKED_OUT)
 
 
@@ -105,10 +107,12 @@ def _pair_positions(spec, impl, placement, loops, seed) -> list[_LoopPair] | str
     """Which impl position holds which spec position, and its layout, from one run."""
     rng = np.random.default_rng(seed)
     inputs = random_inputs(spec.main, rng)
-    s_trace = run_traced(spec, inputs)
-    i_trace = run_traced_devices(
-        impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
-    )
+    with shortened(spec, [s for s, _ in loops], PAIRING_TRIPS):
+        s_trace = run_traced(spec, inputs)
+    with shortened(impl, [i for _, i in loops], PAIRING_TRIPS):
+        i_trace = run_traced_devices(
+            impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
+        )
     out = []
     # spec value -> the impl value known to hold it (arguments; earlier loops' results), so a
     # loop reading an earlier loop's results pairs them as that loop did (duplicate values,
