@@ -199,6 +199,37 @@ def test_bug_in_one_layer_only_is_refuted_at_its_line(mesh):
     assert report.location.impl.line == bug_line, report.location
 
 
+def test_layers_applied_in_reverse_order_are_refuted(mesh):
+    """The same layer, the same weights, the stack walked backwards: every body obligation
+    holds, but the layers are read in another order, so induction does not apply."""
+
+    def backwards(x, w1, w2):
+        h, _ = jax.lax.scan(mlp_layer, x, (w1, w2), reverse=True)
+        return h
+
+    sh = shardings(mesh)
+    impl = jax.jit(backwards, in_shardings=sh, out_shardings=sh[0]).lower(*mlp_args())
+    report = tv_ir.check(lower(scanned_mlp, *mlp_args()), impl.as_text(debug_info=True), **LIMITS)
+    assert report.verdict == "not_equivalent"
+    assert report.stats.loops_by_induction == 0
+
+
+def test_bug_after_the_loop_is_refuted(mesh):
+    """The loops are right, what follows them is not: the rest obligation fails."""
+
+    def spec(x, w1, w2):
+        return jnp.tanh(scanned_mlp(x, w1, w2))
+
+    def impl_fn(x, w1, w2):
+        return jnp.sin(scanned_mlp(x, w1, w2))  # BUG: sin for tanh
+
+    sh = shardings(mesh)
+    impl = jax.jit(impl_fn, in_shardings=sh, out_shardings=sh[0]).lower(*mlp_args())
+    report = tv_ir.check(lower(spec, *mlp_args()), impl.as_text(debug_info=True), **LIMITS)
+    assert report.verdict == "not_equivalent"
+    assert "BUG" in open(report.location.impl.file).read().splitlines()[report.location.line - 1]
+
+
 @pytest.mark.parametrize("trips, verdict", [(2, "equivalent"), (3, "not_equivalent")])
 def test_trip_count_matters(trips, verdict):
     """x = x repeated vs x = -x repeated: equal after an even number of steps only. The body
