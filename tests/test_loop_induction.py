@@ -165,13 +165,17 @@ def test_bug_in_every_layer_is_refuted_at_its_line(mesh):
     report = tv_ir.check(lower(scanned_mlp, *mlp_args()), lower(impl, *mlp_args()), **LIMITS)
     assert report.verdict == "not_equivalent"
     assert report.counterexample is not None
-    assert any("not by induction" in n for n in report.notes)
+    # the carries part ways within the run that pairs positions (two iterations): the
+    # programs cut to two iterations, unrolled, show the difference, replayed on the whole
+    # programs
+    assert any("cut to 2 iteration" in n for n in report.notes), report.notes
     assert report.location.impl.file.endswith("test_loop_induction.py")
 
 
 def test_bug_in_one_layer_only_is_refuted_at_its_line(mesh):
     """`jnp.where(i == 2, ...)`: only the third layer is wrong. The body obligation (symbolic
-    counter) fails; the unrolled check refutes it with a replayed input."""
+    counter) is refuted at i = 2; the programs cut to three iterations are refuted, and that
+    counterexample replayed on the whole programs."""
     bug_line = inspect.currentframe().f_lineno + 6
 
     def impl_fn(x, w1, w2):
@@ -197,6 +201,8 @@ def test_bug_in_one_layer_only_is_refuted_at_its_line(mesh):
     report = tv_ir.check(lower(spec, *mlp_args()), impl.as_text(debug_info=True), **LIMITS)
     assert report.verdict == "not_equivalent"
     assert report.location.impl.line == bug_line, report.location
+    # the symbolic counter's counterexample names layer 2: three iterations are checked
+    assert any("cut to 3 iteration" in n for n in report.notes), report.notes
 
 
 def test_layers_applied_in_reverse_order_are_refuted(mesh):

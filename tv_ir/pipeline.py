@@ -173,10 +173,12 @@ def _check(
     if induction:
         found = _by_induction(spec_m, impl_m, placement, timeout, seed, progress, reduce_shapes)
         if isinstance(found, Report):
+            if found.verdict == NOT_EQUIVALENT:
+                found = _unless_order_dependent(found, spec_m, impl_m)
             found.stats.seconds["total"] = time.perf_counter() - t0
             found.spec_name, found.impl_name = spec_m.source, impl_m.source
             return found
-        induction_note = found
+        induction_note = str(found) if found is not None else None
     spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
     reduction, report, t_import = _reduce_and_prove(
@@ -248,7 +250,7 @@ def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes)
     no loops to prove that way). Never a refutation: failures fall back to unrolling."""
     from .passes.loop_cut import top_level_loops
     from .passes.shard_map_program import per_device_program
-    from .prover.loop_induction import prove_loops_by_induction
+    from .prover.loop_induction import NotProved, prove_loops_by_induction
 
     if not top_level_loops(spec):
         return None
@@ -264,11 +266,54 @@ def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes)
         return _check(s, i, timeout, seed, progress, place, reduce_shapes, None, induction=False)
 
     try:
-        return prove_loops_by_induction(spec, impl, placement, check_pair, seed)
+        found = prove_loops_by_induction(spec, impl, placement, check_pair, seed)
+        if isinstance(found, NotProved) and found.iterations is not None:
+            refuted = _refuted_in_fewer_iterations(spec, impl, placement, found, check_pair)
+            return refuted or found
+        return found
     except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
         raise
     except Exception as e:  # a program the induction step misreads: unroll, as before
         return f"{type(e).__name__}: {e}"
+
+
+def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair) -> Report | None:
+    """A loop body was refuted at some iteration: check the programs with their loops cut to
+    the iterations that reach it (unrolled), and replay that check's counterexample on the
+    whole programs, loops run in full. A difference there is the refutation (located where
+    the shortened programs part ways: the same ops, the same source lines); None otherwise
+    (the caller then checks the programs unrolled in full)."""
+    from .prover.localise import refutation
+    from .prover.loop_induction import loops_cut
+
+    k = failed.iterations
+    short = check_pair(
+        loops_cut(spec, failed.loops[0], k), loops_cut(impl, failed.loops[1], k), placement
+    )
+    if short.verdict != NOT_EQUIVALENT or short.counterexample is None:
+        return None
+    try:
+        found = refutation(spec, impl, placement, list(short.counterexample.inputs.values()))
+    except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+        raise
+    except Exception:  # e.g. a counterexample that stayed at reduced shapes
+        return None
+    if found is None:
+        return None
+    counterexample, _, outputs = found
+    report = Report(
+        NOT_EQUIVALENT,
+        outputs=outputs,
+        counterexample=counterexample,
+        location=short.location,
+        stats=short.stats,
+        notes=list(short.notes),
+    )
+    report.notes.append(
+        f"{failed.reason}; the programs with their loops cut to {k} iteration(s) differ, "
+        "located there; the counterexample is replayed on the whole programs"
+    )
+    return report
 
 
 def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, options: Options):

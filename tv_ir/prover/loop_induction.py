@@ -35,10 +35,12 @@ from tv_ir.passes.loop_cut import (
     STACKED_IN,
     STACKED_OUT,
     LoopParts,
+    backwards,
     body_function,
     loop_parts,
     rest_function,
     shortened,
+    shortened_copy,
     top_level_loops,
     with_main,
 )
@@ -46,7 +48,7 @@ from tv_ir.passes.unroll import unroll_static_loops
 
 from ..ir import Module
 from ..layout import Layout
-from ..report import EQUIVALENT, Report
+from ..report import EQUIVALENT, NOT_EQUIVALENT, Report
 from .correspond import box_index, tiles
 from .placement import Placement
 from .simulate import random_inputs, run_traced, run_traced_devices
@@ -58,6 +60,20 @@ OUTPUT_KINDS = (CARRIED, STACKED_OUT)
 
 
 @dataclass
+class NotProved:
+    """Why the loops were not proved by induction. When a body obligation was refuted,
+    `iterations` is how many iterations of each loop reach the iteration its counterexample
+    names (a place to look for a counterexample of the whole programs: `loops_cut`)."""
+
+    reason: str
+    iterations: int | None = None
+    loops: tuple[list[LoopParts], list[LoopParts]] = ([], [])
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+@dataclass
 class _LoopPair:
     spec: LoopParts
     impl: LoopParts
@@ -66,7 +82,7 @@ class _LoopPair:
 
 def prove_loops_by_induction(
     spec: Module, impl: Module, placement: Placement, check_pair: CheckPair, seed: int = 0
-) -> Report | str:
+) -> Report | NotProved | str:
     """The pair proved through its loops (an equivalent report), or why that did not work."""
     t0 = time.perf_counter()
     spec_loops, impl_loops = top_level_loops(spec), top_level_loops(impl)
@@ -85,22 +101,48 @@ def prove_loops_by_induction(
             )
         loops.append((s_parts, i_parts))
     paired = _pair_positions(spec, impl, placement, loops, seed)
-    if isinstance(paired, str):
-        return paired
+    if isinstance(paired, str):  # positions differ within the pairing run's iterations
+        found = ([s for s, _ in loops], [i for _, i in loops])
+        return NotProved(paired, PAIRING_TRIPS, found)
     obligations = [_rest_obligation(spec, impl, placement, paired)]
     for k, lp in enumerate(paired):
         obligations.append(_body_obligation(spec, impl, placement.num_partitions, lp, k))
     reports = []
-    for ob in obligations:
+    for k, ob in enumerate(obligations):
         if isinstance(ob, str):
             return ob
         name, s_mod, i_mod, place = ob
         report = check_pair(s_mod, i_mod, place)
         if report.verdict != EQUIVALENT:
             why = report.reason or report.verdict.replace("_", " ")
-            return f"the {name} obligation was not proved ({why})"
+            iterations = None
+            if k > 0 and report.verdict == NOT_EQUIVALENT:
+                iterations = _iterations_to(paired[k - 1], report, len(i_mod.main.args))
+            loops_ = ([lp.spec for lp in paired], [lp.impl for lp in paired])
+            return NotProved(f"the {name} obligation was not proved ({why})", iterations, loops_)
         reports.append(report)
     return _combined(reports, len(spec.main.result_types), paired, time.perf_counter() - t0)
+
+
+def _iterations_to(lp: _LoopPair, report: Report, body_args: int) -> int | None:
+    """How many iterations (first ones, or last ones for a backward loop) reach the one a
+    refuted body's counterexample names: 1 when the body does not read the counter."""
+    ce = report.counterexample
+    inputs = list(ce.inputs.values()) if ce is not None else []
+    if len(inputs) != body_args:
+        return None
+    with_counter = len(inputs) > sum(lp.spec.kinds[k] in INPUT_KINDS for k, _, _ in lp.pairs)
+    if not with_counter:
+        return 1
+    step = int(np.asarray(inputs[-1]).reshape(())) - lp.spec.counter_start
+    if not 0 <= step < lp.spec.trips:
+        return None  # an iteration the loops never run
+    return lp.spec.trips - step if backwards(lp.spec) else step + 1
+
+
+def loops_cut(module: Module, loops: list[LoopParts], iterations: int) -> Module:
+    """`module` with its loops run `iterations` times at most, unrolled and normalised."""
+    return _normalised(shortened_copy(module, loops, iterations))
 
 
 def _pair_positions(spec, impl, placement, loops, seed) -> list[_LoopPair] | str:
