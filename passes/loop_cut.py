@@ -253,10 +253,7 @@ def body_function(
     results for `outputs` (carried and stacked-out positions). Returns why not when the body
     cannot be cut."""
     block = clone_block(parts.body, {})
-    old = {a.id: k for k, a in enumerate(parts.body.args)}
-    pos = {old[a.id]: a for a in [*parts.body.args]}
-    fresh = dict(zip(range(len(block.args)), block.args, strict=True))
-    env_old_to_new = {parts.body.args[k].id: fresh[k] for k in pos}
+    fresh = block.args  # position k's argument in the copy
     # map the original body's read/write ops to their clones by program position
     index_of = {id(op): n for n, op in enumerate(parts.body.ops)}
     replace: dict[int, Value] = {}
@@ -270,7 +267,7 @@ def body_function(
                 replace[block.ops[index_of[id(op)]].results[0].id] = layer
             args.append(layer)
         elif kind in (CARRIED, INVARIANT):
-            args.append(env_old_to_new[parts.body.args[k].id])
+            args.append(fresh[k])
         else:
             return f"position {k} ({kind}) is no body input"
     results: list[Value] = []
@@ -302,12 +299,26 @@ def body_function(
     ops = _live(block.ops, results)
     if counter or any(count in op.operands for op in _walk_ops(ops)):
         args.append(count)
+    if _undefined(args, ops, results):
+        return "the body reads a stacked output beyond the layer it writes"
     names = [a.name for a in args]
     fn = Function("main", Block(args, ops, results), [v.type for v in results])
     fn.arg_attrs = [{} for _ in args]
     fn.res_attrs = [{} for _ in results]
     fn.arg_names = names
     return fn
+
+
+def _undefined(args: list[Value], ops: list[Op], results: list[Value]) -> bool:
+    """Whether some value used is neither an argument nor defined by an op (nested region
+    arguments included)."""
+    defined = {a.id for a in args}
+    for op in _walk_ops(ops):
+        defined.update(r.id for r in op.results)
+        for region in op.regions:
+            defined.update(a.id for a in region.block.args)
+    used = [v for op in _walk_ops(ops) for v in op.operands] + list(results)
+    return any(v.id not in defined for v in used)
 
 
 def _walk_ops(ops: list[Op]):
