@@ -153,6 +153,24 @@ def test_counter_read_by_both_bodies_is_a_symbolic_input(mesh):
     by_induction(report)
 
 
+def test_tv_partition_of_a_scanned_module_is_proved_by_induction(mesh):
+    """`tv partition`: XLA's partitioning of an annotated scan against the module itself."""
+    from tv_ir.pipeline import partition_and_check
+
+    sh = shardings(mesh)
+    annotated = jax.jit(scanned_mlp, in_shardings=sh, out_shardings=sh[0]).lower(*mlp_args())
+    report = partition_and_check(annotated.as_text(debug_info=True), **LIMITS)
+    by_induction(report)
+
+
+def test_jax_frontend_verify_of_a_shard_map_scan_is_proved_by_induction(mesh):
+    from tv_ir.frontends.jax import verify
+
+    impl = sharded_scan(mesh, lambda y: jax.lax.psum(y, "model"))
+    report = verify(impl, *mlp_args(), spec=scanned_mlp, **LIMITS)
+    by_induction(report)
+
+
 # -- bugs in the scanned layer are refuted -------------------------------------------------
 
 

@@ -477,9 +477,9 @@ def _partition_and_check(module, timeout, seed, progress, time_limit, reduce_sha
     data, name = read_source(module)
     if isinstance(data, bytes):
         raise BadInput(f"{name}: tv partition takes StableHLO text")
-    spec_m = prepare(data, "module")
+    spec_m = prepare(data, "module", unroll=False)
     parted = partition(data)
-    impl_m = prepare(parted.per_device_hlo, "partitioned module")
+    impl_m = prepare(parted.per_device_hlo, "partitioned module", unroll=False)
     _name_mesh(impl_m, spec_m.attrs.get("sdy.meshes"))
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
@@ -547,16 +547,18 @@ def _shardy_partition_and_check(
     data, name = read_source(module)
     if isinstance(data, bytes):
         raise BadInput(f"{name}: tv partition takes StableHLO text")
-    annotated = prepare(data, "module")
+    annotated = prepare(data, "module", unroll=False)
     if function is not None:
         annotated = annotated.with_entry(function)
     entry = annotated.main.name
-    impl_m = prepare(run_shardy(module, pipeline, halo_exchange), "partitioned module")
+    impl_m = prepare(
+        run_shardy(module, pipeline, halo_exchange), "partitioned module", unroll=False
+    )
     impl_m = impl_m.with_entry(entry)
     if spec is None:
         spec_m, spec_name = annotated, f"@{entry} of {name}"
     else:
-        spec_m = prepare(spec, "spec")
+        spec_m = prepare(spec, "spec", unroll=False)
         spec_m = spec_m.with_entry(spec_function) if spec_function else spec_m
         spec_name = f"@{spec_m.main.name} of {getattr(spec_m, 'source', 'spec')}"
     if pipeline == "gather-scatter-batching":
