@@ -3,6 +3,7 @@
     python bench/scan_depth.py                     # every program at 2, 32, 126 layers
     python bench/scan_depth.py --depths 2,32 --programs mlp-shard-map
     python bench/scan_depth.py --no-bugs --time-limit 300
+    python bench/scan_depth.py --unrolled --no-bugs    # every loop unrolled, for comparison
 
 Programs (each a spec, a single-device `lax.scan` over stacked per-layer weights, against an
 implementation of the same scan):
@@ -186,9 +187,14 @@ def _mlp_psum():
     return body
 
 
-def worker(name: str, depth: int, time_limit: float, memory: float) -> None:
+def worker(name: str, depth: int, time_limit: float, memory: float, unrolled: bool) -> None:
     """Child: lower, verify, time XLA's compile; print one JSON line."""
     import tv_ir
+
+    if unrolled:  # the path before loop induction: every loop unrolled
+        import tv_ir.pipeline
+
+        tv_ir.pipeline._by_induction = lambda *a, **k: None
 
     spec, impl, args = programs(name, depth)
     spec_l, impl_l = spec.lower(*args), impl.lower(*args)
@@ -249,11 +255,14 @@ def main() -> None:
     ap.add_argument("--no-bugs", action="store_true")
     ap.add_argument("--time-limit", type=float, default=600.0, help="tv's time_limit per row")
     ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory_limit (MB)")
-    ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--unrolled", action="store_true", help="unroll every loop (no induction), for comparison"
+    )
+    ap.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        name, depth, limit, memory = a.worker
-        worker(name, int(depth), float(limit), float(memory))
+        name, depth, limit, memory, unrolled = a.worker
+        worker(name, int(depth), float(limit), float(memory), unrolled == "unrolled")
         return
     depths = [int(d) for d in a.depths.split(",")]
     rows = [(p, d) for p in a.programs.split(",") for d in depths]
@@ -263,11 +272,13 @@ def main() -> None:
         f"{'program':>20} {'layers':>6} {'verdict':>15} {'loops':>5} {'stages':>6} "
         f"{'tv s':>7} {'peak MB':>7} {'xla s':>6}  refuted at"
     )
-    print(f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB")
+    print(f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB", end="")
+    print(", every loop unrolled (no induction)" if a.unrolled else "")
     print(header)
     print("-" * len(header), flush=True)
     for name, depth in rows:
-        args = [name, str(depth), str(a.time_limit), str(a.memory)]
+        mode = "unrolled" if a.unrolled else "induction"
+        args = [name, str(depth), str(a.time_limit), str(a.memory), mode]
         res, peak = run_child(args, a.time_limit + 300)
         secs = f"{res['seconds']:.1f}" if "seconds" in res else "-"
         xla = f"{res['xla']:.2f}" if "xla" in res else "-"
