@@ -252,6 +252,7 @@ def test_bug_after_the_loop_is_refuted(mesh):
     report = tv_ir.check(lower(spec, *mlp_args()), impl.as_text(debug_info=True), **LIMITS)
     assert report.verdict == "not_equivalent"
     assert "BUG" in open(report.location.impl.file).read().splitlines()[report.location.line - 1]
+    assert any("cut to 1 iteration" in n for n in report.notes), report.notes
 
 
 @pytest.mark.parametrize("trips, verdict", [(2, "equivalent"), (3, "not_equivalent")])

@@ -116,10 +116,12 @@ def prove_loops_by_induction(
         if report.verdict != EQUIVALENT:
             why = report.reason or report.verdict.replace("_", " ")
             iterations = None
-            if k > 0 and report.verdict == NOT_EQUIVALENT:
-                iterations = _iterations_to(paired[k - 1], report, len(i_mod.main.args))
-            loops_ = ([lp.spec for lp in paired], [lp.impl for lp in paired])
-            return NotProved(f"the {name} obligation was not proved ({why})", iterations, loops_)
+            if report.verdict == NOT_EQUIVALENT:  # the rest: any number of iterations shows it
+                iterations = (
+                    1 if k == 0 else _iterations_to(paired[k - 1], report, len(i_mod.main.args))
+                )
+            cut = ([lp.spec for lp in paired], [lp.impl for lp in paired])
+            return NotProved(f"the {name} obligation was not proved ({why})", iterations, cut)
         reports.append(report)
     return _combined(reports, len(spec.main.result_types), paired, time.perf_counter() - t0)
 
