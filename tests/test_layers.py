@@ -30,6 +30,7 @@ LAYERS = {
     "tv_ir.interp": 3,
     "tv_ir.passes.unroll": 3,  # evaluates trip counts with the interpreter
     "tv_ir.passes.loop_cut": 3,  # folds trip counts and layer indices (passes.unroll)
+    "tv_ir.passes.loop_shorten": 3,  # reads passes.loop_cut's loops
     "tv_ir.passes.shape_reduction": 3,  # folds per-device offsets with the concrete op table
     "tv_ir.spmd": 3,
     "tv_ir.process_grid": 3,

@@ -35,15 +35,13 @@ from tv_ir.passes.loop_cut import (
     STACKED_IN,
     STACKED_OUT,
     LoopParts,
-    backwards,
     body_function,
     loop_parts,
     rest_function,
-    shortened,
-    shortened_copy,
     top_level_loops,
     with_main,
 )
+from tv_ir.passes.loop_shorten import backwards, shortened, shortened_copy
 from tv_ir.passes.unroll import unroll_static_loops
 
 from ..ir import Module
