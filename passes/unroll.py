@@ -129,3 +129,25 @@ def _try(interp: Interpreter, op: Op, env: dict) -> list:
     except Exception:  # an op the folder cannot run: its results stay unknown
         return none
     return [x if isinstance(x, np.ndarray) else None for x in out]
+
+
+def known_values(interp: Interpreter, block: Block, args: dict[int, np.ndarray]) -> dict:
+    """Every value of `block` that follows from `args` (by value id) and its constants."""
+    env = dict(args)
+    for op in block.ops:
+        for r, x in zip(op.results, _try(interp, op, env), strict=True):
+            if x is not None:
+                env[r.id] = x
+    return env
+
+
+def known_operands(module: Module, loop: Op) -> list:
+    """The values `loop` (a top-level op of @main) starts from, where they fold to
+    constants (None elsewhere)."""
+    interp = Interpreter(module, NumpyAlgebra())
+    known: dict[int, np.ndarray] = {}
+    for op in module.main.body.ops:
+        if op is loop:
+            return [known.get(v.id) for v in loop.operands]
+        _fold(interp, op, known)
+    return [None for _ in loop.operands]

@@ -24,6 +24,8 @@ LAYERS = {
     # passes/: IR-to-IR rewrites
     "tv_ir.passes": 2,
     "tv_ir.passes.unroll": 3,  # evaluates trip counts with the interpreter
+    "tv_ir.passes.loop_cut": 3,  # folds trip counts and layer indices (passes.unroll)
+    "tv_ir.passes.loop_shorten": 3,  # reads passes.loop_cut's loops
     "tv_ir.passes.shape_reduction": 3,  # folds per-device offsets with the concrete op table
     # semantics/: what programs mean
     "tv_ir.semantics": 3,

@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from tv_ir.ir.importer import load
-from tv_ir.ir.program import Module
+from tv_ir.ir.program import Module, walk
 from tv_ir.prover.boundary_layouts import per_device_evidence
 from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
@@ -31,8 +31,9 @@ from .prover.placement import Placement
 from .prover.smt import SolverError
 
 
-def prepare(source, role: str) -> Module:
-    """Import, inline calls, unroll fixed-trip-count loops, merge repeated computations."""
+def prepare(source, role: str, unroll: bool = True) -> Module:
+    """Import, inline calls, unroll fixed-trip-count loops (unless `unroll` is False: loop
+    induction reads the loops), merge repeated computations."""
     from tv_ir.passes import run_pipeline
 
     from .passes.unroll import unroll_static_loops
@@ -46,6 +47,8 @@ def prepare(source, role: str) -> Module:
     check_time()
     module = run_pipeline(module)
     check_time()
+    if not unroll:
+        return module
     module = unroll_static_loops(module)
     check_time()
     # unrolled loop bodies bring their calls to the top level: inline them too
@@ -154,19 +157,32 @@ def _bounded(run, time_limit, *args) -> Report:
     return report
 
 
-def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts) -> Report:
+def _check(
+    spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts, induction=True
+) -> Report:
     t0 = time.perf_counter()
-    spec_m = prepare(spec, "spec")
-    impl_m = prepare(impl, "impl")
+    spec_m = prepare(spec, "spec", unroll=False)
+    impl_m = prepare(impl, "impl", unroll=False)
     if placement is None and _pre_partition(spec_m, impl_m):
         # an annotated module (jit with shardings, torch_xla mark_sharding): what runs is
         # XLA's partitioning of it, so that is what is verified
         meshes = impl_m.attrs.get("sdy.meshes")
-        impl_m, placement = _partitioned(impl, spec_m)
+        impl_m, placement = _partitioned(impl, spec_m, unroll=False)
         _name_mesh(impl_m, meshes)
     if placement is None:
         placement = _boundary_placement(spec_m, impl_m, layouts)
     check_signatures(spec_m, impl_m, placement)
+    induction_note = None
+    if induction:
+        found = _by_induction(spec_m, impl_m, placement, timeout, seed, progress, reduce_shapes)
+        if isinstance(found, Report):
+            if found.verdict == NOT_EQUIVALENT:
+                found = _unless_order_dependent(found, spec_m, impl_m)
+            found.stats.seconds["total"] = time.perf_counter() - t0
+            found.spec_name, found.impl_name = spec_m.source, impl_m.source
+            return found
+        induction_note = str(found) if found is not None else None
+    spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
     reduction, report, t_import = _reduce_and_prove(
         real, reduce_shapes, True, t0, Options(timeout, seed, progress, None)
@@ -211,9 +227,95 @@ def _check(spec, impl, timeout, seed, progress, placement, reduce_shapes, layout
         report.stats.seconds["confirm"] = time.perf_counter() - t1
     if report.verdict == NOT_EQUIVALENT:
         report = _unless_order_dependent(report, real[0], real[1])
+    if induction_note:
+        report.notes.append(f"loops checked unrolled, not by induction: {induction_note}")
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
+    return report
+
+
+def _unrolled(module: Module) -> Module:
+    """`module` with its fixed-trip loops unrolled (what `prepare` does by default)."""
+    from tv_ir.passes import run_pipeline
+
+    from .passes.unroll import unroll_static_loops
+
+    if not any(op.name == "stablehlo.while" for op in walk(module.main.body)):
+        return module
+    module = unroll_static_loops(module)
+    check_time()
+    return run_pipeline(module)  # unrolled loop bodies bring their calls to the top level
+
+
+def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes):
+    """The pair proved through its loops (tv_ir.prover.loop_induction), else why not (None:
+    no loops to prove that way). Never a refutation: failures fall back to unrolling."""
+    from .passes.loop_cut import top_level_loops
+    from .passes.shard_map_program import per_device_program
+    from .prover.loop_induction import NotProved, prove_loops_by_induction
+
+    if not top_level_loops(spec):
+        return None
+    if not top_level_loops(impl):  # a shard_map's loops are in its body
+        flat = per_device_program(impl)
+        if flat is None or not top_level_loops(flat.module):
+            return None
+        impl = flat.module
+        placement = Placement(1, flat.num_devices, flat.args, flat.results)
+        check_signatures(spec, impl, placement)
+
+    def check_pair(s, i, place):
+        return _check(s, i, timeout, seed, progress, place, reduce_shapes, None, induction=False)
+
+    try:
+        found = prove_loops_by_induction(spec, impl, placement, check_pair, seed)
+        if isinstance(found, NotProved) and found.iterations is not None:
+            refuted = _refuted_in_fewer_iterations(spec, impl, placement, found, check_pair)
+            return refuted or found
+        return found
+    except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+        raise
+    except Exception as e:  # a program the induction step misreads: unroll, as before
+        return f"{type(e).__name__}: {e}"
+
+
+def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair) -> Report | None:
+    """A loop body was refuted at some iteration: check the programs with their loops cut to
+    the iterations that reach it (unrolled), and replay that check's counterexample on the
+    whole programs, loops run in full. A difference there is the refutation (located where
+    the shortened programs part ways: the same ops, the same source lines); None otherwise
+    (the caller then checks the programs unrolled in full)."""
+    from .prover.localise import refutation
+    from .prover.loop_induction import loops_cut
+
+    k = failed.iterations
+    short = check_pair(
+        loops_cut(spec, failed.loops[0], k), loops_cut(impl, failed.loops[1], k), placement
+    )
+    if short.verdict != NOT_EQUIVALENT or short.counterexample is None:
+        return None
+    try:
+        found = refutation(spec, impl, placement, list(short.counterexample.inputs.values()))
+    except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+        raise
+    except Exception:  # e.g. a counterexample that stayed at reduced shapes
+        return None
+    if found is None:
+        return None
+    counterexample, _, outputs = found
+    report = Report(
+        NOT_EQUIVALENT,
+        outputs=outputs,
+        counterexample=counterexample,
+        location=short.location,
+        stats=short.stats,
+        notes=list(short.notes),
+    )
+    report.notes.append(
+        f"{failed.reason}; the programs with their loops cut to {k} iteration(s) differ, "
+        "located there; the counterexample is replayed on the whole programs"
+    )
     return report
 
 
@@ -324,7 +426,7 @@ def _name_mesh(per_device: Module, meshes) -> None:
         per_device.attrs["sdy.meshes"] = dict(meshes)
 
 
-def _partitioned(impl, spec_m: Module):
+def _partitioned(impl, spec_m: Module, unroll: bool = True):
     from tv_ir.ir.importer import read_source
     from tv_ir.xla.partitioner import partition
 
@@ -339,7 +441,7 @@ def _partitioned(impl, spec_m: Module):
 
             text = parse_mlir(text)[0].operation.get_asm(enable_debug_info=True)
     parted = partition(text)
-    impl_m = prepare(parted.per_device_hlo, "partitioned impl")
+    impl_m = prepare(parted.per_device_hlo, "partitioned impl", unroll)
     impl_m.source = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
@@ -380,9 +482,9 @@ def _partition_and_check(module, timeout, seed, progress, time_limit, reduce_sha
     data, name = read_source(module)
     if isinstance(data, bytes):
         raise BadInput(f"{name}: tv partition takes StableHLO text")
-    spec_m = prepare(data, "module")
+    spec_m = prepare(data, "module", unroll=False)
     parted = partition(data)
-    impl_m = prepare(parted.per_device_hlo, "partitioned module")
+    impl_m = prepare(parted.per_device_hlo, "partitioned module", unroll=False)
     _name_mesh(impl_m, spec_m.attrs.get("sdy.meshes"))
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
@@ -450,16 +552,18 @@ def _shardy_partition_and_check(
     data, name = read_source(module)
     if isinstance(data, bytes):
         raise BadInput(f"{name}: tv partition takes StableHLO text")
-    annotated = prepare(data, "module")
+    annotated = prepare(data, "module", unroll=False)
     if function is not None:
         annotated = annotated.with_entry(function)
     entry = annotated.main.name
-    impl_m = prepare(run_shardy(module, pipeline, halo_exchange), "partitioned module")
+    impl_m = prepare(
+        run_shardy(module, pipeline, halo_exchange), "partitioned module", unroll=False
+    )
     impl_m = impl_m.with_entry(entry)
     if spec is None:
         spec_m, spec_name = annotated, f"@{entry} of {name}"
     else:
-        spec_m = prepare(spec, "spec")
+        spec_m = prepare(spec, "spec", unroll=False)
         spec_m = spec_m.with_entry(spec_function) if spec_function else spec_m
         spec_name = f"@{spec_m.main.name} of {getattr(spec_m, 'source', 'spec')}"
     if pipeline == "gather-scatter-batching":

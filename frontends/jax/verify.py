@@ -66,7 +66,7 @@ def verify(
         )
     impl_program = impl.text
     if impl.manual:
-        impl_program = prepare(impl.text, "impl")
+        impl_program = prepare(impl.text, "impl", unroll=False)  # check() reads the loops
     report = check(ref.text, impl_program, **options)
     _name(report, ref, impl, partitioned=impl.num_partitions > 1 and not impl.manual)
     return report
