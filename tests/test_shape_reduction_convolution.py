@@ -191,3 +191,11 @@ def test_batch_grouped_weight_gradient_shrinks_its_window_and_groups() -> None:
 def test_batch_grouped_weight_gradient_with_shifted_window_is_refuted() -> None:
     r = tv_ir.check("module {" + WGRAD + "\n}", _wgrad_per_device("pad = [[3, 1], [0, 0]]"))
     assert r.verdict == "not_equivalent"
+
+
+def test_valid_window_keeps_its_spatial_dimensions_and_says_why() -> None:
+    # 6 inputs, a 3-tap window, no padding: 4 outputs (6 = 4 + 2, as a tile widened by
+    # halos from its neighbours, which XLA windows without padding)
+    r = tv_ir.check(CONV, PER_DEVICE)
+    why = _classes(r)["spec argument 0 dim 1"][2]
+    assert "input 6, window 3, stride 1, padding 0_0" in why and "halos" in why

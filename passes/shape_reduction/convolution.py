@@ -141,10 +141,13 @@ def _spatial(d: DimClasses, op: Op, dn, kl, kq, kr) -> None:
 def _why_kept(n: int, k: int, m: int, s: int, lo: int, hi: int, ld: int, rd: int) -> str:
     if ld != 1:
         return f"input dilation {ld}"
-    return (
-        f"input {n}, window {k}, stride {s}, padding {lo}_{hi}, dilation {rd}, output {m}: "
-        "not a same-padded sliding window nor a window over the whole input"
-    )
+    sizes = f"input {n}, window {k}, stride {s}, padding {lo}_{hi}, dilation {rd}, output {m}"
+    if n > s * m:
+        # XLA's partitioned spatial dimension: the tile plus halo rows from its neighbours,
+        # windowed without padding; its size is the tile's plus a constant, not a multiple
+        extra = n - s * m
+        return f"{sizes}: a valid window or a tile widened by halos ({extra} past stride x output)"
+    return f"{sizes}: not a same-padded sliding window nor a window over the whole input"
 
 
 def _pairs(padding, nsp: int) -> list:
