@@ -199,3 +199,29 @@ def test_valid_window_keeps_its_spatial_dimensions_and_says_why() -> None:
     r = tv_ir.check(CONV, PER_DEVICE)
     why = _classes(r)["spec argument 0 dim 1"][2]
     assert "input 6, window 3, stride 1, padding 0_0" in why and "halos" in why
+
+
+# the weight gradient of a stride-2 convolution: the kernel dilated by 2 spans the input
+DILATED = "pad = [[2, 1], [0, 0]], rhs_dilate = [2, 1]"
+DILATED_WGRAD = _conv(
+    "4x48x1x8", "4x24x1x8", "5x1x1x8", WGRAD_LABELS, DILATED, WGRAD_GROUPS.format(8)
+)
+
+
+def _dilated_wgrad_per_device(window: str = DILATED) -> str:
+    body = _conv("4x48x1x4", "4x24x1x4", "5x1x1x4", WGRAD_LABELS, window, WGRAD_GROUPS.format(4))
+    split = "{devices=[1,1,1,2]0,1}"
+    return _per_device([split, split], split, body)
+
+
+def test_dilated_weight_gradient_shrinks_its_window() -> None:
+    r = tv_ir.check("module {" + DILATED_WGRAD + "\n}", _dilated_wgrad_per_device())
+    assert r.verdict == "equivalent", r.reason
+    classes = _classes(r)
+    assert classes["spec argument 0 dim 1"][1] < 48  # the input and kernel shrank
+
+
+def test_dilated_weight_gradient_with_shifted_padding_is_refuted() -> None:
+    wrong = _dilated_wgrad_per_device(DILATED.replace("[[2, 1]", "[[1, 2]"))
+    r = tv_ir.check("module {" + DILATED_WGRAD + "\n}", wrong)
+    assert r.verdict == "not_equivalent"

@@ -14,9 +14,9 @@
     output and the padding is "same" (`lo + hi - span` in [-stride, -1], span = the
     dilated window), a reduced input of n/f positions gives exactly o/f outputs, and
     every output position reads the same taps at the same offsets from its own start;
-  * the window covers the input (a weight gradient: kernel size = input size, stride 1,
-    no dilations): the input and the kernel scale together, and the output (the shifts,
-    lo + hi + 1 of them) keeps its size;
+  * the window covers the input (a weight gradient: input size = kernel size x its
+    dilation, stride 1, no input dilation or reversal): the input and the kernel scale
+    together, and the output (the shifts, lo + hi + dilation of them) keeps its size;
   * anything else (lhs dilation, other paddings) keeps the spatial dimensions.
   A sliding window keeps every output whose window reads padding and two interior ones,
   and at least two windows of input (no window reads both edges' padding).
@@ -127,10 +127,11 @@ def _spatial(d: DimClasses, op: Op, dn, kl, kq, kr) -> None:
             # reaching both edges
             d.at_least(kr[o], -(-lo // s) + -(-hi // s) + 2)
             d.at_least(kl[a], 2 * span)
-        elif ld == 1 and rd == 1 and s == 1 and k == n and not reversal[i] and n > 1:
-            # the window covers the input: the input and kernel scale, the shifts stay
+        elif ld == 1 and s == 1 and n == rd * k and not reversal[i] and k > 1:
+            # the (dilated) window covers the input: the input and kernel scale, the
+            # lo + hi + dilation shifts stay
             d.tie(kl[a], kq[w])
-            d.at_least(kl[a], 2 * (lo + hi + 1))
+            d.at_least(kq[w], 2 * m)
             d.keep(kr[o], f"{where} (the shifts of a window as long as its input)")
         else:
             detail = _why_kept(n, k, m, s, lo, hi, ld, rd)
