@@ -74,10 +74,12 @@ def convolution_shapes(rules, op: Op) -> None:
         groups = synthetic(d, batches, f"batch groups of convolution at {op.loc}")
         _grouped(d, lb, (groups, rb), lhs.type.shape[dn.input_batch], batches, op)
         _split_groups(d, ko, groups, rhs.type.shape[dn.kernel_output_feature], batches, op)
+    windows = _spatial(d, op, dn, kl, kq, kr)
     if lhs.id in rules.pos.independent and rhs.id in rules.pos.independent:
-        d.keep(ki, f"convolution at {op.loc} sums values that read no input")
-    _spatial(d, op, dn, kl, kq, kr)
-    rules.pos.summed[r.id] = (ki,)
+        for k in (ki, *windows):  # a count computed as a sum: its size
+            d.keep(k, f"convolution at {op.loc} sums values that read no input")
+    # a sum over the features and over every scaled window (a count of both normalises it)
+    rules.pos.summed[r.id] = (ki, *windows)
     for v in (lhs, rhs):
         rules.untrack(v, f"convolution at {op.loc}")
 
@@ -104,8 +106,11 @@ def _keep(d: DimClasses, keys, why: str) -> None:
         d.keep(k, why)
 
 
-def _spatial(d: DimClasses, op: Op, dn, kl, kq, kr) -> None:
+def _spatial(d: DimClasses, op: Op, dn, kl, kq, kr) -> list[Key]:
+    """Ties or keeps each spatial dimension; returns the kernel dimensions that scale (a
+    window as long as its input: the op sums over them)."""
     lhs, rhs, r = op.operands[0], op.operands[1], op.results[0]
+    summed = []
     nsp = len(dn.input_spatial)
     strides = op.attrs.get("window_strides") or (1,) * nsp
     padding = op.attrs.get("padding")
@@ -132,11 +137,13 @@ def _spatial(d: DimClasses, op: Op, dn, kl, kq, kr) -> None:
             # lo + hi + dilation shifts stay
             d.tie(kl[a], kq[w])
             d.at_least(kq[w], 2 * m)
+            summed.append(kq[w])
             d.keep(kr[o], f"{where} (the shifts of a window as long as its input)")
         else:
             detail = _why_kept(n, k, m, s, lo, hi, ld, rd)
             for key in (kl[a], kq[w], kr[o]):
                 d.keep(key, f"{where} ({detail})")
+    return summed
 
 
 def _why_kept(n: int, k: int, m: int, s: int, lo: int, hi: int, ld: int, rd: int) -> str:
