@@ -192,6 +192,10 @@ def why_worker(name: str) -> dict:
 
 # what keeps a dimension at its real size, most specific first
 ROOT_CAUSES = [
+    (
+        r"convolution window.*halos",
+        "convolution spatial dimensions widened by halos (a partitioned window, or a valid one)",
+    ),
     (r"convolution window", "convolution spatial dimensions (window, stride, padding)"),
     (r"convolution groups", "grouped convolution features"),
     (r"sorted dimension", "the sorted dimension of a sort"),

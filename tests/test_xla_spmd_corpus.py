@@ -54,6 +54,11 @@ PROVED = [
     "MergedPadThenSliceShiftRight",
     "MergedSliceThenConcatRotateRightWithUnalignedPadding",
     "DeviceMaximalTupleSort",
+    # convolutions whose groups and same-padded windows shrink (passes/shape_reduction/
+    # convolution.py): depthwise, a weight gradient (batch groups), features and filter split
+    "PartitionConvWithFeatureGroupCount",
+    "PartitionConvWithBathGroupCount",
+    "ConvolutionFilterIFOFPartitionedInputPartialReplicate",
 ]
 # the same verdicts from the StableHLO form (XLA's proto dump) against the plain module
 STABLEHLO_FORM = [

@@ -150,6 +150,8 @@ class Rewriter:
                 attrs[key] = tuple(p // self.f(x.id, a) for a, p in enumerate(attrs[key]))
         elif name == "dynamic_slice":
             attrs["slice_sizes"] = tuple(self.type_of(op.results[0]).shape)
+        elif name == "convolution":
+            attrs.update(self.group_counts(op))
         elif name == "gather":  # a dimension taken whole stays whole (rules.rule_gather)
             x = op.operands[0]
             reduced = self.type_of(x).shape
@@ -158,6 +160,23 @@ class Rewriter:
                 for a, (size, n) in enumerate(zip(attrs["slice_sizes"], x.type.shape, strict=True))
             )
         return attrs
+
+    def group_counts(self, op: Op) -> dict:
+        """A convolution's group counts at the reduced sizes: the groups are a class of their
+        own (`convolution.py`), so the count is reduced input features / reduced features per
+        group (batch groups: reduced input batch / reduced output batch)."""
+        dn = op.attrs.get("dimension_numbers")
+        if dn is None:
+            return {}
+        lhs, rhs, r = (
+            self.type_of(v).shape for v in (op.operands[0], op.operands[1], op.results[0])
+        )
+        out = {}
+        if op.attrs.get("feature_group_count", 1) > 1:
+            out["feature_group_count"] = lhs[dn.input_feature] // rhs[dn.kernel_input_feature]
+        if op.attrs.get("batch_group_count", 1) > 1:
+            out["batch_group_count"] = lhs[dn.input_batch] // r[dn.output_batch]
+        return out
 
     def rescaled(self, r: Rescale, v: Value, user: Op) -> tuple[list[Op], Value]:
         """Ops computing r's per-device values at the reduced size, in v's reduced type (at
@@ -302,4 +321,40 @@ def inconsistent(m: Module) -> str | None:
             for i, j in enumerate(op.attrs["broadcast_dimensions"]):
                 if ins[0].shape[i] not in (1, outs[0].shape[j]):
                     return f"{op} ({ins[0]} -> {outs[0]})"
+        if name == "stablehlo.convolution":
+            bad = convolution_mismatch(op, ins[0].shape, ins[1].shape, outs[0].shape)
+            if bad:
+                return f"{op} ({bad})"
+    return None
+
+
+def convolution_mismatch(op: Op, lhs: tuple, rhs: tuple, out: tuple) -> str | None:
+    """Why a convolution's operand and result shapes disagree with its attributes (the
+    output size of each spatial dimension, the groups dividing what they split), or None."""
+    dn = op.attrs.get("dimension_numbers")
+    if dn is None:
+        return None
+    nsp = len(dn.input_spatial)
+    strides = op.attrs.get("window_strides") or (1,) * nsp
+    padding = op.attrs.get("padding")
+    pads = np.zeros((nsp, 2), int) if padding is None else np.asarray(padding).reshape(nsp, 2)
+    lhs_dil = op.attrs.get("lhs_dilation") or (1,) * nsp
+    rhs_dil = op.attrs.get("rhs_dilation") or (1,) * nsp
+    for i in range(nsp):
+        n = (lhs[dn.input_spatial[i]] - 1) * lhs_dil[i] + 1 + int(pads[i][0]) + int(pads[i][1])
+        span = (rhs[dn.kernel_spatial[i]] - 1) * rhs_dil[i] + 1
+        want = max((n - span) // strides[i] + 1, 0)
+        if out[dn.output_spatial[i]] != want:
+            return f"spatial dim {i}: {out[dn.output_spatial[i]]} outputs, the window gives {want}"
+    g = op.attrs.get("feature_group_count", 1)
+    b = op.attrs.get("batch_group_count", 1)
+    if lhs[dn.input_feature] != g * rhs[dn.kernel_input_feature]:
+        return (
+            f"{lhs[dn.input_feature]} input features, {g} groups of {rhs[dn.kernel_input_feature]}"
+        )
+    if lhs[dn.input_batch] != b * out[dn.output_batch]:
+        return f"batch {lhs[dn.input_batch]}, {b} batch groups of {out[dn.output_batch]}"
+    ko = rhs[dn.kernel_output_feature]
+    if ko % (g * b) or out[dn.output_feature] != ko:
+        return f"{ko} kernel output features, {out[dn.output_feature]} output features"
     return None

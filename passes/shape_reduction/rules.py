@@ -24,6 +24,7 @@ import numpy as np
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, walk
 
 from .classes import DimClasses, Key
+from .convolution import convolution_shapes
 
 ELEMENTWISE = {
     "stablehlo." + n
@@ -567,46 +568,9 @@ class ShapeRules:
             self.untrack(v, f"dot_general at {op.loc}")
 
     def rule_convolution(self, op: Op) -> None:
-        """Batch and feature dimensions are a dot's (batch, contracted, output features);
-        spatial dimensions keep their sizes (windows, strides, padding, dilations). With
-        feature groups the features keep theirs (each group is a slice of them) and the
-        batch still shrinks; with batch groups, the batch and features keep theirs."""
-        lhs, rhs, r = op.operands[0], op.operands[1], op.results[0]
-        dn = op.attrs.get("dimension_numbers")
-        if dn is None:
-            return self.keep_all(op, "stablehlo.convolution without dimension numbers")
-        features = op.attrs.get("feature_group_count", 1)
-        batches = op.attrs.get("batch_group_count", 1)
-        kl, kq, kr = self.keys(lhs), self.keys(rhs), self.keys(r)
-        why = f"convolution window at {op.loc}"
-        kept = [(kl, dn.input_spatial), (kq, dn.kernel_spatial), (kr, dn.output_spatial)]
-        feature_dims = [
-            (kl, [dn.input_feature]),
-            (kq, [dn.kernel_input_feature, dn.kernel_output_feature]),
-            (kr, [dn.output_feature]),
-        ]
-        if batches == 1:
-            self.d.tie(kl[dn.input_batch], kr[dn.output_batch])
-        else:
-            kept += [(kl, [dn.input_batch]), (kr, [dn.output_batch])]
-        if features == 1 and batches == 1:
-            self.d.tie(kl[dn.input_feature], kq[dn.kernel_input_feature])
-            self.d.at_least(kl[dn.input_feature], 2)
-            self.d.tie(kq[dn.kernel_output_feature], kr[dn.output_feature])
-            if lhs.id in self.pos.independent and rhs.id in self.pos.independent:
-                self.d.keep(
-                    kl[dn.input_feature], f"convolution at {op.loc} sums values that read no input"
-                )
-        else:
-            for keys, dims in feature_dims:
-                for a in dims:
-                    self.d.keep(keys[a], f"convolution groups at {op.loc}")
-        for keys, dims in kept:
-            for a in dims:
-                self.d.keep(keys[a], why)
-        self.pos.summed[r.id] = (kl[dn.input_feature],)
-        for v in (lhs, rhs):
-            self.untrack(v, f"convolution at {op.loc}")
+        """Batch and features scale like a dot's, groups by their own class, spatial
+        dimensions where the window is size-generic (`convolution.convolution_shapes`)."""
+        convolution_shapes(self, op)
 
     def rule_reduce(self, op: Op) -> None:
         n = len(op.operands) // 2
