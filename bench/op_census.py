@@ -89,7 +89,10 @@ SUPPORTED_NOTE = {
     "fft": "FFT/IFFT/RFFT/IRFFT as the DFT sum (n^2 products per transformed dimension); "
     "coefficients in float64, exact where rational (0, +-1/2, +-1)",
     "sort": "input-dependent keys by a sorting network",
-    "while": "unrolled when the trip count is known",
+    "while": (
+        "proved once by induction when spec and impl loop alike (docs/equivalence.md, Loops), "
+        "else unrolled when the trip count is known"
+    ),
     "if": "predicate known, or both branches as a select",
     "case": "index known",
     "all_gather": "SPMD programs",
