@@ -311,7 +311,32 @@ def _normalisers(d: DimClasses, rules) -> list:
                         print(f"unexplained {c:g}: {op.name} operand {k} {op}", file=sys.stderr)
                     for root in by_size.get(n, ()):
                         d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
+            for root in _counted_together(c, r, op, d, sizes):
+                d.keep(root, f"the constant {c:g} at {op.loc} may count its positions")
     return accepted
+
+
+def _counted_together(c: float, rules, op, d: DimClasses, sizes: dict) -> set:
+    """Classes of `op`'s result whose positions, two classes or more together, number c or
+    1/c: XLA folds the cotangent of a mean over a (batch, features) tile to one constant
+    1/(batch * features), which no single class's size is. Unexplained, it is ambiguous:
+    those classes keep their sizes (else the reduced programs scale it differently from
+    a spec that divides by the count, and the reduced pair differs where the real one
+    does not)."""
+    if not op.results or not isinstance(op.results[0].type, TensorType):
+        return set()
+    keys = tuple(k for k in rules.keys(op.results[0]) if max(sizes[d.find(k)]) > 1)
+    out: set = set()
+    for sub in _key_subsets(keys):
+        roots = {d.find(k) for k in sub}
+        if len(roots) < 2:
+            continue
+        counts = {1}
+        for root in roots:
+            counts = {a * b for a in counts for b in sizes[root]}
+        if any(n >= 3 and _matches(c, n) for n in counts):
+            out |= roots
+    return out
 
 
 def _key_subsets(keys: tuple, most: int = 6) -> list[tuple]:
