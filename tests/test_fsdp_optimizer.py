@@ -84,10 +84,11 @@ def example_args():
 def test_clipped_step_after_reduce_scattered_gradients_is_proved():
     report = verify(fsdp_step(), *example_args(), spec=spec_step, time_limit=300)
     assert report.verdict == EQUIVALENT, str(report)
-    # each device's gradient shard is cut at the spec's (transposed) gradient, so the norm
-    # and the update are proved stage by stage; before, the shards stayed uncut and the
-    # outputs were proved by expanding cut-points back to the gradients (60-120 s)
-    assert report.stats.expansions == 0, str(report)
+    # each device's gradient shard (w1's and w2's, after `/ FSDP`) is a stage of its own, cut
+    # at the spec's gradient, which `jax.grad` computes transposed and transposes back: no
+    # cut value held that tile before (25 stages, 12x the time), and in larger steps the
+    # uncut gradient reached AdamW's outputs expanded (docs/benchmarks.md)
+    assert report.stats.stages >= 27, str(report)
 
 
 def test_norm_of_local_shards_only_is_refuted():
