@@ -24,7 +24,7 @@ from tv_ir.semantics.ops.shape import TABLE_ATTR
 from .classes import DimClasses
 from .factors import can_shrink, choose, witnesses
 from .rewrite import Rewriter, inconsistent, scaled_layout
-from .rules import ShapeRules
+from .rules import Normaliser, ShapeRules
 
 name = "shape-reduction"
 
@@ -325,7 +325,46 @@ def _normalisers(d: DimClasses, rules) -> list:
                         print(f"unexplained {c:g}: {op.name} operand {k} {op}", file=sys.stderr)
                     for root in by_size.get(n, ()):
                         d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
+            folded = _folded_normaliser(c, r, op, k, vid, d, sizes)
+            if isinstance(folded, tuple):
+                accepted.append(folded)
+            for root in folded if isinstance(folded, set) else ():
+                d.keep(root, f"the constant {c:g} at {op.loc} may count its positions")
     return accepted
+
+
+def _folded_normaliser(c: float, rules, op, k: int, vid: int, d: DimClasses, sizes: dict):
+    """A constant scaling a value (`x * c`, `x / c`) that counts positions of two or more of
+    the value's classes together: XLA folds the cotangent of a mean over a (batch, features)
+    tile, `1 / N` spread over N positions, to one constant 1/(batch * features), which no
+    single class's size is; the spec, traced by JAX, may still divide by N. Counted by one
+    set of classes: a normaliser spread over them (read at the reduced count, as the spec's
+    `1 / N` is; read as an ordinary constant, the reduced pair differed where the real one
+    does not). Counted by several: those classes keep their sizes (a set of roots). Else
+    None."""
+    res = op.results[0] if op.results else None
+    if (
+        op.name not in ("stablehlo.multiply", "stablehlo.divide")
+        or (op.name == "stablehlo.divide" and k != 1)
+        or res is None
+        or not isinstance(res.type, TensorType)
+    ):
+        return None
+    keys = tuple(key for key in rules.keys(res) if max(sizes[d.find(key)]) > 1)
+    found = {}
+    for sub in _key_subsets(keys):
+        roots = frozenset(d.find(key) for key in sub)
+        if len(roots) < 2:
+            continue
+        power = _normalises(c, sub, d, sizes)
+        if power and (op.name == "stablehlo.multiply") == (power < 0):
+            found.setdefault(roots, (sub, power))
+    if not found:
+        return None
+    if len(found) > 1:
+        return set().union(*found)
+    sub, power = next(iter(found.values()))
+    return Normaliser(op, k, sub, vid), power, c
 
 
 def _key_subsets(keys: tuple, most: int = 6) -> list[tuple]:

@@ -109,6 +109,8 @@ class StageProver:
         self.proved: set[int] = set()
         # spec value id -> the earlier value with the same definition (see _spec_pass)
         self.twins: dict[int, int] = {}
+        # spec value id -> its elements, for transposes and reshapes of cut values (`_spec_pass`)
+        self.views: dict[int, np.ndarray] = {}
         self.exprs: dict[int, np.ndarray] = {}  # memo of expr()
         self.spec_env: dict[int, object] = {}
         self.spec_order: dict[int, int] = {}
@@ -274,6 +276,8 @@ class StageProver:
                     out.append(sym)
                 else:
                     out.append(r)
+                    if op.name in RELABELLING_OPS and v.type.is_float and _is_sym(r):
+                        self.views[v.id] = r
                 self.spec_env[v.id] = out[-1]
             return out
 
@@ -367,6 +371,7 @@ class StageProver:
                 self.defs[v.id] = self.syms[v.id] = self.exprs[v.id] = arr
                 self.proved.add(v.id)
         shapes = {vid: np.shape(d) for vid, d in self.defs.items()}
+        shapes.update((vid, np.shape(e)) for vid, e in self.views.items())
         index = TileIndex(spec_tr, shapes, self.spec_order)
         total = sum(1 for op in self.impl.main.body.ops for _ in op.results)
         n = self.place.num_devices
@@ -465,16 +470,15 @@ class StageProver:
             return per_device
         for c in index.candidates(runs):
             view = self.spec_view(c.spec_value)
-            c = _likeliest_boxes(c, per_device, [view, self.defs[c.spec_value]])
+            c = _likeliest_boxes(c, per_device, [view, self._definition_of(c.spec_value)])
             pairs = []
             for d, a in enumerate(per_device):
                 pairs += _element_pairs(a, c.block(view, d))
             self._now_proving(v.owner, c.spec_value)
             outcome = self._prove_pairs(pairs, STAGE_LEVELS, final=False)
             if outcome.status == "proved":
-                self.proved.add(c.spec_value)
                 self.stats.stages += 1
-                syms = self.syms[c.spec_value]
+                syms = self._cut_symbols(c.spec_value)
                 return [c.block(syms, d) for d in range(len(per_device))]
         if len(per_device) > 1:
             return self._cut_per_device(per_device, runs, index)
@@ -496,11 +500,26 @@ class StageProver:
                 self._now_proving(None, vid)
                 outcome = self._prove_pairs(_element_pairs(a, block), STAGE_LEVELS, final=False)
                 if outcome.status == "proved":
-                    self.proved.add(vid)
                     self.stats.stages += 1
-                    out[d] = np.asarray(self.syms[vid])[box_index(box)]
+                    out[d] = np.asarray(self._cut_symbols(vid))[box_index(box)]
                     break
         return out
+
+    def _definition_of(self, vid: int):
+        """Spec value `vid` one op deep: its definition when it is a cut-point, its elements
+        (cut symbols moved) when it is a view of cut-points."""
+        return self.defs[vid] if vid in self.defs else self.views[vid]
+
+    def _cut_symbols(self, vid: int):
+        """Spec value `vid` as cut symbols, once an implementation value is proved equal to
+        it: its own symbols, or for a view (a transpose or reshape of cut-points: a weight
+        gradient computed transposed, then transposed back) the moved symbols of the values
+        it views. Those values are proved from then on (`spec_view` gives their symbols)."""
+        if vid in self.defs:
+            self.proved.add(vid)
+            return self.syms[vid]
+        self.proved.update(self._unproved_deps(self.views[vid]))
+        return self.views[vid]
 
     def _output_pairs(self, layout, per_device: list, spec_value) -> list:
         """Element pairs stating that the devices' pieces of an output are the spec output."""
@@ -840,6 +859,11 @@ def _defining_op(fn, vid: int):
                 return op
             stack.extend(r.block for r in op.regions)
     return None
+
+
+# ops that only relabel elements (each element once): an implementation value may hold a tile
+# of their result that no cut value holds (XLA computes a gradient transposed differently)
+RELABELLING_OPS = ("stablehlo.transpose", "stablehlo.reshape")
 
 
 def _cuttable(op, v, per_device: list) -> bool:
