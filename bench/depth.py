@@ -13,17 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from child_process import run_worker  # noqa: E402
 
 IMPL = "fused_qkv"
 
@@ -45,26 +44,10 @@ def worker(spec: str, impl: str) -> None:
 
 def run_child(args: list[str], timeout: float) -> tuple[dict, float, int]:
     """Run this script as a worker; return (its JSON, peak RSS in MB, exit status)."""
-    err = tempfile.TemporaryFile()
-    p = subprocess.Popen(
-        [sys.executable, __file__, "--worker", *args], stdout=subprocess.PIPE, stderr=err
-    )
-    killer = threading.Timer(timeout, p.kill)
-    killer.start()
-    try:
-        out = p.stdout.read()
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-    finally:
-        killer.cancel()
-    try:
-        result = json.loads(out.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        err.seek(0)
-        tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
-        result = {"verdict": "timeout" if p.returncode < 0 else "error", "error": tail}
-    peak_kb = usage.ru_maxrss  # kilobytes on Linux
-    return result, peak_kb / 1024, p.returncode
+    result, peak, status, tail = run_worker(__file__, args, timeout)
+    if result is None:
+        result = {"verdict": "timeout" if status < 0 else "error", "error": tail}
+    return result, peak, status
 
 
 def count_ops(module) -> int:

@@ -35,16 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from child_process import run_worker  # noqa: E402
 
 PROGRAMS = ["mlp-shard-map", "mlp-jit-grad", "transformer-grad"]
 BUGS = ["mlp-jit-layer17", "transformer-residual"]
@@ -223,29 +222,14 @@ def worker(name: str, depth: int, time_limit: float, memory: float, unrolled: bo
 
 
 def run_child(args: list[str], timeout: float) -> tuple[dict, float]:
-    err = tempfile.TemporaryFile()
     env = dict(os.environ)
     flags = env.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=4".strip()
-    p = subprocess.Popen(
-        [sys.executable, __file__, "--worker", *args], stdout=subprocess.PIPE, stderr=err, env=env
-    )
-    killer = threading.Timer(timeout, p.kill)
-    killer.start()
-    try:
-        out = p.stdout.read()
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-    finally:
-        killer.cancel()
-    peak = usage.ru_maxrss / 1024  # kilobytes on Linux
-    try:
-        return json.loads(out.decode().strip().splitlines()[-1]), peak
-    except (ValueError, IndexError):
-        err.seek(0)
-        tail = err.read().decode(errors="replace").strip().splitlines()[-1:]
+    result, peak, _, tail = run_worker(__file__, args, timeout, env)
+    if result is None:
         return {"verdict": "error", "reason": " ".join(tail)}, peak
+    return result, peak
 
 
 def main() -> None:
