@@ -44,10 +44,11 @@ def worker(spec: str, impl: str) -> None:
 
 def run_child(args: list[str], timeout: float) -> tuple[dict, float, int]:
     """Run this script as a worker; return (its JSON, peak RSS in MB, exit status)."""
-    result, peak, status, tail = run_worker(__file__, args, timeout)
+    child = run_worker(__file__, args, timeout)
+    result = child.result
     if result is None:
-        result = {"verdict": "timeout" if status < 0 else "error", "error": tail}
-    return result, peak, status
+        result = {"verdict": "timeout" if child.killed else "error", "error": child.tail()}
+    return result, child.peak_mb, child.returncode
 
 
 def count_ops(module) -> int:

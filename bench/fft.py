@@ -15,10 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from child_process import run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 4
@@ -61,16 +62,9 @@ def worker(n: int, timeout: float) -> None:
 
 
 def run_child(n: int, timeout: float) -> tuple[dict, float]:
-    p = subprocess.Popen(
-        [sys.executable, __file__, "--worker", str(n), "--timeout", str(timeout)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        cwd=ROOT,
-    )
-    _, status, usage = os.wait4(p.pid, 0)
-    out = p.stdout.read().decode().strip().splitlines()
-    result = json.loads(out[-1]) if status == 0 and out else {"verdict": f"exit {status}"}
-    return result, usage.ru_maxrss / 1024
+    child = run_worker(__file__, [str(n), "--timeout", str(timeout)], timeout + 120)
+    result = child.result if child.returncode == 0 and child.result else None
+    return result or {"verdict": child.killed or f"exit {child.returncode}"}, child.peak_mb
 
 
 def main() -> None:

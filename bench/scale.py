@@ -26,10 +26,7 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -39,7 +36,7 @@ for p in (ROOT, BENCH):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from tv_ir.limits import rss_mb as process_rss_mb  # noqa: E402
+from child_process import run_worker  # noqa: E402
 
 TRAINVERIFY_32_LAYERS_S = 61.5  # issue #10: TrainVerify, 32-layer configuration, this machine kind
 
@@ -250,48 +247,17 @@ def killed_in(stderr: str) -> str:
 
 def run_child(args: list[str], timeout: float, memory: float | None) -> tuple[dict, float]:
     """Run this script as a worker; (its JSON or why it has none, peak RSS in MB)."""
-    err = tempfile.TemporaryFile()
-    out = tempfile.TemporaryFile()
-    p = subprocess.Popen([sys.executable, __file__, "--worker", *args], stdout=out, stderr=err)
-    killed: list[str] = []
-    reaped = threading.Event()  # set once wait4 has the child: polling it here would reap it
-
-    def watch() -> None:
-        t0 = time.monotonic()
-        while not reaped.is_set():
-            elapsed = time.monotonic() - t0
-            if elapsed > timeout:
-                killed.append(f"timeout ({timeout:.0f} s)")
-            elif memory is not None and process_rss_mb(p.pid) > memory:
-                killed.append(f"{memory:.0f} MB at {elapsed:.0f} s")
-            if killed:
-                p.send_signal(signal.SIGUSR1)  # the verifying child dumps its stacks
-                time.sleep(1.0)
-                p.kill()
-                return
-            time.sleep(0.2)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    _, status, usage = os.wait4(p.pid, 0)
-    reaped.set()
-    p.returncode = os.waitstatus_to_exitcode(status)
-    watcher.join()
-    peak = usage.ru_maxrss / 1024  # kilobytes on Linux
-    out.seek(0)
-    lines = [ln for ln in out.read().decode().splitlines() if ln.startswith("{")]
-    if lines and not killed:
-        return json.loads(lines[-1]), peak
-    err.seek(0)
-    stderr = err.read().decode(errors="replace")
-    if killed:
-        res = {"verdict": killed[0]}
-        where = killed_in(stderr)
+    child = run_worker(__file__, args, timeout, rss_limit_mb=memory, dump_stacks=True)
+    if child.result is not None and not child.killed:
+        return child.result, child.peak_mb
+    if child.killed:
+        res = {"verdict": child.killed}
+        where = killed_in(child.stderr)
         if where:
             res["reason"] = f"killed in {where}"
-        return res, peak
-    tail = (stderr.strip().splitlines() or ["?"])[-1]
-    return {"verdict": f"crashed ({p.returncode})", "reason": tail[:300]}, peak
+        return res, child.peak_mb
+    reason = child.tail()[:300] or "?"
+    return {"verdict": f"crashed ({child.returncode})", "reason": reason}, child.peak_mb
 
 
 # ---------------------------------------------------------------------------- table

@@ -226,10 +226,10 @@ def run_child(args: list[str], timeout: float) -> tuple[dict, float]:
     flags = env.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=4".strip()
-    result, peak, _, tail = run_worker(__file__, args, timeout, env)
-    if result is None:
-        return {"verdict": "error", "reason": " ".join(tail)}, peak
-    return result, peak
+    child = run_worker(__file__, args, timeout, env)
+    if child.result is None:
+        return {"verdict": child.killed or "error", "reason": child.tail()}, child.peak_mb
+    return child.result, child.peak_mb
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from child_process import run_worker  # noqa: E402
 
 from bench.depth import count_ops  # noqa: E402
 
@@ -90,20 +91,10 @@ def programs():
 
 
 def run_child(path: Path, timeout: float) -> dict:
-    try:
-        p = subprocess.run(
-            [sys.executable, __file__, "--worker", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
+    child = run_worker(__file__, [str(path)], timeout)
+    if child.killed:
         return {"verdict": "timeout"}
-    try:
-        return json.loads(p.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = p.stderr.strip().splitlines()[-1:]
-        return {"verdict": "error", "reason": " ".join(tail)}
+    return child.result or {"verdict": "error", "reason": child.tail()}
 
 
 def main() -> None:
