@@ -38,17 +38,20 @@ RSS_LIMIT = 2800.0  # MB resident per child process (XLA and tv), then it is kil
 OUTCOMES = ("proved", "refuted", "unknown", "bad_input", "error", "not_partitionable")
 
 
-def worker(name: str, time_limit: float, memory_limit: float) -> dict:
-    """Child process: partition one module, check it, replay a refutation on XLA."""
-    from xla_spmd_corpus import cases, partition_case, replay_on_xla, xla_layouts
+def worker(name: str, time_limit: float, memory_limit: float, form: str = "pair") -> dict:
+    """Child process: partition one module, check it in `form` (FORMS), replay a refutation
+    on XLA."""
+    from xla_spmd_corpus import cases, partition_case, replay_on_xla
 
     from tv_ir.errors import BadInput, TvError
 
     case = next(c for c in cases() if c.name == name)
     out = {"name": name, "devices": case.num_devices, "options": case.test_options}
+    if form != "pair":
+        out["form"] = form
     print(json.dumps({"phase": "partition"}), flush=True)  # a crash in XLA ends here
     try:
-        before, parted = partition_case(case)
+        before, parted = partition_case(case, as_stablehlo=form == "stablehlo")
     except Exception as e:  # XLA (or jaxlib's HLO conversion) refused the module
         reason = _one_line(str(e).removeprefix("XLA could not partition the module: "))
         if case.expects_partitioner_error:
@@ -60,12 +63,9 @@ def worker(name: str, time_limit: float, memory_limit: float) -> dict:
     print(json.dumps({"phase": "check"}), flush=True)
     t0 = time.perf_counter()
     try:
+        spec, impl, layouts = form_inputs(form, case, before, parted)
         report = check(
-            case.path,
-            parted.per_device_hlo,
-            time_limit=time_limit,
-            memory_limit=memory_limit,
-            layouts=xla_layouts(parted),
+            spec, impl, time_limit=time_limit, memory_limit=memory_limit, layouts=layouts
         )
     except BadInput as e:
         return out | _tv_time(t0) | {"outcome": "bad_input", "reason": _one_line(e)}
@@ -87,6 +87,52 @@ def worker(name: str, time_limit: float, memory_limit: float) -> dict:
         out["xla_confirms"] = None
         out["replay_error"] = _one_line(e)
     return out
+
+
+# the forms a compiler engineer hands tv the same partitioning in (issue #11): "pair", the
+# module before partitioning with its shardings and XLA's per-device HLO text after it,
+# result layouts from the executable (where the module leaves a result unannotated); "hlo",
+# the per-device HLO text against the module without shardings, every layout given as
+# `--in-shardings/--out-shardings` (XLA's text dump after partitioning keeps `num_partitions`
+# and the parameters' shardings but not the results'); "stablehlo", the StableHLO jaxlib
+# converts XLA's proto dump to (layouts in the `mhlo.spmd_*` module attributes, no
+# `mhlo.num_partitions`) against the module without shardings
+FORMS = ("pair", "hlo", "stablehlo")
+
+
+def form_inputs(form: str, case, before: str, parted) -> tuple:
+    """(spec, impl, layouts) for `tv_ir.check` in one of FORMS."""
+    from xla_spmd_corpus import unpartitioned, xla_layouts
+
+    from tv_ir.prover.boundary_layouts import GivenLayouts
+
+    if form == "pair":
+        return case.path, parted.per_device_hlo, xla_layouts(parted)
+    if form == "hlo":
+        given = GivenLayouts(
+            in_shardings=list(parted.arg_shardings), out_shardings=list(parted.out_shardings)
+        )
+        return unpartitioned(before), parted.per_device_hlo, given
+    return unpartitioned(before), parted.per_device_stablehlo, None
+
+
+def compare_forms(files: list[str]) -> str:
+    """The modules whose outcome differs between results files of different forms."""
+    runs = []
+    for f in files:
+        rows = [json.loads(line) for line in Path(f).read_text().splitlines() if line.strip()]
+        runs.append({r["name"]: r for r in rows})
+    names = sorted(set.intersection(*(set(r) for r in runs)))
+    lines, same = [], 0
+    for n in names:
+        outcomes = [r[n]["outcome"] for r in runs]
+        if len(set(outcomes)) == 1:
+            same += 1
+            continue
+        why = " | ".join(f"{r[n]['outcome']}: {r[n].get('reason', '')[:90]}" for r in runs)
+        lines.append(f"  {n}: {why}")
+    head = f"{same} of {len(names)} modules in all {len(files)} files: same outcome"
+    return "\n".join([head, *lines])
 
 
 def _tv_time(t0: float) -> dict:
@@ -116,6 +162,7 @@ def run_child(name: str, devices: int, a) -> dict:
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     cmd = [sys.executable, __file__, "--worker", name]
     cmd += ["--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
+    cmd += ["--form", a.form]
     if a.why:
         cmd.append("--why-worker")
     t0 = time.perf_counter()
@@ -317,6 +364,10 @@ def main() -> None:
     ap.add_argument(
         "--why", help="a results file: what shape reduction keeps in its limit-bound modules"
     )
+    ap.add_argument(
+        "--form", choices=FORMS, default="pair", help="how the partitioning is handed to tv"
+    )
+    ap.add_argument("--compare", nargs="+", help="results files of different forms: differences")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--why-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -324,7 +375,10 @@ def main() -> None:
         print(json.dumps(why_worker(a.worker)), flush=True)
         return
     if a.worker:
-        print(json.dumps(worker(a.worker, a.time_limit, a.memory_limit)), flush=True)
+        print(json.dumps(worker(a.worker, a.time_limit, a.memory_limit, a.form)), flush=True)
+        return
+    if a.compare:
+        print(compare_forms(a.compare))
         return
     from xla_spmd_corpus import CORPUS, cases
 
