@@ -19,9 +19,7 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -30,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from tv_ir.limits import rss_mb as process_rss_mb  # noqa: E402
+from child_process import run_worker  # noqa: E402
 
 TIME_LIMIT = 120.0  # seconds for tv per module
 MEMORY_LIMIT = 2000.0  # MB for tv per module
@@ -155,57 +153,36 @@ def _one_line(e, limit: int = 300) -> str:
 
 
 def run_child(name: str, devices: int, a) -> dict:
+    args = [name, "--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
+    args += ["--form", a.form] + (["--why-worker"] if a.why else [])
+    t0 = time.perf_counter()
+    child = run_worker(__file__, args, a.time_limit + 90, corpus_env(devices), a.rss_limit)
+    if child.killed:
+        reason = f"killed by the bench: {child.killed}"
+        return {"name": name, "outcome": "unknown", "reason": reason}
+    last = child.result or {}
+    if "outcome" in last:
+        return last
+    if last.get("phase") == "partition" and child.returncode < 0:
+        reason = f"XLA crashed (signal {-child.returncode})"
+        return {"name": name, "outcome": "not_partitionable", "reason": reason}
+    return {
+        "name": name,
+        "outcome": "error",
+        "reason": f"child exited {child.returncode} while {last.get('phase', '?')}: "
+        f"{child.tail(2)[-300:]}",
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def corpus_env(devices: int) -> dict:
+    """The environment of a child partitioning for `devices` CPU devices."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={max(devices, 1)}"
     ).strip()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    cmd = [sys.executable, __file__, "--worker", name]
-    cmd += ["--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
-    cmd += ["--form", a.form]
-    if a.why:
-        cmd.append("--why-worker")
-    t0 = time.perf_counter()
-    p, killed = _run_watched(cmd, env, a.time_limit + 90, a.rss_limit)
-    if killed:
-        return {"name": name, "outcome": "unknown", "reason": killed}
-    lines = p.stdout.strip().splitlines()
-    try:
-        last = json.loads(lines[-1])
-    except (ValueError, IndexError):
-        last = {}
-    if "outcome" in last:
-        return last
-    if last.get("phase") == "partition" and p.returncode < 0:
-        reason = f"XLA crashed (signal {-p.returncode})"
-        return {"name": name, "outcome": "not_partitionable", "reason": reason}
-    tail = " ".join(p.stderr.strip().splitlines()[-2:])
-    return {
-        "name": name,
-        "outcome": "error",
-        "reason": f"child exited {p.returncode} while {last.get('phase', '?')}: {tail[-300:]}",
-        "wall_seconds": round(time.perf_counter() - t0, 1),
-    }
-
-
-def _run_watched(cmd, env, timeout: float, rss_mb: float):
-    """Run `cmd`, killing it past `timeout` seconds or `rss_mb` MB resident (tv's own
-    memory limit is polled between steps; XLA and a single large step are not)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
-        t0, killed = time.monotonic(), None
-        while proc.poll() is None:
-            time.sleep(0.2)
-            if time.monotonic() - t0 > timeout:
-                killed = f"bench wall-clock limit ({timeout:.0f} s)"
-            elif process_rss_mb(proc.pid) > rss_mb:
-                killed = f"bench memory limit ({rss_mb:.0f} MB resident)"
-            if killed:
-                proc.kill()
-                proc.wait()
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(cmd, proc.returncode, out.read(), err.read()), killed
+    return env
 
 
 def why_worker(name: str) -> dict:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -31,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from xla_spmd import _one_line, _run_watched  # noqa: E402
+from child_process import run_worker  # noqa: E402
+from xla_spmd import _one_line, corpus_env  # noqa: E402
 
 TIME_LIMIT = 20.0  # seconds for tv per program (the module's own check, each mutant)
 MEMORY_LIMIT = 1800.0
@@ -126,23 +126,14 @@ def _random_replays(before, parted):
 
 
 def run_child(name: str, devices: int, a) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        f"{env.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={max(devices, 1)}"
-    ).strip()
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    cmd = [sys.executable, __file__, "--worker", name]
-    cmd += ["--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
-    if a.proved:
-        cmd.append("--trust-proved")
-    p, killed = _run_watched(cmd, env, 9 * a.time_limit + 120, a.rss_limit)
-    if killed:
-        return {"name": name, "skipped": killed}
-    try:
-        return json.loads(p.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = " ".join(p.stderr.strip().splitlines()[-2:])
-        return {"name": name, "skipped": f"child exited {p.returncode}: {tail[-200:]}"}
+    args = [name, "--time-limit", str(a.time_limit), "--memory-limit", str(a.memory_limit)]
+    args += ["--trust-proved"] if a.proved else []
+    child = run_worker(__file__, args, 9 * a.time_limit + 120, corpus_env(devices), a.rss_limit)
+    if child.killed:
+        return {"name": name, "skipped": f"killed by the bench: {child.killed}"}
+    if child.result is None:
+        return {"name": name, "skipped": f"child exited {child.returncode}: {child.tail(2)[-200:]}"}
+    return child.result
 
 
 def outcome(m: dict) -> str:
