@@ -105,6 +105,41 @@ def test_device_count_from_the_collectives_groups() -> None:
     assert r.verdict == "equivalent", r.reason
 
 
+@pytest.mark.parametrize("mesh_size, verdict", [(2, "equivalent"), (4, "not_equivalent")])
+def test_device_count_from_the_mesh_the_groups_name(mesh_size: int, verdict: str) -> None:
+    """jaxlib's StableHLO of XLA's output names its groups by the axes of a module mesh
+    (`@mesh`): that mesh is every device, so it gives the count a partition_id needs. Each
+    device adds half of x: twice x on 2 devices, four times on 4."""
+    body = """    %p = stablehlo.partition_id : tensor<ui32>
+    %c0 = stablehlo.constant dense<0> : tensor<ui32>
+    %first = stablehlo.compare EQ, %p, %c0 : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
+    %c = stablehlo.constant dense<0.5> : tensor<4x2xf32>
+    %h = stablehlo.multiply %x, %c : tensor<4x2xf32>
+    %mine = stablehlo.select %first, %h, %h : tensor<i1>, tensor<4x2xf32>
+    %0 = "stablehlo.all_reduce"(%mine) <{replica_groups = #stablehlo.replica_group_mesh_axes<
+        mesh = @mesh, axes = [#stablehlo.axis_ref<name = "a">]>,
+        channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>,
+        use_global_device_ids}> ({
+      ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+        %s = stablehlo.add %a, %b : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+      }) : (tensor<4x2xf32>) -> tensor<4x2xf32>
+    %1 = stablehlo.add %0, %0 : tensor<4x2xf32>
+    return %1 : tensor<4x2xf32>"""
+    impl = per_device(
+        'mhlo.spmd_parameters_shardings = ["{replicated}"], '
+        'mhlo.spmd_output_sharding = "{replicated}"',
+        body,
+        "tensor<4x2xf32>",
+        args="%x: tensor<4x2xf32>",
+    )
+    mesh = f'sdy.mesh @mesh = <["a"={mesh_size}]>'
+    impl = impl.replace("{\n  func.func", "{\n  " + mesh + "\n  func.func", 1)
+    assert mesh in impl
+    r = tv_ir.check(SPEC, impl)
+    assert r.verdict == verdict, r.reason
+
+
 PARTITION_ID_BODY = """    %p = stablehlo.partition_id : tensor<ui32>
     %c5 = stablehlo.constant dense<5> : tensor<ui32>
     %is5 = stablehlo.compare EQ, %p, %c5 : (tensor<ui32>, tensor<ui32>) -> tensor<i1>

@@ -186,6 +186,7 @@ def _collective_devices(impl: Module) -> tuple[int, str | None, list[int]]:
     """(devices covered by the replica groups of group collectives, 0 if none; the first
     device-dependent op; lower bounds from collective_permute pairs)."""
     from tv_ir.ir.attrs import MeshAxesGroups
+    from tv_ir.semantics.interpreters.process_grid import parse_mesh
     from tv_ir.semantics.ops.registry import COLLECTIVES, PROCESS_OPS
 
     meshes = impl.attrs.get("sdy.meshes") or {}
@@ -200,7 +201,8 @@ def _collective_devices(impl: Module) -> tuple[int, str | None, list[int]]:
             first = first or op.name
             groups = op.attrs.get("replica_groups")
             if isinstance(groups, MeshAxesGroups):  # groups over every device of a mesh
-                mesh = meshes.get(groups.mesh)
+                ref = groups.mesh  # `@name` of a module's sdy.mesh, or an inlined mesh
+                mesh = meshes.get(ref[1:]) if ref.startswith("@") else parse_mesh(ref)
                 if mesh is not None:
                     covered = max(covered, int(np.prod([size for _, size in mesh.axes])))
             elif groups is not None and np.asarray(groups).size:
