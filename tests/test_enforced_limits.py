@@ -52,3 +52,27 @@ def test_a_step_that_never_polls_memory_is_stopped_at_the_memory_limit(monkeypat
         held.clear()
     assert r.verdict == "unknown" and "memory limit" in r.reason, r.reason
     assert not finished
+
+
+def test_an_interrupt_dropped_by_a_callback_is_sent_again(monkeypatch) -> None:
+    """An interrupt raised inside a callback the interpreter calls itself (a garbage
+    collection callback: "Exception ignored in ...") is dropped; the run is still stopped."""
+    dropped, finished = [], []
+
+    def callback_that_drops(self, x, y):  # the first interrupt lands where it is dropped
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 60:
+            try:
+                time.sleep(0.01)
+            except tv_ir.limits.OutOfTime:
+                if dropped:
+                    raise
+                dropped.append(True)
+        finished.append(True)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(tv_ir.limits, "ENFORCE_REFIRE_S", 1.0, raising=False)
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", callback_that_drops)
+    r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
+    assert r.verdict == "unknown" and "time limit of 1 s" in r.reason, r.reason
+    assert dropped and not finished

@@ -20,9 +20,11 @@ and nesting depth.
   memory and, when a poll has not stopped the run `ENFORCE_GRACE_S` past the deadline or
   with memory `ENFORCE_MEMORY_SLACK` over the limit, raises `OutOfTime` /
   `OutOfMemoryBudget` in the checking thread itself (CPython's asynchronous exceptions:
-  delivered at the thread's next bytecode), once: if tv code swallows it, the polls, which
-  now fire too, end the run. Inside a C call (a z3 query, an XLA compile) it waits for the
-  call to return; z3 queries have their own timeout and interrupt (prover/smt.py).
+  delivered at the thread's next bytecode), and again every `ENFORCE_REFIRE_S` while the
+  run goes on (one that lands in a callback the interpreter calls itself, such as jax's
+  garbage-collection callback, is printed as "Exception ignored" and dropped). Inside a C
+  call (a z3 query, an XLA compile) it waits for the call to return; z3 queries have their
+  own timeout and interrupt (prover/smt.py).
 - **Depth** (`run_deep`): programs nest (regions in regions, loops unrolled thousands of
   times, terms built from terms) and tv's walks over them recurse; they run on a thread
   with a large stack and a high recursion limit, so depth is bounded by
@@ -285,6 +287,10 @@ def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
 ENFORCE_GRACE_S = 2.0  # past the deadline before the watchdog steps in
 ENFORCE_MEMORY_SLACK = 1.10  # times the memory limit before the watchdog steps in
 WATCH_INTERVAL_S = 0.1
+# an interrupt is sent again while the run goes on: one raised inside a callback the
+# interpreter calls on its own (a garbage-collection callback, a finaliser) is printed as
+# "Exception ignored" and dropped, and the run would go on unbounded
+ENFORCE_REFIRE_S = 10.0
 
 
 @contextlib.contextmanager
@@ -305,21 +311,27 @@ def enforced_limits():
     def interrupt(base: type, message: str) -> None:
         init = lambda self: base.__init__(self, message)  # noqa: E731 (raised without arguments)
         raised = type(base.__name__, (base,), {"__init__": init})
-        with lock:
+        with lock:  # never once the run has ended (the `finally` below disarms under it)
             if armed[0]:
-                armed[0] = False  # once: a second one could land after the run has ended
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(target), ctypes.py_object(raised)
                 )
 
     def watch() -> None:
+        fired = None  # when the last interrupt was sent
         while not stop.wait(WATCH_INTERVAL_S):
-            if end is not None and time.perf_counter() > end + ENFORCE_GRACE_S:
-                return interrupt(OutOfTime, limit_reason)
+            now = time.perf_counter()
+            if fired is not None and now - fired < ENFORCE_REFIRE_S:
+                continue
+            if end is not None and now > end + ENFORCE_GRACE_S:
+                interrupt(OutOfTime, limit_reason)
+                fired = now
+                continue
             used = rss_mb() if mb is not None else 0.0
             if mb is not None and used > mb * ENFORCE_MEMORY_SLACK:
                 what = f"memory limit of {mb:g} MB reached ({used:.0f} MB resident)"
-                return interrupt(OutOfMemoryBudget, what)
+                interrupt(OutOfMemoryBudget, what)
+                fired = now
 
     watcher = threading.Thread(target=watch, name="tv-limits", daemon=True)
     watcher.start()
