@@ -333,3 +333,22 @@ def test_data_parallel_mean_gradient_same_verdict(size):
     reduced, whole = both(lower(spec, w, x), lower(impl, w, x))
     assert reduced.verdict == whole.verdict == "equivalent"
     assert axes_of(reduced)["data"][:2] == (size, 2)
+
+
+@pytest.mark.parametrize(
+    "case, verdict",
+    [("round_trip", "equivalent"), ("last_bug", "not_equivalent"), ("wrong_end", "not_equivalent")],
+)
+def test_verdicts_on_the_reduced_mesh_alone(monkeypatch, case, verdict):
+    """With the real mesh too large to run concretely, the reduced mesh decides alone."""
+    import tv_ir.prover.real_size as real_size
+
+    monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
+    mesh = mesh_of(("stage", 16))
+    kw = {"last_bug": case == "last_bug", "end": 0 if case == "wrong_end" else None}
+    report = tv_ir.check(lower(doubled, XS), lower(round_trip(mesh, **kw), XS))
+    assert report.verdict == verdict
+    assert report.mesh_reduction["devices"] == [16, 8]
+    assert any("too large to run concretely" in n for n in report.notes)
+    if case == "last_bug":
+        assert report.counterexample.mesh_coords == {"stage": 15}

@@ -211,6 +211,7 @@ def _check(
             real, True, False, t0, Options(timeout, seed, progress, None), plan
         )
         report.notes.append(note)
+    whole_mesh = real
     if mesh is not None:  # the real sizes on the reduced mesh: what replays and confirms
         real = (mesh.spec, mesh.impl, _replicated(mesh))
     if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
@@ -245,11 +246,17 @@ def _check(
     if report.verdict == NOT_EQUIVALENT:
         report = _unless_order_dependent(report, real[0], real[1])
     if mesh is not None:
-        from .prover.mesh_transfer import name_real_device
+        from .prover.mesh_transfer import confirm_on_real_mesh, name_real_device
 
-        report.mesh_reduction = mesh.to_json()
         if report.verdict == NOT_EQUIVALENT:
             name_real_device(report, mesh)
+        report = confirm_on_real_mesh(report, mesh, *whole_mesh, seed=seed)
+        if report.verdict == UNKNOWN and report.reason.startswith("mesh reduction"):
+            options = Options(timeout, seed, progress, time_left())
+            notes = report.notes
+            report = _prove(*whole_mesh, options)  # check every device, as given
+            report.notes += notes
+        report.mesh_reduction = mesh.to_json()
     if induction_note:
         report.notes.append(f"loops checked unrolled, not by induction: {induction_note}")
     report.stats.seconds["total"] = time.perf_counter() - t0
@@ -379,6 +386,7 @@ def _reduce_and_prove(
         if small is not None:
             spec_m, impl_m, placement = small
             if reduction is not None and reduction.reduced:
+                reduction.spec, reduction.impl, reduction.placement = small
                 _witnesses_on_reduced_mesh(reduction, mesh)
         elif _simulated(mesh.spec, mesh.impl, mesh.reduced_mesh.devices) < _simulated(
             spec_m, impl_m, placement.num_devices

@@ -38,5 +38,50 @@ def name_real_device(report, mesh: MeshReduction) -> None:
     ce.device, ce.mesh_coords = device, coords
 
 
+def confirm_on_real_mesh(report, mesh: MeshReduction, spec, impl, placement, seed: int = 0):
+    """A verdict on the reduced mesh, run concretely on every device of the real one when
+    that fits (`REPLAY_LIMIT` elements, the impl's counted once per device): a proof whose
+    programs differ there is refuted there; a refutation whose programs agree there on
+    random inputs is `unknown` (the caller then checks the real mesh as given)."""
+    from tv_ir.ir.program import elements
+    from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
+
+    from .real_size import REPLAY_LIMIT, _differs
+
+    if report.verdict not in (EQUIVALENT, NOT_EQUIVALENT):
+        return report
+    if elements(spec) + placement.num_devices * elements(impl) > REPLAY_LIMIT:
+        report.notes.append(
+            f"the real mesh ({mesh.real_mesh.devices} devices) is too large to run concretely: "
+            "the verdict rests on the mesh reduction's template (docs/equivalence.md)"
+        )
+        return report
+    found = _differs(spec, impl, placement, seed)
+    if report.verdict == EQUIVALENT and found is None:
+        report.notes.append("checked concretely on every device of the real mesh too")
+        return report
+    if report.verdict == NOT_EQUIVALENT and found is not None:
+        report.notes.append("the programs differ on every device of the real mesh too")
+        return report
+    if found is not None:  # proved on the reduced mesh, but the real one differs
+        ce, loc, outputs = found
+        out = Report(
+            NOT_EQUIVALENT, outputs=outputs, counterexample=ce, location=loc, stats=report.stats
+        )
+        out.notes.append(
+            "proved on the reduced mesh, but the programs differ on the real one: the mesh "
+            "reduction does not carry over for this pair (replayed on the real mesh)"
+        )
+        return out
+    out = Report(
+        UNKNOWN,
+        stats=report.stats,
+        reason="mesh reduction: refuted on the reduced "
+        "mesh, but the programs agree on the real mesh on random inputs",
+    )
+    out.notes.append(out.reason)
+    return out
+
+
 def _coords(c: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in c.items())
