@@ -50,6 +50,8 @@ class MeshReduction:
     failed: str | None = None
     real_mesh: Mesh | None = None
     reduced_mesh: Mesh | None = None
+    # per spec argument: for each dimension, the mesh axes (indices) that split it
+    arg_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
 
     @property
     def reduced(self) -> bool:
@@ -79,6 +81,27 @@ class MeshReduction:
             "axes": [dataclasses.asdict(a) for a in self.axes],
         }
 
+    def blown_up(self, x, axes: list[tuple[int, ...]]):
+        """An argument of the reduced spec at its real size: each real device's block is
+        the block of the reduced device standing for it (first for first, last for last,
+        the others an interior one)."""
+        import numpy as np
+
+        x = np.asarray(x)
+        for dim, ax in enumerate(axes):
+            if not ax or all(self.real_mesh.sizes[a] == self.reduced_mesh.sizes[a] for a in ax):
+                continue
+            red = [self.reduced_mesh.sizes[a] for a in ax]
+            real = [self.real_mesh.sizes[a] for a in ax]
+            tile = x.shape[dim] // int(np.prod(red))
+            blocks = []
+            for coords in np.ndindex(*real):
+                c = [_representative(c, r, n) for c, r, n in zip(coords, red, real, strict=True)]
+                b = int(np.ravel_multi_index(c, red))
+                blocks.append(np.take(x, range(b * tile, (b + 1) * tile), axis=dim))
+            x = np.concatenate(blocks, axis=dim)
+        return x
+
     def real_device(self, device: int) -> tuple[int, dict[str, int]]:
         """The real device a device of the reduced mesh stands for, and its coordinates: the
         first positions of each axis stand for the first, the last for the last."""
@@ -87,6 +110,16 @@ class MeshReduction:
         for c, r, n in zip(coords, self.reduced_mesh.sizes, self.real_mesh.sizes, strict=True):
             real.append(c if 2 * c < r else n - (r - c))
         return self.real_mesh.device(real), dict(zip(self.real_mesh.names, real, strict=True))
+
+
+def _representative(c: int, r: int, n: int) -> int:
+    """The reduced coordinate (of r) standing for real coordinate c (of n)."""
+    first = (r + 1) // 2  # reduced coordinates that stand for the first real ones
+    if c < first:
+        return c
+    if c >= n - (r - first):
+        return r - (n - c)
+    return first - 1
 
 
 def smallest_divisor_at_least(n: int, need: int) -> int:
@@ -129,6 +162,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
         out.failed = f"the template at the real sizes differs from the program at {bad[0]}"
         return out
     out.real_mesh = t.mesh
+    out.arg_axes = t.arg_axes
     kept = dict(t.kept)
     for _ in range(len(t.mesh.sizes) + 1):
         if sizes is not None:

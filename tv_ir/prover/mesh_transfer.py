@@ -60,9 +60,20 @@ def confirm_on_real_mesh(report, mesh: MeshReduction, spec, impl, placement, see
     if report.verdict == EQUIVALENT and found is None:
         report.notes.append("checked concretely on every device of the real mesh too")
         return report
-    if report.verdict == NOT_EQUIVALENT and found is not None:
-        report.notes.append("the programs differ on every device of the real mesh too")
-        return report
+    if report.verdict == NOT_EQUIVALENT:
+        replayed = _replayed(report, mesh, spec, impl, placement)
+        if replayed is not None or found is not None:
+            report.counterexample, report.location, report.outputs = replayed or found
+            report.notes.append(
+                "replayed on every device of the real mesh ("
+                + (
+                    "the reduced counterexample, each device's block from the reduced device "
+                    "standing for it)"
+                    if replayed is not None
+                    else "random inputs)"
+                )
+            )
+            return report
     if found is not None:  # proved on the reduced mesh, but the real one differs
         ce, loc, outputs = found
         out = Report(
@@ -81,6 +92,28 @@ def confirm_on_real_mesh(report, mesh: MeshReduction, spec, impl, placement, see
     )
     out.notes.append(out.reason)
     return out
+
+
+def _replayed(report, mesh: MeshReduction, spec, impl, placement):
+    """The reduced counterexample blown up to the real mesh, localised there, or None."""
+    from .localise import refutation
+
+    ce = report.counterexample
+    if ce is None or len(ce.inputs) != len(mesh.arg_axes):
+        return None
+    try:
+        inputs = [
+            mesh.blown_up(x, axes) if axes else x
+            for x, axes in zip(ce.inputs.values(), mesh.arg_axes, strict=True)
+        ]
+        if any(
+            getattr(x, "shape", None) != tuple(t.shape)
+            for x, t in zip(inputs, spec.main.arg_types, strict=True)
+        ):
+            return None
+        return refutation(spec, impl, placement, inputs)
+    except (ValueError, IndexError):
+        return None
 
 
 def _coords(c: dict) -> str:
