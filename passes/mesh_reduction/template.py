@@ -66,35 +66,25 @@ def axis_groups(mesh: Mesh, axes: tuple[int, ...]) -> np.ndarray:
     """The devices varying along `axes` and fixed on the others, one group per setting of the
     others, each group row-major over `axes`."""
     others = [a for a in range(len(mesh.sizes)) if a not in axes]
-    groups = []
-    for fixed in itertools.product(*(range(mesh.sizes[a]) for a in others)):
-        group = []
-        for moving in itertools.product(*(range(mesh.sizes[a]) for a in axes)):
-            c = [0] * len(mesh.sizes)
-            for a, v in zip(others, fixed, strict=True):
-                c[a] = v
-            for a, v in zip(axes, moving, strict=True):
-                c[a] = v
-            group.append(mesh.device(c))
-        groups.append(group)
-    return np.asarray(groups, dtype=np.int64)
+    ids = np.arange(mesh.devices, dtype=np.int64).reshape(mesh.sizes)
+    size = int(np.prod([mesh.sizes[a] for a in axes])) if axes else 1
+    return ids.transpose(others + list(axes)).reshape(-1, size)
 
 
 def shift_pairs(mesh: Mesh, axis: int, k: int, cyclic: bool) -> np.ndarray:
     """(source, target) for every device whose coordinate along `axis` moves by k (modulo
     the axis size when cyclic; otherwise only where the target exists)."""
     n = mesh.sizes[axis]
-    pairs = []
-    for d in range(mesh.devices):
-        c = list(mesh.coords(d))
-        t = c[axis] + k
-        if cyclic:
-            t %= n
-        elif not 0 <= t < n:
-            continue
-        c[axis] = t
-        pairs.append((d, mesh.device(c)))
-    return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    ids = np.arange(mesh.devices, dtype=np.int64).reshape(mesh.sizes)
+    coord = np.indices(mesh.sizes)[axis]
+    target = coord + k
+    if cyclic:
+        keep = np.ones(ids.shape, dtype=bool)
+        target %= n
+    else:
+        keep = (target >= 0) & (target < n)
+    moved = ids + (np.where(keep, target, coord) - coord) * mesh.stride(axis)
+    return np.stack([ids[keep], moved[keep]], axis=1).reshape(-1, 2)
 
 
 @dataclass
@@ -379,9 +369,19 @@ def _groups(t: Template, op: Op, reads_input: set[int]) -> None:
 def _same_groups(a: np.ndarray, b: np.ndarray, order_free: bool) -> bool:
     if a.shape != b.shape:
         return False
-    if order_free:
-        return sorted(map(sorted, a.tolist())) == sorted(map(sorted, b.tolist()))
-    return sorted(a.tolist()) == sorted(b.tolist())
+    return np.array_equal(_canonical(a, order_free), _canonical(b, order_free))
+
+
+def _canonical(groups: np.ndarray, order_free: bool) -> np.ndarray:
+    """The groups sorted (each group's devices too, when their order does not matter)."""
+    g = np.sort(groups, axis=1) if order_free else np.asarray(groups)
+    if g.size == 0:
+        return g
+    return g[np.lexsort(g.T[::-1])]
+
+
+def _same_pairs(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(_canonical(a, False), _canonical(b, False))
 
 
 def _pairs(t: Template, op: Op) -> None:
@@ -397,9 +397,8 @@ def _pairs(t: Template, op: Op) -> None:
     axis = moved[0]
     n = mesh.sizes[axis]
     k = dst[axis] - src[axis]
-    want = sorted(map(tuple, pairs.tolist()))
     for cyclic, shift in ((False, k), (True, k), (True, k - n if k > 0 else k + n)):
-        if sorted(map(tuple, shift_pairs(mesh, axis, shift, cyclic).tolist())) == want:
+        if _same_pairs(shift_pairs(mesh, axis, shift, cyclic), pairs):
             if cyclic and abs(shift) > n // 2:
                 continue
             t.sites.append(Site(op, "pairs", (axis,), k=shift, cyclic=cyclic))
@@ -422,7 +421,7 @@ def mismatches(t: Template) -> list[str]:
             same = _same_groups(real, got, s.op.name in ORDER_FREE)
         elif s.kind == "pairs":
             real = np.asarray(s.op.attrs["source_target_pairs"], dtype=np.int64).reshape(-1, 2)
-            same = sorted(map(tuple, real.tolist())) == sorted(map(tuple, got.tolist()))
+            same = _same_pairs(real, got)
         else:
             same = _scalar(s.op.operands[s.operand]) == got
         if not same:
