@@ -352,3 +352,15 @@ def test_verdicts_on_the_reduced_mesh_alone(monkeypatch, case, verdict):
     assert any("too large to run concretely" in n for n in report.notes)
     if case == "last_bug":
         assert report.counterexample.mesh_coords == {"stage": 15}
+
+
+def test_verify_names_the_reduced_mesh_and_can_check_every_device():
+    from tv_ir.frontends.jax import verify
+
+    mesh = mesh_of(("data", 4), ("model", 4))
+    impl = megatron(mesh, lambda y: jax.lax.psum(y, "model"))
+    reduced = verify(impl, X, W1, W2, spec=mlp)
+    whole = verify(impl, X, W1, W2, spec=mlp, reduce_mesh=False)
+    assert reduced.verdict == whole.verdict == "equivalent"
+    assert reduced.mesh_reduction["devices"] == [16, 4] and whole.mesh_reduction is None
+    assert any("checked concretely on every device of the real mesh" in n for n in reduced.notes)
