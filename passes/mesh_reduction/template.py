@@ -238,6 +238,9 @@ def _body(t: Template, mc: Op) -> None:
         if op.name == "sdy.manual_computation":
             t.failed = f"a nested shard_map at {op.loc}"
             return
+        if op.name in ("func.call", "stablehlo.call") or "called_computations" in op.attrs:
+            t.failed = f"a call at {op.loc} (the callee is not read)"
+            return
         if op.name == "stablehlo.partition_id":
             _coordinates(t, op, uses)
         elif "replica_groups" in op.attrs:
