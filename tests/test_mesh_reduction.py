@@ -364,3 +364,24 @@ def test_verify_names_the_reduced_mesh_and_can_check_every_device():
     assert reduced.verdict == whole.verdict == "equivalent"
     assert reduced.mesh_reduction["devices"] == [16, 4] and whole.mesh_reduction is None
     assert any("checked concretely on every device of the real mesh" in n for n in reduced.notes)
+
+
+def test_a_call_in_the_body_is_not_read_as_a_template():
+    """A callee may compare the coordinate with any constant: not read, nothing shrinks."""
+    from tv_ir.ir.importer import load
+
+    mesh = mesh_of(("stage", 16))
+
+    @jax.jit
+    def on_device_5(y):
+        return jnp.where(jax.lax.axis_index("stage") == 5, 2 * y, y)
+
+    def body(x):
+        return x + on_device_5(x)
+
+    impl = jax.shard_map(body, mesh=mesh, in_specs=P("stage"), out_specs=P("stage"))
+    text = lower(impl, XS)
+    assert "call @" in text
+    spec, prog = prepare(lower(doubled, XS), "spec"), load(text)
+    found = reduce_mesh(spec, prog, _boundary_placement(spec, prog, None))
+    assert not found.reduced and "a call at" in found.failed

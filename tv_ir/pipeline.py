@@ -198,7 +198,9 @@ def _check(
         induction_note = str(found) if found is not None else None
     spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
+    t_plan = time.perf_counter()
     plan = _mesh_plan(real, reduce_mesh)
+    t_plan = time.perf_counter() - t_plan
     reduction, report, t_import, mesh = _reduce_and_prove(
         real, reduce_shapes, True, t0, Options(timeout, seed, progress, None), plan
     )
@@ -248,6 +250,7 @@ def _check(
     if mesh is not None:
         from .prover.mesh_transfer import confirm_on_real_mesh, name_real_device
 
+        t1 = time.perf_counter()
         if report.verdict == NOT_EQUIVALENT:
             name_real_device(report, mesh)
         report = confirm_on_real_mesh(report, mesh, *whole_mesh, seed=seed)
@@ -257,6 +260,8 @@ def _check(
             report = _prove(*whole_mesh, options)  # check every device, as given
             report.notes += notes
         report.mesh_reduction = mesh.to_json()
+        report.stats.seconds["mesh plan"] = t_plan
+        report.stats.seconds["mesh confirm"] = time.perf_counter() - t1
     if induction_note:
         report.notes.append(f"loops checked unrolled, not by induction: {induction_note}")
     report.stats.seconds["total"] = time.perf_counter() - t0
