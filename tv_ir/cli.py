@@ -188,6 +188,12 @@ def _common(p):
         help="check at the programs' real sizes (default: prove at reduced shapes where every "
         "op allows it; see docs/equivalence.md, Shape reduction)",
     )
+    p.add_argument(
+        "--whole-mesh",
+        action="store_true",
+        help="simulate every device of a shard_map program's mesh (default: prove it on a "
+        "smaller mesh where its structure allows; see docs/equivalence.md, Mesh reduction)",
+    )
 
 
 def _progress(enabled: bool):
@@ -249,6 +255,7 @@ def _run_check(spec, impl, args) -> int:
         memory_limit=args.memory_limit,
         reduce_shapes=not args.no_reduce,
         layouts=layouts,
+        reduce_mesh=not args.whole_mesh,
     )
     return _print(report, args, progress)
 

@@ -107,6 +107,7 @@ def check(
     memory_limit: float | None = None,
     reduce_shapes: bool = True,
     layouts=None,
+    reduce_mesh: bool = True,
 ) -> Report:
     """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module).
 
@@ -118,7 +119,9 @@ def check(
     out the verdict is unknown. `memory_limit` (MB) bounds the process's resident memory,
     polled between steps: going over it makes the verdict unknown. `reduce_shapes` proves
     the pair at reduced shapes when every op allows it (docs/equivalence.md, "Shape
-    reduction"); False checks the programs at their real sizes.
+    reduction"); False checks the programs at their real sizes. `reduce_mesh` proves a
+    shard_map program on a smaller mesh when its structure allows it (docs/equivalence.md,
+    "Mesh reduction"); False simulates every device of its mesh.
     """
     with memory_budget(memory_limit):
         return run_deep(
@@ -133,6 +136,8 @@ def check(
             placement,
             reduce_shapes,
             layouts,
+            True,
+            reduce_mesh,
         )
 
 
@@ -158,7 +163,16 @@ def _bounded(run, time_limit, *args) -> Report:
 
 
 def _check(
-    spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts, induction=True
+    spec,
+    impl,
+    timeout,
+    seed,
+    progress,
+    placement,
+    reduce_shapes,
+    layouts,
+    induction=True,
+    reduce_mesh=True,
 ) -> Report:
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec", unroll=False)
@@ -184,18 +198,24 @@ def _check(
         induction_note = str(found) if found is not None else None
     spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
-    reduction, report, t_import = _reduce_and_prove(
-        real, reduce_shapes, True, t0, Options(timeout, seed, progress, None)
+    t_plan = time.perf_counter()
+    plan = _mesh_plan(real, reduce_mesh)
+    t_plan = time.perf_counter() - t_plan
+    reduction, report, t_import, mesh = _reduce_and_prove(
+        real, reduce_shapes, True, t0, Options(timeout, seed, progress, None), plan
     )
     limited = report.reason.startswith(("time limit of ", "memory limit of "))
     if reduction is not None and reduction.tables and report.verdict != EQUIVALENT and not limited:
         # tables stood for any values: a difference may need the table's own values
         note = "with constant tables standing for any values the verdict was "
         note += f"{report.verdict}; checked again with the tables kept"
-        reduction, report, _ = _reduce_and_prove(
-            real, True, False, t0, Options(timeout, seed, progress, None)
+        reduction, report, _, mesh = _reduce_and_prove(
+            real, True, False, t0, Options(timeout, seed, progress, None), plan
         )
         report.notes.append(note)
+    whole_mesh = real
+    if mesh is not None:  # the real sizes on the reduced mesh: what replays and confirms
+        real = (mesh.spec, mesh.impl, _replicated(mesh))
     if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
         # the prover was given what import left of the limit: name the user's limit
         report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
@@ -227,6 +247,21 @@ def _check(
         report.stats.seconds["confirm"] = time.perf_counter() - t1
     if report.verdict == NOT_EQUIVALENT:
         report = _unless_order_dependent(report, real[0], real[1])
+    if mesh is not None:
+        from .prover.mesh_transfer import confirm_on_real_mesh, name_real_device
+
+        t1 = time.perf_counter()
+        if report.verdict == NOT_EQUIVALENT:
+            name_real_device(report, mesh)
+        report = confirm_on_real_mesh(report, mesh, *whole_mesh, seed=seed)
+        if report.verdict == UNKNOWN and report.reason.startswith("mesh reduction"):
+            options = Options(timeout, seed, progress, time_left())
+            notes = report.notes
+            report = _prove(*whole_mesh, options)  # check every device, as given
+            report.notes += notes
+        report.mesh_reduction = mesh.to_json()
+        report.stats.seconds["mesh plan"] = t_plan
+        report.stats.seconds["mesh confirm"] = time.perf_counter() - t1
     if induction_note:
         report.notes.append(f"loops checked unrolled, not by induction: {induction_note}")
     report.stats.seconds["total"] = time.perf_counter() - t0
@@ -319,8 +354,26 @@ def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair) -> R
     return report
 
 
-def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, options: Options):
-    """(reduction or None, report at the reduced shapes, seconds from t0 to the proof)."""
+def _mesh_plan(real, reduce_mesh: bool):
+    """The real pair on a reduced mesh (`passes/mesh_reduction`), None when no axis shrinks."""
+    if not reduce_mesh:
+        return None
+    from .prover.mesh_transfer import plan
+
+    mesh = plan(*real)
+    return mesh if mesh.reduced else None
+
+
+def _replicated(mesh):
+    return Placement.replicated(mesh.spec.main, mesh.reduced_mesh.devices)
+
+
+def _reduce_and_prove(
+    real, reduce_shapes: bool, tables: bool, t0: float, options: Options, mesh=None
+):
+    """(reduction or None, report at the reduced shapes, seconds from t0 to the proof, the
+    mesh reduction used or None). Shapes shrink first, on the real mesh; the shape-reduced
+    pair then shrinks its mesh to `mesh`'s sizes (constants unchanged both times)."""
     spec_m, impl_m, placement = real
     reduction = None
     if reduce_shapes:
@@ -331,6 +384,24 @@ def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, option
             spec_m, impl_m, placement = reduction.spec, reduction.impl, reduction.placement
         elif reduction.failed and options.progress:
             options.progress(reduction.failed)
+    if mesh is not None:
+        from .prover.mesh_transfer import on_reduced_mesh
+
+        small = on_reduced_mesh(mesh, spec_m, impl_m, placement)
+        if small is not None:
+            spec_m, impl_m, placement = small
+            if reduction is not None and reduction.reduced:
+                reduction.spec, reduction.impl, reduction.placement = small
+                _witnesses_on_reduced_mesh(reduction, mesh)
+        elif _simulated(mesh.spec, mesh.impl, mesh.reduced_mesh.devices) < _simulated(
+            spec_m, impl_m, placement.num_devices
+        ):
+            # shape reduction took what the mesh needed to shrink (offsets of one block):
+            # the real shapes on the reduced mesh cost less than the reduced ones on all
+            reduction = None
+            spec_m, impl_m, placement = mesh.spec, mesh.impl, _replicated(mesh)
+        else:
+            mesh = None
     for role, m in (("spec", spec_m), ("impl", impl_m)):
         try:  # tv evaluates what it checks on concrete arrays: they must fit
             refuse_oversized(m, m.source)
@@ -342,7 +413,27 @@ def _reduce_and_prove(real, reduce_shapes: bool, tables: bool, t0: float, option
     if left is not None and left <= 0:
         raise OutOfTime(time_limit_reason("while importing"))
     options = dataclasses.replace(options, time_limit=left)
-    return reduction, _prove(spec_m, impl_m, placement, options), t_import
+    return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
+
+
+def _simulated(spec: Module, impl: Module, devices: int) -> int:
+    """Elements a simulation of the pair evaluates: the spec once, the impl per device."""
+    from tv_ir.ir.program import elements
+
+    return elements(spec) + devices * elements(impl)
+
+
+def _witnesses_on_reduced_mesh(reduction, mesh) -> None:
+    """Shape reduction's witness pairs (one class larger) run on the reduced mesh too."""
+    from .prover.mesh_transfer import on_reduced_mesh
+
+    for w in reduction.witnesses:
+
+        def build(real_build=w.build):
+            pair = real_build()
+            return on_reduced_mesh(mesh, *pair) or pair
+
+        w.build = build
 
 
 def _simulation_mb(spec: Module, impl: Module, placement) -> float:

@@ -10,7 +10,15 @@ from tv_ir.report.result import Report
 from .lowering import Lowered, lower
 from .mesh import named, resolve_mesh
 
-CHECK_OPTIONS = ("timeout", "seed", "progress", "time_limit", "memory_limit", "reduce_shapes")
+CHECK_OPTIONS = (
+    "timeout",
+    "seed",
+    "progress",
+    "time_limit",
+    "memory_limit",
+    "reduce_shapes",
+    "reduce_mesh",
+)
 
 
 def verify(
@@ -33,7 +41,9 @@ def verify(
     `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
     are placed on it. `options`: `timeout` (seconds per solver query), `time_limit` (seconds
     for the whole run), `memory_limit` (MB of resident memory for the process), `seed`,
-    `progress`, `reduce_shapes` (default True: prove at reduced shapes where every op allows
+    `progress`, `reduce_mesh` (default True: prove a shard_map program on a smaller mesh
+    where its structure allows; XLA's partitioned programs are checked on their own mesh),
+    `reduce_shapes` (default True: prove at reduced shapes where every op allows
     it; False checks at the real sizes).
     """
     from tv_ir.pipeline import check, partition_and_check, prepare
@@ -56,6 +66,7 @@ def verify(
                 f"fn {impl.name} is not sharded: without spec=, pass a jax.jit with shardings "
                 "(or in_shardings/out_shardings and mesh)"
             )
+        options.pop("reduce_mesh", None)  # mesh reduction reads shard_map programs only
         report = partition_and_check(impl.text, **options)
         _name(report, impl, impl, partitioned=True)
         return report

@@ -109,6 +109,9 @@ class Report:
     # shape reduction: which dimension classes shrank, from what to what, and which were
     # kept at their real sizes and why (None when the pair was checked as given)
     reduction: dict | None = None
+    # mesh reduction: the mesh axes that shrank (real -> reduced sizes), those kept and why
+    # (None when the program was checked on its own mesh)
+    mesh_reduction: dict | None = None
 
     @property
     def exit_code(self) -> int:

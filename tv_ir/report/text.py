@@ -50,6 +50,8 @@ def render(r) -> str:
         if r.unsupported:
             lines.append(f"  unsupported: {', '.join(sorted(set(r.unsupported)))}")
         lines.append(f"  {s.stages} stages were proved before stopping; {timing}")
+    if r.mesh_reduction and r.mesh_reduction.get("reduced"):
+        lines.append("  " + r.mesh_reduction["summary"].replace("\n", "\n  "))
     if r.reduction and r.reduction.get("reduced"):
         lines.append("  " + r.reduction["summary"].replace("\n", "\n  "))
     for note in r.notes:

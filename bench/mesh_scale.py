@@ -1,0 +1,169 @@
+"""Verification cost against the device count (issue #12): the Llama 3 step on 8 to 8,192.
+
+    python bench/mesh_scale.py                         # meshes of 8, 64, 512, 8192
+    python bench/mesh_scale.py --meshes 2x2x2,8x2x4 --no-before --no-xla
+
+bench/llama3.py's `parallel_step` (one `jax.shard_map` over ("data", "stage", "model"):
+Megatron TP, a GPipe pipeline with `ppermute`, data parallelism; forward + backward + SGD)
+against its single-device `train_step`, on meshes DP x PP x TP. The model is TrainVerify's
+configuration (hidden 128, seq 128, 32 heads, vocab 51200, 2 layers, 2 micro-batches of 8
+sequences per data-parallel shard: the global batch grows with DP). Programs are lowered
+from `jax.ShapeDtypeStruct`s on a `jax.sharding.AbstractMesh` (no devices: 8,192 host CPU
+devices abort jaxlib on this machine); JAX writes `mhlo.num_partitions = 1` for an abstract
+mesh, so the row sets it to the mesh's device count.
+
+Each row runs `tv_ir.check` in a fresh child (bench/child_process.py), with mesh reduction
+("tv s") and without it ("before": every device simulated, `reduce_mesh=False`), both with
+shape reduction; killed past `--time-limit` + 60 s. "xla s": XLA's compile time of the same
+shard_map step for the real mesh (`jax.jit(step).lower(...).compile()` on that many host CPU
+devices; up to 512).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+for p in (BENCH.parent, BENCH):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+MESHES = ["2x2x2", "8x2x4", "32x2x8", "512x2x8"]
+XLA_MAX_DEVICES = 512
+
+
+def config(mesh: str):
+    import llama3 as M
+
+    dp, pp, tp = (int(k) for k in mesh.split("x"))
+    return M.with_(M.TRAINVERIFY, dp=dp, pp=pp, tp=tp, batch=16 * dp, layers=pp)
+
+
+def lowered(mesh: str, bug: str | None):
+    """(spec text, impl text, lowering seconds) on an abstract mesh."""
+    import jax
+    import llama3 as M
+    from jax.sharding import AbstractMesh
+
+    cfg = config(mesh)
+    M.mesh = lambda c: AbstractMesh((c.dp, c.pp, c.tp), M.AXES)
+    args = M.example_args(cfg)
+    t0 = time.perf_counter()
+    spec = jax.jit(M.train_step(cfg)).lower(*args).as_text(debug_info=True)
+    impl = jax.jit(M.parallel_step(cfg, bug=bug)).lower(*args).as_text(debug_info=True)
+    n = cfg.dp * cfg.pp * cfg.tp
+    impl = impl.replace("mhlo.num_partitions = 1 :", f"mhlo.num_partitions = {n} :", 1)
+    return spec, impl, time.perf_counter() - t0
+
+
+def worker_verify(mesh: str, reduce_mesh: bool, time_limit: float, memory: float, bug) -> dict:
+    from tv_ir.pipeline import check
+
+    spec, impl, lower_s = lowered(mesh, bug)
+    t0 = time.perf_counter()
+    report = check(spec, impl, time_limit=time_limit, memory_limit=memory, reduce_mesh=reduce_mesh)
+    out = {
+        "verdict": report.verdict,
+        "seconds": time.perf_counter() - t0,
+        "lower_s": lower_s,
+        "stages": report.stats.stages,
+        "reason": report.reason,
+        "phases": {k: round(v, 2) for k, v in report.stats.seconds.items()},
+        "notes": report.notes,
+        "elements": (report.reduction or {}).get("summary", "").splitlines()[:1],
+    }
+    if report.mesh_reduction:
+        out["devices"] = report.mesh_reduction["devices"]
+        out["axes"] = report.mesh_reduction["axes"]
+    ce = report.counterexample
+    if ce is not None:
+        out["device"] = [ce.device, ce.mesh_coords]
+    return out
+
+
+def worker_xla(mesh: str) -> dict:
+    import jax
+    import llama3 as M
+
+    cfg = config(mesh)
+    args = M.example_args(cfg)
+    t0 = time.perf_counter()
+    jax.jit(M.parallel_step(cfg)).lower(*args).compile()
+    return {"xla_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    from child_process import run_worker
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--meshes", default=",".join(MESHES), help="DPxPPxTP, comma-separated")
+    ap.add_argument("--no-before", action="store_true", help="skip the rows without reduction")
+    ap.add_argument(
+        "--before-max", type=int, default=512, help="largest mesh checked without reduction"
+    )
+    ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
+    ap.add_argument("--bug", default=None, help="plant bench/llama3.py's bug (psum, micro)")
+    ap.add_argument("--time-limit", type=float, default=600.0)
+    ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory_limit (MB)")
+    ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        kind, mesh = a.worker[0], a.worker[1]
+        if kind == "xla":
+            res = worker_xla(mesh)
+        else:
+            bug = None if a.worker[4] == "-" else a.worker[4]
+            res = worker_verify(
+                mesh, kind == "reduced", float(a.worker[2]), float(a.worker[3]), bug
+            )
+        print(json.dumps(res), flush=True)
+        return
+
+    header = (
+        f"{'mesh':>9} {'devices':>7} {'reduced to':>10} {'verdict':>15} {'tv s':>7} "
+        f"{'peak MB':>7} {'before s':>9} {'before':>15} {'lower s':>7} {'xla s':>7}"
+    )
+    print(f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB, bug {a.bug}")
+    print(header)
+    print("-" * len(header), flush=True)
+    script = str(Path(__file__).resolve())
+    bug = a.bug or "-"
+    for mesh in a.meshes.split(","):
+        n = 1
+        for k in mesh.split("x"):
+            n *= int(k)
+        env = dict(os.environ)
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+        args = [mesh, str(a.time_limit), str(a.memory), bug]
+        red, peak, _, tail = run_worker(script, ["reduced", *args], a.time_limit + 60, env)
+        before, before_s = {"verdict": "-"}, None
+        if not a.no_before and n <= a.before_max:
+            before, _, _, btail = run_worker(script, ["whole", *args], a.time_limit + 60, env)
+            before = before or {"verdict": f"killed {btail[-1:]}"}
+            before_s = before.get("seconds")
+        xla = None
+        if not a.no_xla and n <= XLA_MAX_DEVICES:
+            xenv = dict(os.environ)
+            xenv["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
+            got, _, _, _ = run_worker(script, ["xla", mesh], 1800, xenv)
+            xla = (got or {}).get("xla_s")
+        red = red or {"verdict": f"killed {tail[-1:]}"}
+        devices = red.get("devices") or [n, n]
+        row = (
+            f"{mesh:>9} {n:>7} {devices[1]:>10} {red['verdict']:>15} "
+            f"{red.get('seconds', float('nan')):>7.1f} {peak:>7.0f} "
+            f"{before_s if before_s is not None else float('nan'):>9.1f} "
+            f"{before['verdict']:>15} {red.get('lower_s', float('nan')):>7.2f} "
+            f"{xla if xla is not None else float('nan'):>7.1f}"
+        )
+        print(row, flush=True)
+        print("  " + json.dumps({"reduced": red, "before": before}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,220 @@
+"""mesh-reduction: prove a shard_map program on a smaller mesh than its real one.
+
+A shard_map body is one program for every device, parametric in the device's mesh
+coordinates. `template.read_template` finds where the mesh enters it (replica groups,
+permute pairs, `partition_id` arithmetic, the boundary shardings) as functions of the axis
+sizes, and what each axis needs: 2 positions, 3 when a shift or a first/last comparison
+needs first, interior and last devices; an axis whose coordinate is used otherwise, or
+whose collective reshapes tiles or counts devices, keeps its size. Each axis shrinks to the
+smallest divisor of its size that it needs; the template is checked against the real
+program at the real sizes (`template.mismatches`), then instantiated at the reduced sizes
+(`rewrite.reduced_impl`); the spec shrinks along the dimensions those axes split
+(`spec_dims.shrink_spec`), every constant of both programs unchanged. Why a verdict on the
+reduced mesh holds on the real one: docs/equivalence.md, "Mesh reduction".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from tv_ir.ir.program import Module
+
+from .rewrite import reduced_impl, whole_factor
+from .spec_dims import shrink_spec
+from .template import Mesh, Template, mismatches, read_template
+
+name = "mesh-reduction"
+
+
+@dataclass
+class MeshAxis:
+    name: str
+    real: int
+    reduced: int
+    kept: str | None = None
+
+    def __str__(self) -> str:
+        if self.kept and self.real > 2:
+            return f'"{self.name}": {self.real} kept ({self.kept})'
+        return f'"{self.name}": {self.real} -> {self.reduced}'
+
+
+@dataclass
+class MeshReduction:
+    """What mesh reduction did: the axes, and the reduced pair (None when nothing shrank)."""
+
+    axes: list[MeshAxis] = field(default_factory=list)
+    spec: Module | None = None
+    impl: Module | None = None
+    failed: str | None = None
+    real_mesh: Mesh | None = None
+    reduced_mesh: Mesh | None = None
+    # per spec argument: for each dimension, the mesh axes (indices) that split it
+    arg_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
+
+    @property
+    def reduced(self) -> bool:
+        return self.impl is not None
+
+    def summary(self) -> str:
+        if self.failed:
+            return f"mesh reduction: not applied ({self.failed})"
+        if not self.reduced:
+            head = "mesh reduction: no axis shrank"
+        else:
+            head = (
+                f"mesh reduction: {self.real_mesh.devices:,} -> {self.reduced_mesh.devices:,} "
+                "devices"
+            )
+        return "\n".join([head] + ["  " + str(a) for a in self.axes])
+
+    def to_json(self) -> dict:
+        return {
+            "reduced": self.reduced,
+            "failed": self.failed,
+            "summary": self.summary(),
+            "devices": [
+                self.real_mesh.devices if self.real_mesh else None,
+                self.reduced_mesh.devices if self.reduced_mesh else None,
+            ],
+            "axes": [dataclasses.asdict(a) for a in self.axes],
+        }
+
+    def blown_up(self, x, axes: list[tuple[int, ...]]):
+        """An argument of the reduced spec at its real size: each real device's block is
+        the block of the reduced device standing for it (first for first, last for last,
+        the others an interior one)."""
+        import numpy as np
+
+        x = np.asarray(x)
+        for dim, ax in enumerate(axes):
+            if not ax or all(self.real_mesh.sizes[a] == self.reduced_mesh.sizes[a] for a in ax):
+                continue
+            red = [self.reduced_mesh.sizes[a] for a in ax]
+            real = [self.real_mesh.sizes[a] for a in ax]
+            tile = x.shape[dim] // int(np.prod(red))
+            blocks = []
+            for coords in np.ndindex(*real):
+                c = [_representative(c, r, n) for c, r, n in zip(coords, red, real, strict=True)]
+                b = int(np.ravel_multi_index(c, red))
+                blocks.append(np.take(x, range(b * tile, (b + 1) * tile), axis=dim))
+            x = np.concatenate(blocks, axis=dim)
+        return x
+
+    def real_device(self, device: int) -> tuple[int, dict[str, int]]:
+        """The real device a device of the reduced mesh stands for, and its coordinates: the
+        first positions of each axis stand for the first, the last for the last."""
+        coords = self.reduced_mesh.coords(device)
+        real = []
+        for c, r, n in zip(coords, self.reduced_mesh.sizes, self.real_mesh.sizes, strict=True):
+            real.append(c if 2 * c < r else n - (r - c))
+        return self.real_mesh.device(real), dict(zip(self.real_mesh.names, real, strict=True))
+
+
+def _representative(c: int, r: int, n: int) -> int:
+    """The reduced coordinate (of r) standing for real coordinate c (of n)."""
+    first = (r + 1) // 2  # reduced coordinates that stand for the first real ones
+    if c < first:
+        return c
+    if c >= n - (r - first):
+        return r - (n - c)
+    return first - 1
+
+
+def smallest_divisor_at_least(n: int, need: int) -> int:
+    for r in range(min(need, n), n + 1):
+        if n % r == 0:
+            return r
+    return n
+
+
+def plan_sizes(t: Template) -> tuple[int, ...]:
+    sizes = []
+    for axis, n in enumerate(t.mesh.sizes):
+        if axis in t.kept:
+            sizes.append(n)
+        else:
+            sizes.append(smallest_divisor_at_least(n, t.needs.get(axis, 2)))
+    return tuple(sizes)
+
+
+def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduction:
+    """The pair on the smallest mesh that keeps the impl's structure (or on `sizes`, the
+    axis sizes a previous call chose, so the real pair and its reduced shapes match). The
+    reduced impl runs on `reduced_mesh.devices` devices, its arguments whole on each."""
+    out = MeshReduction()
+    if placement is None or not placement.distributed:
+        out.failed = "not a distributed program"
+        return out
+    t = read_template(impl)
+    if t.failed:
+        out.failed = t.failed
+        return out
+    if placement.num_devices != t.mesh.devices or any(
+        len(lay.boxes) != placement.num_devices or lay.tile_shape != lay.global_shape
+        for lay in list(placement.args) + list(placement.results)
+    ):
+        out.failed = "the shard_map's arguments are not whole on every device"
+        return out
+    bad = mismatches(t)
+    if bad:
+        out.failed = f"the template at the real sizes differs from the program at {bad[0]}"
+        return out
+    out.real_mesh = t.mesh
+    out.arg_axes = t.arg_axes
+    kept = dict(t.kept)
+    for _ in range(len(t.mesh.sizes) + 1):
+        if sizes is not None:
+            target = tuple(sizes)
+        else:
+            t.kept = kept
+            target = plan_sizes(t)
+        reduced = t.mesh.resized(target)
+        if reduced.devices == t.mesh.devices:
+            break
+        wanted = {}
+        for values, axes_list in (
+            (spec.main.args, t.arg_axes),
+            (spec.main.body.results, t.result_axes),
+        ):
+            for v, axes in zip(values, axes_list, strict=True):
+                for a, ax in enumerate(axes):
+                    f = whole_factor(ax, t.mesh, reduced)
+                    if f > 1:
+                        shards = whole_factor(ax, t.mesh, t.mesh.resized([1] * len(target)))
+                        wanted[(v, a)] = (f, shards)
+        small_spec, failed = shrink_spec(spec, wanted)
+        if small_spec is not None:
+            out.spec = small_spec
+            out.impl = reduced_impl(impl, t, reduced)
+            out.reduced_mesh = reduced
+            break
+        if sizes is not None:
+            out.failed = f"the spec cannot shrink on that mesh: {next(iter(failed.values()))}"
+            break
+        for (v, a), why in failed.items():
+            axes = _axes_of(v, a, spec, t)
+            for axis in axes:
+                if target[axis] < t.mesh.sizes[axis]:
+                    kept.setdefault(axis, f"splits a spec dimension that cannot shrink: {why}")
+    t.kept = kept
+    final = out.reduced_mesh or t.mesh
+    out.axes = [
+        MeshAxis(n, real, red, kept.get(axis))
+        for axis, (n, real, red) in enumerate(
+            zip(t.mesh.names, t.mesh.sizes, final.sizes, strict=True)
+        )
+    ]
+    return out
+
+
+def _axes_of(v, a: int, spec: Module, t: Template) -> tuple[int, ...]:
+    for values, axes_list in (
+        (spec.main.args, t.arg_axes),
+        (spec.main.body.results, t.result_axes),
+    ):
+        for w, axes in zip(values, axes_list, strict=True):
+            if w is v:
+                return axes[a]
+    return ()

@@ -1,0 +1,97 @@
+"""The spec at the reduced mesh: each dimension split over mesh axes shrinks by the product
+of those axes' real / reduced sizes (a tile keeps its size, so its whole shrinks), every
+other dimension keeps its size, and every constant keeps its value.
+
+The dimensions are grouped into classes by shape reduction's rules (passes/shape_reduction),
+so a class shrinks as a whole. A merged dimension (heads x head_dim after a reshape) shrinks
+in its major part, the one shards split (each shard must hold whole minor parts). A class
+shape reduction keeps (a gather's indexed dimension, a window, a constant table along it, a
+count computed from its size) cannot shrink: the axes splitting it keep their sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tv_ir.passes.shape_reduction.classes import DimClasses
+from tv_ir.passes.shape_reduction.factors import _products, choose
+from tv_ir.passes.shape_reduction.rewrite import Rewriter
+from tv_ir.passes.shape_reduction.rules import ShapeRules
+
+from tv_ir.ir.program import Module
+
+# (value, dimension) -> (factor it must shrink by, shards it is split into at the real mesh)
+Wanted = dict[tuple[object, int], tuple[int, int]]
+
+
+def shrink_spec(spec: Module, wanted: Wanted) -> tuple[Module | None, dict]:
+    """(the spec with each wanted dimension shrunk by its factor, {(value, dim): why not})
+    — the module is None when some dimension cannot shrink as wanted."""
+    d = DimClasses()
+    rules = ShapeRules(d, spec, "spec", 1, 1, False)
+    rules.run(spec.main)
+    failed: dict = {}
+    if rules.pos.counts:
+        n, where = rules.pos.counts[0]
+        why = f"the spec computes a count ({n}) from a size at {where}"
+        return None, {key: why for key in wanted}
+    defs, _ = _products(d)
+    forced: dict = {}
+    for (v, a), (f, shards) in wanted.items():
+        if f == 1:
+            continue
+        root = d.find((v.id, a))
+        target = root
+        if root in defs:  # a merged dimension: the major part shrinks
+            parts = defs[root][0]
+            minor = math.prod(d.real[p] for p in parts[1:])
+            size = v.type.shape[a]
+            if parts[0] in defs or (size // shards) % max(minor, 1) or shards % f:
+                failed[(v, a)] = "a merged dimension whose shards split its minor parts"
+                continue
+            target = parts[0]
+        if forced.get(target, f) != f or forced.get(root, f) != f:
+            failed[(v, a)] = "tied to a dimension that shrinks by another factor"
+            continue
+        forced[target] = forced[root] = f
+    if failed:
+        return None, failed
+    indexed = _indexed(d, rules)
+    for v, a in wanted:
+        root = d.find((v.id, a))
+        for key in (root, *(defs[root][0][:1] if root in defs else ())):
+            if d.find(key) in indexed:
+                failed[(v, a)] = indexed[d.find(key)]
+    if failed:
+        return None, failed
+    for root, members in d.classes().items():
+        for k in members:
+            d.divides(k, forced.get(root, 1))
+    factor = choose(d)
+    for (v, a), (f, _) in wanted.items():
+        got = factor.get(d.find((v.id, a)), 1)
+        if got != f:
+            members = d.classes()[d.find((v.id, a))]
+            why = d.reason_kept(members) or f"its class shrinks by {got}, not {f}"
+            failed[(v, a)] = why
+    if failed:
+        return None, failed
+    rewriter = Rewriter(d, factor, rules.pos.rescales, 1, {}, rules.pos.splats, {})
+    return rewriter.module(spec), {}
+
+
+def _indexed(d: DimClasses, rules: ShapeRules) -> dict:
+    """Classes the spec indexes: offsets other than 0 and a member's whole size (a slice, a
+    pad, a concatenation), positions (an iota), integers in its units. Shape reduction
+    scales those with the class; on a smaller mesh a tile keeps its size, so an offset of
+    one tile from either end, or from the middle, would have to be read differently (first,
+    last, or scaled), and is not guessed: the axes splitting the class keep their sizes."""
+    out = {}
+    for key, offsets in d.offsets.items():
+        if any(o not in (0, d.real[key]) for o in offsets):
+            out.setdefault(d.find(key), "the spec slices or pads it at offsets")
+    for key in rules.pos.index.values():
+        out.setdefault(d.find(key), "the spec reads positions along it (iota)")
+    for r in rules.pos.rescales:
+        out.setdefault(d.find(r.key), f"the spec offsets it by integers at {r.op.loc}")
+    return out
