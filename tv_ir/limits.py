@@ -323,6 +323,8 @@ def enforced_limits():
             now = time.perf_counter()
             if fired is not None and now - fired < ENFORCE_REFIRE_S:
                 continue
+            if _importing(target):
+                continue  # wait: an exception inside an extension module's import crashes
             if end is not None and now > end + ENFORCE_GRACE_S:
                 interrupt(OutOfTime, limit_reason)
                 fired = now
@@ -343,6 +345,18 @@ def enforced_limits():
             # an exception scheduled but not yet delivered must not escape the run
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
         stop.set()
+
+
+def _importing(thread_id: int) -> bool:
+    """Whether the thread is importing a module (an asynchronous exception raised while a
+    compiled extension such as jaxlib's MLIR bindings initialises ends the process with a
+    segmentation fault)."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 # -- depth ----------------------------------------------------------------------------------
