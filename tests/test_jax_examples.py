@@ -76,10 +76,10 @@ def test_adamw_fsdp_tp_on_2x4_proved():
 
 
 # attention heads over "model": XLA reshards them with all_to_all over mesh-axes groups.
-# Every value is reached in ~25 s; the final check of `w_down`'s update is left with the
-# spec's update expanded through unproved values against the proved cut-point of the same
-# update, and its expansion and solver call do not finish (docs/benchmarks.md)
-@pytest.mark.xfail(strict=True, reason="w_down's update: final check does not finish")
+# Every value is reached in ~25 s; some elements of `w_down`'s update are compared with the
+# wrong tile of the spec value and stay uncut, and the final check of that output does not
+# finish (docs/benchmarks.md)
+@pytest.mark.xfail(strict=True, reason="w_down's update: wrong tile candidates, final check")
 def test_adamw_fsdp_tp_attention_heads_proved():
     import llama_adamw_fsdp_tp as ex
 
