@@ -103,6 +103,25 @@ def test_partitioned_by_xla_with_the_batch_sharded_is_proved():
     assert report.verdict == EQUIVALENT, report
 
 
+def test_vocab_sharded_table_with_fsdp_batch_is_proved():
+    """MaxText's layout: the table's vocabulary split over `tensor`, its width over `fsdp`,
+    the batch over `fsdp`; XLA scatters each device's tokens into its vocabulary shard
+    (indices offset, the others dropped) and all-reduces over `fsdp`."""
+    m = mesh((4, 2), ("fsdp", "tensor"))
+
+    def on(*spec):
+        return NamedSharding(m, P(*spec))
+
+    table, head = on("tensor", "fsdp"), on("fsdp", "tensor")
+    step = jax.jit(
+        sgd_step,
+        in_shardings=(table, head, on("fsdp"), on("fsdp")),
+        out_shardings=(table, head, on()),
+    )
+    report = verify(step, *ARGS, spec=sgd_step)
+    assert report.verdict == EQUIVALENT, report
+
+
 def _replayed(report, step) -> None:
     """The counterexample's inputs, run through JAX, differ where the report says."""
     cx = report.counterexample
