@@ -119,3 +119,81 @@ def test_jit_fsdp_step_is_proved_at_reduced_shapes():
     assert report.verdict == EQUIVALENT, str(report)
     assert report.reduction is not None and report.reduction["reduced"], str(report)
     assert not any("did not carry over" in note for note in report.notes), report.notes
+
+
+# -- AdamW without clipping: the bias corrections are cut-points -------------------------
+B1, B2, ADAM_EPS, WEIGHT_DECAY = 0.9, 0.95, 1e-8, 0.1
+
+
+def adamw(params, grads, state, second_moment_base=B2):
+    """AdamW written out (as bench/llama405b.py and optax do): bias corrections at step
+    count + 1, an int32 input, so both are zero at count -1."""
+    t = (state["count"] + 1).astype(jnp.float32)
+    c1, c2 = 1 - B1**t, 1 - second_moment_base**t
+    m = jax.tree.map(lambda g, m: B1 * m + (1 - B1) * g, grads, state["m"])
+    v = jax.tree.map(lambda g, v: B2 * v + (1 - B2) * g * g, grads, state["v"])
+
+    def update(p, m_, v_):
+        return p - LR * ((m_ / c1) / (jnp.sqrt(v_ / c2) + ADAM_EPS) + WEIGHT_DECAY * p)
+
+    return jax.tree.map(update, params, m, v), {"m": m, "v": v, "count": state["count"] + 1}
+
+
+def adamw_spec_step(params, state, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    params, state = adamw(params, grads, state)
+    return params, state, loss
+
+
+def adamw_fsdp_step(second_moment_base=B2):
+    """`second_moment_base` B1 plants a bug: beta1 in the second bias correction."""
+    mesh = Mesh(np.array(jax.devices()[:FSDP]), ("fsdp",))
+
+    def local(params, state, x, y):
+        full = jax.tree.map(lambda w: jax.lax.all_gather(w, "fsdp", tiled=True), params)
+        loss, grads = jax.value_and_grad(loss_fn)(full, x, y)
+        grads = jax.tree.map(lambda g: jax.lax.psum_scatter(g, "fsdp", tiled=True) / FSDP, grads)
+        params, state = adamw(params, grads, state, second_moment_base)
+        return params, state, jax.lax.pmean(loss, "fsdp")
+
+    weights = {"w1": P("fsdp"), "w2": P("fsdp")}
+    state = {"m": weights, "v": weights, "count": P()}
+    specs = (weights, state, P("fsdp"), P("fsdp"))
+    return jax.jit(
+        jax.shard_map(
+            local, mesh=mesh, in_specs=specs, out_specs=(weights, state, P()), check_vma=False
+        )
+    )
+
+
+def adamw_args():
+    params = {
+        "w1": jax.ShapeDtypeStruct((8, 16), jnp.float32),
+        "w2": jax.ShapeDtypeStruct((16, 4), jnp.float32),
+    }
+    state = {"m": params, "v": params, "count": jax.ShapeDtypeStruct((), jnp.int32)}
+    return (
+        params,
+        state,
+        jax.ShapeDtypeStruct((8, 8), jnp.float32),
+        jax.ShapeDtypeStruct((8, 4), jnp.float32),
+    )
+
+
+def test_adamw_step_after_reduce_scattered_gradients_is_proved():
+    """Each device's update `m_hat / (sqrt(v_hat) + eps)` is a stage over the cut-points of
+    `1 - b1**t` and `1 - b2**t`. Where the second is zero, each program's
+    `1 / (sqrt(v_hat) + eps)` is its own opaque value; the first is zero there too, so the
+    update is non-finite in both, but only while the two cut symbols keep their definitions'
+    condition `t == 0`. Before, as two unrelated symbols, every such stage failed (the solver
+    timed out) and the step was unknown at 200 s."""
+    report = verify(adamw_fsdp_step(), *adamw_args(), spec=adamw_spec_step, time_limit=120)
+    assert report.verdict == EQUIVALENT, str(report)
+
+
+def test_adamw_step_with_beta1_in_the_second_correction_is_refuted():
+    report = verify(
+        adamw_fsdp_step(second_moment_base=B1), *adamw_args(), spec=adamw_spec_step, time_limit=120
+    )
+    assert report.verdict == NOT_EQUIVALENT, str(report)
+    assert report.counterexample is not None

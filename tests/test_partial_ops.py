@@ -257,3 +257,56 @@ def test_power_of_a_constant_base_equals_one_only_at_exponent_zero() -> None:
     assert T.compare("EQ", T.sub(T.ONE, T.power(T.const(1), t)), T.ZERO) is not T.compare(
         "EQ", t, T.ZERO
     )
+
+
+def test_a_cut_point_keeps_where_its_definition_is_zero_or_one() -> None:
+    """Behind cut-points (`b**t`, then `1 - b**t`), the two bias corrections still vanish
+    under one condition, `t == 0`: a symbol equals its definition wherever it is defined."""
+    from tv_ir.semantics import terms as T
+
+    t = T.symbol("t_levels")
+    corrections = []
+    for base in (0.9, 0.95):
+        pow_sym = T.symbol(f"pow_levels_{base}")
+        definition = T.power(T.const(base), t)
+        T.note_sign(pow_sym, T.sign(definition))
+        T.note_levels(pow_sym, definition)
+        c_sym = T.symbol(f"c_levels_{base}")
+        T.note_levels(c_sym, T.sub(T.ONE, pow_sym))
+        corrections.append(c_sym)
+    at_zero = T.compare("EQ", t, T.ZERO)
+    assert all(T.compare("EQ", c, T.ZERO) is at_zero for c in corrections)
+    # 1/c is undefined exactly where t == 0, for either correction
+    assert T.inverse(corrections[0]).dom is T.inverse(corrections[1]).dom
+    # a symbol whose definition says nothing structural keeps its own comparison
+    other = T.symbol("other_levels")
+    T.note_levels(other, T.sub(T.ONE, T.mul(T.const(2), T.power(T.const(0.9), t))))
+    assert T.compare("EQ", other, T.ZERO) is not at_zero
+
+
+def _inverse_root_correction(v, count):
+    t = count.astype(jnp.float32)
+    return 1 / (jnp.sqrt(v / (1 - B2**t)) + 1e-8)
+
+
+def _inverse_root_negated_correction(v, count):
+    t = count.astype(jnp.float32)
+    return 1 / (jnp.sqrt(v / -(B2**t - 1)) + 1e-8)  # the same real, -0 at t = 0
+
+
+def test_which_infinity_a_zero_correction_gives_is_not_assumed() -> None:
+    """`1 - b**t` and `-(b**t - 1)` are one term over the reals, but at t = 0 XLA computes
+    +0 for one and -0 for the other: v / c is +inf in one program and -inf in the other,
+    sqrt(-inf) is NaN, and 1 / (sqrt(+inf) + eps) is 0. So knowing that sqrt's infinities are
+    +inf does not make `1 / (sqrt(v / c) + eps)` the same value in two programs (0 in one,
+    NaN in the other): each application there stays its own, and the pair is refuted."""
+    import jax
+
+    v = np.array([0.0, 1.0, -1.0, 0.5], np.float32)
+    spec_out = np.asarray(jax.jit(_inverse_root_correction)(v, np.int32(0)))
+    impl_out = np.asarray(jax.jit(_inverse_root_negated_correction)(v, np.int32(0)))
+    assert np.isfinite(spec_out[1]) and np.isnan(impl_out[1])  # 0 vs NaN on XLA's CPU
+    assert np.isnan(spec_out[2]) and np.isfinite(impl_out[2])
+    args = (jax.ShapeDtypeStruct((4,), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
+    r = verify(_inverse_root_negated_correction, *args, spec=_inverse_root_correction, timeout=20)
+    assert r.verdict == "not_equivalent" and r.counterexample is not None, str(r)

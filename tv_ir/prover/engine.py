@@ -885,7 +885,8 @@ def _definition_key(v, definition) -> tuple:
 def _carry_definedness(sym: np.ndarray, definition) -> None:
     """A cut symbol is defined where its definition is (where a division by zero made the
     spec value non-finite, so is the symbol standing for it), and has its definition's
-    sign (a sum of squares stays >= 0 behind its symbol)."""
+    sign (a sum of squares stays >= 0 behind its symbol) and its conditions for being 0
+    or 1 (AdamW's two bias corrections vanish together behind their symbols)."""
     definition = np.asarray(definition)
     if definition.dtype != object:
         return
@@ -895,6 +896,7 @@ def _carry_definedness(sym: np.ndarray, definition) -> None:
             if T.size(d.dom, SETTLE_LIMIT + 1) <= SETTLE_LIMIT:
                 d = T.settle(d)  # an equivalent condition, simpler; too costly when large
             T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
+            T.note_levels(sym[idx], d)  # 1 - b1**t and 1 - b2**t: zero where t is, past cuts
             if d.dom is not T.TRUE:
                 sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)
 

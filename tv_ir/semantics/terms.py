@@ -928,7 +928,7 @@ def _cmp(rel: str, d: Poly) -> Bool:
         v = d.const_value()
         return bconst(v > 0 if rel == ">" else v >= 0 if rel == ">=" else v == 0)
     if rel == "==":
-        known = _power_equals(d)
+        known = _equals_fact(d)
         if known is not None:
             return known
     s = sign(d)  # facts that hold wherever d is defined (exp > 0, squares >= 0, ...)
@@ -945,27 +945,56 @@ def _cmp(rel: str, d: Poly) -> Bool:
     return Bool("cmp", (rel, u))
 
 
-def _power_equals(d: Poly) -> Bool | None:
-    """`a + b * c**e == 0` for a constant base c > 0, c != 1: c**e is positive, and it is 1
-    exactly where e is 0. So AdamW's bias correction `1 - b1**t` is zero where `t == 0`, the
-    same condition as `1 - b2**t`'s (as opaque atoms the two were unrelated)."""
-    if len(d.terms) > 2 or d.dom is not TRUE:
+def _equals_fact(d: Poly) -> Bool | None:
+    """`d == 0` from d's structure, when it is `a + b * x` for an atom x whose structure says
+    where it is 0 or 1 (None: nothing known beyond the comparison itself). A power c**e of a
+    constant base c > 0, c != 1 is positive and is 1 exactly where e is 0, so AdamW's bias
+    correction `1 - b1**t` is zero where `t == 0`, the same condition as `1 - b2**t`'s (as
+    opaque atoms the two were unrelated); a cut symbol keeps its definition's facts
+    (`note_levels`), so the two corrections stay one condition past their cut-points."""
+    if len(d.terms) > 2 or d.dom is not TRUE or d.inf:
         return None
     a = d.terms.get((), 0)
     rest = [(m, c) for m, c in d.terms.items() if m]
     if len(rest) != 1 or len(rest[0][0]) != 1 or rest[0][0][0][1] != 1:
         return None
     (aid, _), b = rest[0][0][0], rest[0][1]
-    atom = ATOM_BY_ID[aid]
-    if atom.kind != "pow" or not atom.args[0].is_const():
-        return None
-    base, exponent = atom.args[0].const_value(), atom.args[1]
-    if base <= 0 or base == 1 or exponent.dom is not TRUE:
-        return None
     target = Fraction(-a) / Fraction(b)
-    if target <= 0:
-        return FALSE
-    return _cmp("==", exponent) if target == 1 else None
+    if target <= 0 and _atom_sign(aid) == 2:
+        return FALSE  # x > 0 wherever it is defined
+    if target in (0, 1):
+        return _atom_equals(aid, int(target))
+    return None
+
+
+# where a cut symbol equals 0 or 1, as its definition's structure says: (atom id, k) -> Bool
+_SYM_LEVEL: dict[tuple[int, int], Bool] = {}
+
+
+def _atom_equals(aid: int, k: int) -> Bool | None:
+    """Where atom `aid` equals the constant k (0 or 1), from its structure (None: unknown)."""
+    a = ATOM_BY_ID[aid]
+    if a.kind == "sym":
+        return _SYM_LEVEL.get((aid, k))
+    if a.kind == "pow" and k == 1 and a.args[0].is_const():
+        base, exponent = a.args[0].const_value(), a.args[1]
+        if base > 0 and base != 1 and exponent.dom is TRUE:
+            return _cmp("==", exponent)
+    return None
+
+
+def note_levels(p: Poly, definition: Poly) -> None:
+    """Record where a symbol (a cut-point) is 0 and where it is 1, as its definition's
+    structure says: the symbol equals its definition wherever it is defined, so `c2 == 0`
+    for the cut-point of `c2 = 1 - b2**t` is `t == 0`, as it is for `c1 = 1 - b1**t`."""
+    a = as_atom(p)
+    if a is None or a.kind != "sym" or definition.inf:
+        return
+    v = value(definition)
+    for k in (0, 1):
+        fact = _equals_fact(sub(v, const(k)))
+        if fact is not None:
+            _SYM_LEVEL[(a.id, k)] = fact
 
 
 # -- simplification under a term's own condition ----------------------------------------
