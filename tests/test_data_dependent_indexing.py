@@ -87,6 +87,34 @@ def test_scatter_dropping_updates_is_refuted():
     assert np.asarray(put(*args))[i] != np.asarray(one_hot_put_wrong(*args))[i]
 
 
+IDX6 = np.array([1, 1, 9, 1, -2, 0], np.int32)  # colliding, out of range, negative
+U6 = np.arange(1, 7, dtype=np.float32)
+
+
+def put_in_halves(x, idx, u):  # what a psum of two devices' scatter-adds computes
+    return put(x, idx[:3], u[:3]) + put(jnp.zeros_like(x), idx[3:], u[3:])
+
+
+def put_in_halves_one_lost(x, idx, u):  # the second half's last update never lands
+    return put(x, idx[:3], u[:3]) + put(jnp.zeros_like(x), idx[3:5], u[3:5])
+
+
+def test_scatter_add_over_a_batch_is_the_sum_over_its_halves():
+    assert np.array_equal(put(X, IDX6, U6), put_in_halves(X, IDX6, U6))  # XLA agrees
+    r = tv_ir.check(lower(put, X, IDX6, U6), lower(put_in_halves, X, IDX6, U6))
+    assert r.verdict == "equivalent", str(r)
+    assert r.stats.proved_by_z3 == 0, r.stats  # equal normal forms, no case split
+
+
+def test_scatter_add_losing_an_update_is_refuted():
+    r = tv_ir.check(lower(put, X, IDX6, U6), lower(put_in_halves_one_lost, X, IDX6, U6))
+    assert r.verdict == "not_equivalent", str(r)
+    x, idx, u = (np.asarray(v) for v in r.counterexample.inputs.values())
+    args = (x.astype(np.float32), idx.astype(np.int32), u.astype(np.float32))
+    i = r.counterexample.index
+    assert np.asarray(put(*args))[i] != np.asarray(put_in_halves_one_lost(*args))[i]
+
+
 def test_jax_is_the_oracle_for_the_programs_above():
     assert np.array_equal(take(X, IDX), one_hot_take(X, IDX))
     assert jax.device_count() >= 1

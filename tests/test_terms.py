@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -117,3 +118,41 @@ def test_settle_keeps_a_condition_that_is_one_fact() -> None:
     assert T.settle(q).dom is q.dom
     both = T.mul(T.div(x, y), T.fn("log", x))
     assert T.settle(both).dom is both.dom
+
+
+def _holds_exactly(b: T.Bool, env: dict) -> bool:
+    """An integer comparison at integer inputs, in exact arithmetic (float evaluation of
+    the normal form `1 - x/49 == 0` may round away from 0)."""
+    if b.kind == "const":
+        return bool(b.args[0])
+    assert b.kind == "cmp" and b.args[0] == "==", b
+    total = Fraction(0)
+    for m, c in b.args[1].terms.items():
+        term = Fraction(c)
+        for aid, e in m:
+            term *= Fraction(T.evaluate_int(T.atom_poly(T.ATOM_BY_ID[aid]), env)) ** e
+        total += term
+    return total == 0
+
+
+def test_comparing_a_wrapped_index_is_the_unwrapped_comparison() -> None:
+    """`wrap(q + k) == t` on a machine integer (a device's index into its vocabulary
+    shard, `token - offset`) becomes `q == v` for the one v in q's range congruent to
+    t - k: the spec's comparison. Checked against modular arithmetic for every 8-bit
+    value, with offsets that wrap and targets outside the type."""
+    t = T.symbol(T.Key("input", 0, "i32", "t"), (0,))
+    tokens = T.select(T.compare("LT", t, T.const(0)), T.wrap(T.add(t, T.const(20)), 32, True), t)
+    local = T.wrap(T.add(tokens, T.const(-10)), 32, True)
+    assert T.compare("EQ", local, T.const(3)) is T.compare("EQ", tokens, T.const(13))
+    for dtype, signed in (("i8", True), ("ui8", False)):
+        x = T.symbol(T.Key("input", 1, dtype, "x"), (0,))
+        lo, hi = T.int_bounds(8, signed)
+        below = T.compare("LT", x, T.const(3))
+        for q in (x, T.select(below, T.wrap(T.add(x, T.const(20)), 8, signed), x)):
+            for k in (-300, -10, 0, 7, 128, 255):
+                for target in (lo, -1, 0, 5, 10, hi, hi + 1):
+                    b = T.compare("EQ", T.wrap(T.add(q, T.const(k)), 8, signed), T.const(target))
+                    for xv in range(lo, hi + 1):
+                        env = {T.as_atom(x).id: xv}
+                        want = T.wrap_int(T.evaluate_int(q, env) + k, 8, signed) == target
+                        assert _holds_exactly(b, env) == want, (dtype, k, target, xv, b)

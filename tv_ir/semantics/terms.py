@@ -929,6 +929,8 @@ def _cmp(rel: str, d: Poly) -> Bool:
         return bconst(v > 0 if rel == ">" else v >= 0 if rel == ">=" else v == 0)
     if rel == "==":
         known = _equals_fact(d)
+        if known is None:
+            known = _wrap_equals(d)
         if known is not None:
             return known
     s = sign(d)  # facts that hold wherever d is defined (exp > 0, squares >= 0, ...)
@@ -965,6 +967,37 @@ def _equals_fact(d: Poly) -> Bool | None:
     if target in (0, 1):
         return _atom_equals(aid, int(target))
     return None
+
+
+def _wrap_equals(d: Poly) -> Bool | None:
+    """`wrap(q + k) == t` for a machine integer wrap: `q + k` and t are congruent modulo
+    2**bits, and where q's integer values span fewer than 2**bits consecutive integers at
+    most one of them, v, is congruent to `t - k`: the comparison is `q == v` (FALSE when no
+    value is, or when t is no value of the wrap's type). So a device's local index into its
+    vocabulary shard, `wrap(token - offset) == j`, is the spec's `token == offset + j`
+    (XLA's partitioned scatter-add against the spec's; None: not of that form)."""
+    if len(d.terms) > 2 or d.dom is not TRUE or d.inf:
+        return None
+    a = d.terms.get((), 0)
+    rest = [(m, c) for m, c in d.terms.items() if m]
+    if len(rest) != 1 or len(rest[0][0]) != 1 or rest[0][0][0][1] != 1:
+        return None
+    (aid, _), b = rest[0][0][0], rest[0][1]
+    w = ATOM_BY_ID[aid]
+    if w.kind != "wrap" or not _integral_poly(w.args[0]):
+        return None
+    inner, bits, signed = w.args
+    target = Fraction(-a) / Fraction(b)
+    lo, hi = int_bounds(bits, signed)
+    if target.denominator != 1 or not lo <= target <= hi:
+        return FALSE  # a wrap takes only integers of its type's range
+    k = inner.terms.get((), 0)
+    q = sub(inner, const(k))
+    r = int_range(q)
+    if r is None or r[1] - r[0] >= 1 << bits:
+        return None
+    v = r[0] + (int(target) - k - r[0]) % (1 << bits)
+    return FALSE if v > r[1] else _cmp("==", sub(q, const(v)))
 
 
 # where a cut symbol equals 0 or 1, as its definition's structure says: (atom id, k) -> Bool

@@ -249,6 +249,7 @@ def _scatter_cases(ctx, n: int, operands) -> list:
     shape = inputs[0].shape
     scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
     rule = _update_rule(ctx, n)
+    additive = _is_additive(ctx, n)
     scattered = list(dn.scattered_dims_to_operand_dims)
     highs = [shape[d] - extent[d] for d in scattered]
     for update_index in np.ndindex(*updates[0].shape):
@@ -280,10 +281,34 @@ def _scatter_cases(ctx, n: int, operands) -> list:
                 )
                 cond = c_is if cond is None else ctx.alg.logical_and(cond, c_is)
             olds = [np.asarray(r[ri]) for r in results]
+            if additive:
+                # old + (cond ? u : 0), not cond ? old + u : old (see _is_additive)
+                u = np.asarray(updates[0][update_index])
+                landed = ctx.alg.select(cond, u, np.zeros((), u.dtype))
+                results[0][ri] = np.asarray(ctx.alg.add(olds[0], np.asarray(landed)))[()]
+                continue
             new = _combined(ctx, rule, olds, updates, update_index)
             for r, old, v in zip(results, olds, new, strict=True):
                 r[ri] = np.asarray(ctx.alg.select(cond, np.asarray(v), old))[()]
     return results
+
+
+def _is_additive(ctx, n: int) -> bool:
+    """A scatter-add of numbers: each landing is then written `old + (cond ? u : 0)`.
+
+    Equal to `cond ? old + u : old` for every value of `cond` (over the reals, and for
+    wrapping integers), and it keeps the result a sum of one term per update: a scatter-add
+    over a batch is then, term for term, the sum of scatter-adds over the batch's pieces
+    (the psum of per-device embedding gradients against the spec's one scatter-add), an
+    equality of normal forms instead of a case split over every index for the solver.
+    Colliding indices add both updates (two terms whose conditions both hold); an
+    out-of-bounds index lands nowhere (no start is enumerated for it), as XLA drops it.
+    """
+    t = ctx.result_types[0]
+    if n != 1 or t.is_bool or t.is_complex:
+        return False
+    kind = reducer_kind(ctx)
+    return kind is not None and kind[0] == "reduce_sum"
 
 
 def _scatter_start(dn, vec, scatter_index: tuple, rank: int) -> list[int]:
