@@ -86,30 +86,27 @@ def _free_operands(op: Op) -> list[Value]:
     return [v for o in walk(Block([], [op], [])) for v in o.operands if v.id not in inner]
 
 
-MOVES = {
-    "stablehlo.slice",
-    "stablehlo.dynamic_slice",
-    "stablehlo.reshape",
-    "stablehlo.transpose",
-    "stablehlo.broadcast_in_dim",
-    "stablehlo.convert",
-    "stablehlo.concatenate",
-}
+SLICES = {"stablehlo.slice", "stablehlo.dynamic_slice"}
 
 
 def _split_hoisted(body: Block) -> tuple[list[Op], list[Op]]:
-    """(ops computed from constants alone, and data movement of arguments: a layer's slice
-    of a stacked weight, a transposed weight; the others), each in program order. Hoisted,
-    they are values from before any run: shared by the blocks or stacked per block."""
-    moved = {a.id for a in body.args}
+    """(ops computed from constants alone, and a layer's slice of an argument, squeezed;
+    the others), each in program order. Hoisted, they are values from before any run:
+    shared by the blocks or stacked per block. Other reads of arguments stay in the blocks,
+    so each block's stacked inputs are the arguments themselves (a spec and an
+    implementation that prepare weights differently still pair up)."""
+    args = {a.id for a in body.args}
     constant: set[int] = set()
+    sliced: set[int] = set()
     hoisted, flow = [], []
     for op in body.ops:
         free = [v.id for v in _free_operands(op)]
         if all(v in constant for v in free):
             constant.update(r.id for r in op.results)
-        elif op.name in MOVES and all(v in constant or v in moved for v in free):
-            moved.update(r.id for r in op.results)
+        elif op.name in SLICES and all(v in constant or v in args for v in free):
+            sliced.update(r.id for r in op.results)
+        elif op.name == "stablehlo.reshape" and free[0] in sliced:
+            sliced.update(r.id for r in op.results)
         else:
             flow.append(op)
             continue
@@ -220,23 +217,26 @@ def _find_runs(flow: list[Op], body: Block) -> list[Run]:
                 u += 1
             blocks = (u - t) // period + 1
             if blocks >= MIN_BLOCKS:
-                candidates.append((blocks * period, period, t, blocks))
+                candidates.append((blocks * period, period, t, u + period))
             t = u
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     position = {id(op): k for k, op in enumerate(flow)}
     uses = _uses_after(body, position)
     taken = np.zeros(n, dtype=bool)
     runs: list[Run] = []
-    for _, period, start, blocks in candidates:
-        end = start + blocks * period
+    for covered, period, start, end in candidates:
         # blocks start where the fewest values cross (a residual stream, not a layer's
         # intermediate values): the same place in a spec and in its implementation
-        middle = start + (blocks // 2) * period
-        crossing = [_crossing(flow, position, middle + p, period) for p in range(period)]
-        fewest = min(crossing)
+        middle = start + (covered // period // 2) * period
+        crossing = [_crossing(flow, middle + p, period) for p in range(period)]
+        fewest = min(len(c) for c in crossing)
         if fewest == 0:  # independent blocks (a map): nothing to prove by induction
             continue
-        for phase in (p for p in range(period) if crossing[p] == fewest):
+        # ties (a pre-norm block has two residual adds) go to the boundary whose crossing
+        # values come from the earliest source lines, whatever the op order around them
+        phases = [p for p in range(period) if len(crossing[p]) == fewest]
+        phases.sort(key=lambda p: (_lines(crossing[p]), p))
+        for phase in phases:
             found = _first_run(flow, position, uses, taken, start + phase, end, period)
             if found is not None:
                 runs.append(found)
@@ -245,12 +245,14 @@ def _find_runs(flow: list[Op], body: Block) -> list[Run]:
     return sorted(runs, key=lambda r: r.start)
 
 
-def _crossing(flow: list[Op], position: dict[int, int], b: int, period: int) -> int:
-    """How many values defined in the period before boundary `b` are read in the period
-    after it."""
-    before = {r.id for op in flow[max(b - period, 0) : b] for r in op.results}
+def _crossing(flow: list[Op], b: int, period: int) -> list[Value]:
+    """The values defined in the period before boundary `b` that the period after it reads."""
     read = {v.id for op in flow[b : b + period] for v in _free_operands(op)}
-    return len(before & read)
+    return [r for op in flow[max(b - period, 0) : b] for r in op.results if r.id in read]
+
+
+def _lines(values: list[Value]) -> tuple:
+    return tuple(sorted((v.owner.loc.file or "", v.owner.loc.line or 0) for v in values))
 
 
 def _first_run(flow, position, uses, taken, s: int, end: int, period: int) -> Run | None:
@@ -361,6 +363,7 @@ def _rebuild(
     replace: dict[int, Value] = {}
     ops = list(hoisted)
     at = {r.start: r for r in runs}
+    readbacks: dict[int, tuple[int, int]] = {}  # value -> (stacked output, layer)
     p = 0
     while p < len(flow):
         r = at.get(p)
@@ -370,7 +373,7 @@ def _rebuild(
             ops.append(op)
             p += 1
             continue
-        ops.extend(_rolled(flow, r, replace))
+        ops.extend(_rolled(flow, r, replace, readbacks))
         p += r.period * r.blocks
     results = [replace.get(v.id, v) for v in body.results]
     fn = Function(main.name, Block(body.args, ops, results), list(main.result_types))
@@ -400,8 +403,12 @@ def _with_layer(t: TensorType, n: int) -> TensorType:
     return TensorType((n, *t.shape), t.dtype)
 
 
-def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
-    """The ops standing for `run`: stacking, the loop, and reading its results back."""
+def _rolled(flow: list[Op], run: Run, replace: dict[int, Value], readbacks: dict) -> list[Op]:
+    """The ops standing for `run`: stacking, the loop, and reading its results back.
+
+    A run that reads an earlier run's per-block outputs last layer first (the backward
+    pass of a forward stack) walks its stacks backwards: block b is layer K-1-b of every
+    stack it reads and writes, as in a reversed scan."""
     P, K, s = run.period, run.blocks, run.start
     block = [flow[s + b * P : s + (b + 1) * P] for b in range(K)]
     loc = block[0][0].loc
@@ -409,6 +416,11 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
     for b in range(K):
         for op in block[b]:
             _rename(op, replace)  # earlier runs' results
+    backward = _reads_backwards(block, run, readbacks)
+
+    def layer(b: int) -> int:
+        return K - 1 - b if backward else b
+
     # loop positions: counter, carried, shared, stacked in, stacked out
     carried = list(run.carried)
     # shared values computed from constants alone are computed again in the body (as
@@ -417,10 +429,15 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
     shared_vals = [v for v in shared_all if not _from_constants(v)]
     zero = _constant(0, COUNTER_TYPE)
     out.append(zero)
-    stacks = []
+    # slots reading the same value in every block share one stack
+    groups: dict[tuple[int, ...], list[tuple[int, int]]] = {}
     for q, o in run.stacked_in:
+        key = tuple(block[b][q].operands[o].id for b in range(K))
+        groups.setdefault(key, []).append((q, o))
+    stacks = []
+    for q, o in (slots[0] for slots in groups.values()):
         pieces = []
-        for b in range(K):
+        for b in sorted(range(K), key=layer):
             v = block[b][q].operands[o]
             rs = _new("stablehlo.reshape", [v], [_with_layer(v.type, 1)], loc=loc)
             out.append(rs)
@@ -470,14 +487,21 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
     body_ops: list[Op] = []
     zero_in = _constant(0, COUNTER_TYPE)
     body_ops.append(zero_in)
+    index = counter
+    if backward:  # K - 1 - i
+        last = _constant(K - 1, COUNTER_TYPE)
+        sub = _new("stablehlo.subtract", [last.results[0], counter], [COUNTER_TYPE], loc=loc)
+        body_ops += [last, sub]
+        index = sub.results[0]
     copies: dict[int, Value] = {}
     for v in shared_all:
         if _from_constants(v):
             shared_arg[v.id] = _recomputed(v, body_ops, copies)
     layer_of: dict[tuple[int, int], Value] = {}
-    for k, (q, o) in enumerate(run.stacked_in):
+    for k, slots in enumerate(groups.values()):
+        q, o = slots[0]
         t = block[0][q].operands[o].type
-        starts = [counter] + [zero_in.results[0]] * len(t.shape)
+        starts = [index] + [zero_in.results[0]] * len(t.shape)
         ds = _new(
             "stablehlo.dynamic_slice",
             [stack_arg[k], *starts],
@@ -487,7 +511,7 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
         )
         rs = _new("stablehlo.reshape", ds.results, [t], loc=loc)
         body_ops += [ds, rs]
-        layer_of[(q, o)] = rs.results[0]
+        layer_of.update({slot: rs.results[0] for slot in slots})
     kinds = {slot: "shared" for slot in run.shared}
     kinds.update({slot: "stacked" for slot in run.stacked_in})
     env: dict[tuple[int, int], Value] = {}  # (op offset, result) -> the copy's value
@@ -515,7 +539,7 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
     for k, (q, r) in enumerate(run.stacked_out):
         v = env[(q, r)]
         rs = _new("stablehlo.reshape", [v], [_with_layer(v.type, 1)], loc=loc)
-        starts = [counter] + [zero_in.results[0]] * len(v.type.shape)
+        starts = [index] + [zero_in.results[0]] * len(v.type.shape)
         dus = _new(
             "stablehlo.dynamic_update_slice",
             [out_arg[k], rs.results[0], *starts],
@@ -542,13 +566,13 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
             v = block[b][q].results[r]
             if v.id in replace:
                 continue
-            lim = (b + 1, *v.type.shape)
+            lim = (layer(b) + 1, *v.type.shape)
             sl = _new(
                 "stablehlo.slice",
                 [stack],
                 [_with_layer(v.type, 1)],
                 {
-                    "start_indices": (b, *([0] * len(v.type.shape))),
+                    "start_indices": (layer(b), *([0] * len(v.type.shape))),
                     "limit_indices": lim,
                     "strides": (1,) * (len(v.type.shape) + 1),
                 },
@@ -557,7 +581,21 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value]) -> list[Op]:
             rs = _new("stablehlo.reshape", sl.results, [v.type], loc=loc)
             out += [sl, rs]
             replace[v.id] = rs.results[0]
+            readbacks[rs.results[0].id] = (stack.id, layer(b))
     return out
+
+
+def _reads_backwards(block: list[list[Op]], run: Run, readbacks: dict) -> bool:
+    """Whether some stacked input reads an earlier run's stacked output at layers that
+    go down block after block."""
+    for q, o in run.stacked_in:
+        seen = [readbacks.get(block[b][q].operands[o].id) for b in range(run.blocks)]
+        seen = [x for x in seen if x is not None]
+        if len(seen) >= 2 and all(
+            a[0] == b[0] and a[1] > b[1] for a, b in zip(seen, seen[1:], strict=False)
+        ):
+            return True
+    return False
 
 
 def _from_constants(v: Value) -> bool:
