@@ -436,16 +436,8 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value], readbacks: dict
         groups.setdefault(key, []).append((q, o))
     stacks = []
     for q, o in (slots[0] for slots in groups.values()):
-        pieces = []
-        for b in sorted(range(K), key=layer):
-            v = block[b][q].operands[o]
-            rs = _new("stablehlo.reshape", [v], [_with_layer(v.type, 1)], loc=loc)
-            out.append(rs)
-            pieces.append(rs.results[0])
-        t = _with_layer(block[0][q].operands[o].type, K)
-        cat = _new("stablehlo.concatenate", pieces, [t], {"dimension": 0}, loc)
-        out.append(cat)
-        stacks.append(cat.results[0])
+        values = [block[b][q].operands[o] for b in sorted(range(K), key=layer)]
+        stacks.append(_stacked(values, readbacks, out, loc))
     inits = []
     for q, r in run.stacked_out:
         t = block[0][q].results[r].type
@@ -581,8 +573,54 @@ def _rolled(flow: list[Op], run: Run, replace: dict[int, Value], readbacks: dict
             rs = _new("stablehlo.reshape", sl.results, [v.type], loc=loc)
             out += [sl, rs]
             replace[v.id] = rs.results[0]
-            readbacks[rs.results[0].id] = (stack.id, layer(b))
+            readbacks[rs.results[0].id] = (stack, layer(b))
     return out
+
+
+def _stacked(values: list[Value], readbacks: dict, out: list[Op], loc) -> Value:
+    """`values` stacked along a new dimension 0 (ops appended to `out`): consecutive
+    layers read back from one earlier stack are one slice of it, not one piece each."""
+    pieces: list[Value] = []
+    k = 0
+    while k < len(values):
+        source = readbacks.get(values[k].id)
+        n = 1
+        if source is not None:
+            while k + n < len(values) and readbacks.get(values[k + n].id) == (
+                source[0],
+                source[1] + n,
+            ):
+                n += 1
+            stack, first = source
+            shape = stack.type.shape
+            if n == shape[0]:
+                pieces.append(stack)
+            else:
+                sl = _new(
+                    "stablehlo.slice",
+                    [stack],
+                    [TensorType((n, *shape[1:]), stack.type.dtype)],
+                    {
+                        "start_indices": (first, *([0] * (len(shape) - 1))),
+                        "limit_indices": (first + n, *shape[1:]),
+                        "strides": (1,) * len(shape),
+                    },
+                    loc,
+                )
+                out.append(sl)
+                pieces.append(sl.results[0])
+        else:
+            v = values[k]
+            rs = _new("stablehlo.reshape", [v], [_with_layer(v.type, 1)], loc=loc)
+            out.append(rs)
+            pieces.append(rs.results[0])
+        k += n
+    if len(pieces) == 1:
+        return pieces[0]
+    t = _with_layer(values[0].type, len(values))
+    cat = _new("stablehlo.concatenate", pieces, [t], {"dimension": 0}, loc)
+    out.append(cat)
+    return cat.results[0]
 
 
 def _reads_backwards(block: list[list[Op]], run: Run, readbacks: dict) -> bool:
@@ -592,7 +630,7 @@ def _reads_backwards(block: list[list[Op]], run: Run, readbacks: dict) -> bool:
         seen = [readbacks.get(block[b][q].operands[o].id) for b in range(run.blocks)]
         seen = [x for x in seen if x is not None]
         if len(seen) >= 2 and all(
-            a[0] == b[0] and a[1] > b[1] for a, b in zip(seen, seen[1:], strict=False)
+            a[0] is b[0] and a[1] > b[1] for a, b in zip(seen, seen[1:], strict=False)
         ):
             return True
     return False
