@@ -86,6 +86,7 @@ def _free_operands(op: Op) -> list[Value]:
     return [v for o in walk(Block([], [op], [])) for v in o.operands if v.id not in inner]
 
 
+PAIRED_BY_CHANNEL = {"stablehlo.send", "stablehlo.recv"}  # the channel id is their meaning
 SLICES = {"stablehlo.slice", "stablehlo.dynamic_slice"}
 
 
@@ -153,10 +154,11 @@ def _attr_key(value) -> object:
 
 def _signature(op: Op) -> tuple:
     """What must be equal for two ops to be the same op of two blocks (not their operands'
-    identities). A collective's channel id only says whether it is positive."""
+    identities). A collective's channel id (XLA numbers them one by one) only says whether
+    it is positive: all that its meaning reads of it."""
     attrs = []
     for k, v in sorted(op.attrs.items()):
-        if k == "channel_handle":
+        if k == "channel_handle" and op.name not in PAIRED_BY_CHANNEL:
             v = (getattr(v, "type", None), _channel(v) > 0)
         attrs.append((k, _attr_key(v)))
     regions = tuple(_region_signature(r.block) for r in op.regions)
