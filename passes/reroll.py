@@ -81,6 +81,8 @@ def reroll(module: Module) -> tuple[Module, list[Run]]:
 
 def _free_operands(op: Op) -> list[Value]:
     """The values `op` reads, from its nested regions too (those defined outside it)."""
+    if not op.regions:
+        return op.operands
     inner = {a.id for o in walk(Block([], [op], [])) for r in o.regions for a in r.block.args}
     inner |= {r.id for o in walk(Block([], [op], [])) if o is not op for r in o.results}
     return [v for o in walk(Block([], [op], [])) for v in o.operands if v.id not in inner]
@@ -208,31 +210,29 @@ def _find_runs(flow: list[Op], body: Block) -> list[Run]:
     n = len(flow)
     candidates = []
     for period in range(1, n // MIN_BLOCKS + 1):
-        same = sig[:-period] == sig[period:]
-        t = 0
-        while t < len(same):
-            if not same[t]:
-                t += 1
-                continue
-            u = t
-            while u < len(same) and same[u]:
-                u += 1
-            blocks = (u - t) // period + 1
+        same = np.concatenate(([False], sig[:-period] == sig[period:], [False]))
+        edges = np.flatnonzero(np.diff(same.astype(np.int8)))
+        for t, u in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
+            blocks = (u - t) // period + 1  # sig[p] == sig[p + period] for p in [t, u)
             if blocks >= MIN_BLOCKS:
                 candidates.append((blocks * period, period, t, u + period))
-            t = u
     candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
     position = {id(op): k for k, op in enumerate(flow)}
     uses = _uses_after(body, position)
+    reads = [{v.id for v in _free_operands(op)} for op in flow]
     taken = np.zeros(n, dtype=bool)
     runs: list[Run] = []
+    independent = np.zeros(n, dtype=bool)  # regions of independent blocks (maps)
     for covered, period, start, end in candidates:
+        if _longest_free((taken | independent)[start:end]) < MIN_BLOCKS * period:
+            continue  # (a multiple of) a period already rolled, or blocks of a map
         # blocks start where the fewest values cross (a residual stream, not a layer's
         # intermediate values): the same place in a spec and in its implementation
         middle = start + (covered // period // 2) * period
-        crossing = [_crossing(flow, middle + p, period) for p in range(period)]
+        crossing = [_crossing(flow, middle + p, period, reads) for p in range(period)]
         fewest = min(len(c) for c in crossing)
         if fewest == 0:  # independent blocks (a map): nothing to prove by induction
+            independent[start:end] = True
             continue
         # ties (a pre-norm block has two residual adds) go to the boundary whose crossing
         # values come from the earliest source lines, whatever the op order around them
@@ -247,9 +247,19 @@ def _find_runs(flow: list[Op], body: Block) -> list[Run]:
     return sorted(runs, key=lambda r: r.start)
 
 
-def _crossing(flow: list[Op], b: int, period: int) -> list[Value]:
-    """The values defined in the period before boundary `b` that the period after it reads."""
-    read = {v.id for op in flow[b : b + period] for v in _free_operands(op)}
+def _longest_free(taken: np.ndarray) -> int:
+    """The length of the longest stretch of False in `taken`."""
+    best = run = 0
+    for t in taken.tolist():
+        run = 0 if t else run + 1
+        best = max(best, run)
+    return best
+
+
+def _crossing(flow: list[Op], b: int, period: int, reads: list[set[int]]) -> list[Value]:
+    """The values defined in the period before boundary `b` that the period after it reads
+    (`reads`: the value ids each op reads)."""
+    read = set().union(*reads[b : b + period])
     return [r for op in flow[max(b - period, 0) : b] for r in op.results if r.id in read]
 
 
