@@ -56,20 +56,22 @@ class Run:
     stacked_out: list[tuple[int, int]] = field(default_factory=list)  # (op, result) keys
 
 
-def run(module: Module) -> Module:
+def run(module: Module, trips: set[int] | None = None) -> Module:
     """`module` with every run of >= 3 isomorphic blocks in @main rerolled into a loop."""
-    return reroll(module)[0]
+    return reroll(module, trips)[0]
 
 
-def reroll(module: Module) -> tuple[Module, list[Run]]:
-    """The rerolled module (the input itself when nothing repeats) and the runs it rolled."""
+def reroll(module: Module, trips: set[int] | None = None) -> tuple[Module, list[Run]]:
+    """The rerolled module (the input itself when nothing repeats) and the runs it rolled.
+    Runs of `trips` blocks go first (the other program's loops: an implementation whose
+    per-device weight gradients have one shape rolls them one per block, not two)."""
     main = module.main
     if any(op.name == "stablehlo.while" for op in main.body.ops):
         return module, []
     body = clone_block(main.body, {})  # rewritten in place below: the input stays as it was
     hoisted, flow = _split_hoisted(body)
     flow = _post_order(flow, body.results)
-    runs = _find_runs(flow, body)
+    runs = _find_runs(flow, body, trips or set())
     if not runs:
         return module, []
     fn = _rebuild(main, body, hoisted, flow, runs)
@@ -203,7 +205,7 @@ def _region_signature(block: Block) -> tuple:
     return (tuple(out), tuple(results))
 
 
-def _find_runs(flow: list[Op], body: Block) -> list[Run]:
+def _find_runs(flow: list[Op], body: Block, trips: set[int]) -> list[Run]:
     """Non-overlapping runs, the ones covering most ops first."""
     ids: dict[tuple, int] = {}
     sig = np.array([ids.setdefault(_signature(op), len(ids)) for op in flow], dtype=np.int64)
@@ -216,24 +218,20 @@ def _find_runs(flow: list[Op], body: Block) -> list[Run]:
             blocks = (u - t) // period + 1  # sig[p] == sig[p + period] for p in [t, u)
             if blocks >= MIN_BLOCKS:
                 candidates.append((blocks * period, period, t, u + period))
-    candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+    candidates.sort(key=lambda c: (c[0] // c[1] not in trips, -c[0], c[1], c[2]))
     position = {id(op): k for k, op in enumerate(flow)}
     uses = _uses_after(body, position)
     reads = [{v.id for v in _free_operands(op)} for op in flow]
     taken = np.zeros(n, dtype=bool)
     runs: list[Run] = []
-    independent = np.zeros(n, dtype=bool)  # regions of independent blocks (maps)
     for covered, period, start, end in candidates:
-        if _longest_free((taken | independent)[start:end]) < MIN_BLOCKS * period:
-            continue  # (a multiple of) a period already rolled, or blocks of a map
+        if _longest_free(taken[start:end]) < MIN_BLOCKS * period:
+            continue  # (a multiple of) a period already rolled
         # blocks start where the fewest values cross (a residual stream, not a layer's
         # intermediate values): the same place in a spec and in its implementation
         middle = start + (covered // period // 2) * period
         crossing = [_crossing(flow, middle + p, period, reads) for p in range(period)]
         fewest = min(len(c) for c in crossing)
-        if fewest == 0:  # independent blocks (a map): nothing to prove by induction
-            independent[start:end] = True
-            continue
         # ties (a pre-norm block has two residual adds) go to the boundary whose crossing
         # values come from the earliest source lines, whatever the op order around them
         phases = [p for p in range(period) if len(crossing[p]) == fewest]
@@ -349,8 +347,6 @@ def _wired(flow, position, uses, start: int, period: int, blocks: int) -> Run | 
                     break
     if good < blocks:
         return good
-    if not run.carried:  # independent blocks (a map): nothing to prove by induction
-        return 0
     # regions' free values must come from before the run (their signatures are unique
     # otherwise), so only operands were checked above
     run.shared = [s for s, k in slots.items() if k == "shared"]
@@ -366,7 +362,15 @@ def _wired(flow, position, uses, start: int, period: int, blocks: int) -> Run | 
                     continue
                 outs.add((q, r))
     run.stacked_out = sorted(outs)
+    if not run.carried and not _only_results(flow, uses, start, end):
+        return 0  # independent blocks are rolled only as results (a gradient per layer)
     return run
+
+
+def _only_results(flow: list[Op], uses, start: int, end: int) -> bool:
+    """Whether the values of flow[start:end] used after it are used only as results."""
+    later = [u for op in flow[start:end] for r in op.results for u in uses.get(r.id, [])]
+    return all(u < end or u == len(flow) for u in later)
 
 
 def _rebuild(
