@@ -258,8 +258,13 @@ def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes)
 
     # a Python-for stack arrives unrolled: its isomorphic blocks rerolled into loops (the
     # implementation's preferring the spec's trip counts)
-    spec = rerolled(spec)
-    trips = {getattr(loop_parts(spec, op), "trips", None) for op in top_level_loops(spec)}
+    try:
+        spec = rerolled(spec)
+        trips = {getattr(loop_parts(spec, op), "trips", None) for op in top_level_loops(spec)}
+    except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+        raise
+    except Exception as e:  # a program the rerolling misreads: unroll, as before
+        return f"rerolling: {type(e).__name__}: {e}"
     trips.discard(None)
     if not top_level_loops(spec):
         return None
@@ -269,7 +274,12 @@ def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes)
             impl = flat.module
             placement = Placement(1, flat.num_devices, flat.args, flat.results)
             check_signatures(spec, impl, placement)
-        impl = rerolled(impl, trips)
+        try:
+            impl = rerolled(impl, trips)
+        except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+            raise
+        except Exception as e:
+            return f"rerolling: {type(e).__name__}: {e}"
         if not top_level_loops(impl):
             return None
 
