@@ -4,6 +4,7 @@
     python bench/scan_depth.py --depths 2,32 --programs mlp-shard-map
     python bench/scan_depth.py --no-bugs --time-limit 300
     python bench/scan_depth.py --unrolled --no-bugs    # every loop unrolled, for comparison
+    python bench/scan_depth.py --programs mlp-for-grad,transformer-for-grad --bugs mlp-for-layer17
 
 Programs (each a spec, a single-device `lax.scan` over stacked per-layer weights, against an
 implementation of the same scan):
@@ -17,12 +18,23 @@ implementation of the same scan):
   LayerNorms) scanned, gradient with respect to the input and every stacked parameter; the
   impl is the fused-QKV rewrite of the block, with NamedShardings (MLP hidden over "model").
 
+Python-for rows (the same stacks written as a Python `for` over per-layer weights, so they
+arrive unrolled; passes/reroll.py rolls them back into loops):
+
+- `mlp-for-grad`: `mlp-jit-grad` with one `(w1, w2)` argument pair per layer;
+- `transformer-for-grad`: tests/programs/transformer.py's `stacked(depth, grad=True)` (12
+  arguments per layer), the impl the same block with NamedShardings (MLP hidden over
+  "model"; the fused-QKV rewrite is not paired by loop induction in the gradient: it saves
+  the fused projection where the spec saves three).
+
 Bug rows (`--no-bugs` skips them), at the largest depth:
 
 - `mlp-jit-layer17`: the jit forward with `jnp.where(i == 17, 2 * y, y)` in the scanned layer
   (only layer 17 is wrong);
 - `transformer-residual`: the transformer gradient with the attention residual subtracted
-  (every layer wrong).
+  (every layer wrong);
+- `mlp-for-layer17`: the Python-for forward with `if i == 17: y = 2 * y` (only layer 17 is
+  wrong: it is not rerolled, so the runs before and after it are two loops).
 
 Each row runs in a fresh child (time and memory limits given to tv, the child killed past
 them); columns: verdict, loops proved by induction (`stats.loops_by_induction`), stages,
@@ -46,7 +58,8 @@ if str(ROOT) not in sys.path:
 from child_process import run_worker  # noqa: E402
 
 PROGRAMS = ["mlp-shard-map", "mlp-jit-grad", "transformer-grad"]
-BUGS = ["mlp-jit-layer17", "transformer-residual"]
+FOR_PROGRAMS = ["mlp-for-grad", "transformer-for-grad"]
+BUGS = ["mlp-jit-layer17", "transformer-residual", "mlp-for-layer17"]
 
 
 def _mesh():
@@ -141,12 +154,83 @@ def _transformer_shardings(mesh):
     return tuple(out)
 
 
+def _mlp_for(depth: int, bug_layer: int | None = None):
+    import jax
+
+    def f(x, *ws):
+        for i in range(depth):
+            y = jax.nn.relu(x @ ws[2 * i]) @ ws[2 * i + 1] + x
+            if i == bug_layer:
+                y = 2 * y  # BUG: mlp-for-layer17
+            x = y
+        return x
+
+    return f
+
+
+def _mlp_for_args(depth: int):
+    import jax
+    import jax.numpy as jnp
+
+    shapes = [(8, 16)] + [s for _ in range(depth) for s in ((16, 32), (32, 16))]
+    return [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+
+
+def _mlp_for_shardings(mesh, depth: int):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    per_layer = [P(None, "model"), P("model", None)] * depth
+    return tuple(NamedSharding(mesh, s) for s in [P("data", None), *per_layer])
+
+
+def _transformer_for_shardings(mesh, depth: int):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from tests.programs import transformer as T
+
+    out = [NamedSharding(mesh, P())]
+    for _ in range(depth):
+        for name, shape in T.PARAM_SHAPES:
+            spec = [None] * len(shape)
+            if name in ("w1", "b1"):
+                spec[-1] = "model"
+            elif name == "w2":
+                spec[0] = "model"
+            out.append(NamedSharding(mesh, P(*spec)))
+    return tuple(out)
+
+
+def _python_for(name: str, depth: int, mesh):
+    import jax
+    import jax.numpy as jnp
+
+    if name in ("mlp-for-grad", "mlp-for-layer17"):
+        args, sh = _mlp_for_args(depth), _mlp_for_shardings(mesh, depth)
+        if name == "mlp-for-grad":
+            argnums = tuple(range(1, len(args)))
+            spec, impl = _grad(_mlp_for(depth), argnums), _grad(_mlp_for(depth), argnums)
+            out = sh[1:]
+        else:
+            spec, impl, out = _mlp_for(depth), _mlp_for(depth, bug_layer=17), sh[0]
+        return jax.jit(spec), jax.jit(impl, in_shardings=sh, out_shardings=out), args
+    from tests.programs import transformer as T
+
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in T.arg_shapes(depth)]
+    sh = _transformer_for_shardings(mesh, depth)
+    f = T.stacked(depth, grad=True)
+    return jax.jit(f), jax.jit(f, in_shardings=sh, out_shardings=sh), args
+
+
 def programs(name: str, depth: int):
     """(spec jitted, impl jitted, arg specs) for one row."""
     import jax
     from jax.sharding import PartitionSpec as P
 
     mesh = _mesh()
+    if name in FOR_PROGRAMS or name == "mlp-for-layer17":
+        return _python_for(name, depth, mesh)
     if name == "mlp-shard-map":
         spec = _mlp()
         impl = jax.shard_map(
@@ -237,6 +321,7 @@ def main() -> None:
     ap.add_argument("--depths", default="2,32,126")
     ap.add_argument("--programs", default=",".join(PROGRAMS))
     ap.add_argument("--no-bugs", action="store_true")
+    ap.add_argument("--bugs", default=",".join(BUGS), help="bug rows to run (at the largest depth)")
     ap.add_argument("--time-limit", type=float, default=600.0, help="tv's time_limit per row")
     ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory_limit (MB)")
     ap.add_argument(
@@ -251,7 +336,7 @@ def main() -> None:
     depths = [int(d) for d in a.depths.split(",")]
     rows = [(p, d) for p in a.programs.split(",") for d in depths]
     if not a.no_bugs:
-        rows += [(b, max(depths)) for b in BUGS]
+        rows += [(b, max(depths)) for b in a.bugs.split(",") if b]
     header = (
         f"{'program':>20} {'layers':>6} {'verdict':>15} {'loops':>5} {'stages':>6} "
         f"{'tv s':>7} {'peak MB':>7} {'xla s':>6}  refuted at"

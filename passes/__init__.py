@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from tv_ir.ir.program import Module
 
-from . import cse, expand_batch_norm, inline_calls, inline_fusions
+from . import cse, expand_batch_norm, inline_calls, inline_fusions, reroll
 
-PASSES = {p.name: p for p in (inline_fusions, inline_calls, expand_batch_norm, cse)}
+PASSES = {p.name: p for p in (inline_fusions, inline_calls, expand_batch_norm, cse, reroll)}
 DEFAULT_PIPELINE = ("inline-fusions", "inline-calls", "expand-batch-norm", "cse")
 
 

@@ -286,19 +286,37 @@ def _unrolled(module: Module) -> Module:
 def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes):
     """The pair proved through its loops (tv_ir.prover.loop_induction), else why not (None:
     no loops to prove that way). Never a refutation: failures fall back to unrolling."""
-    from .passes.loop_cut import top_level_loops
+    from .passes.loop_cut import loop_parts, top_level_loops
+    from .passes.reroll import run as rerolled
     from .passes.shard_map_program import per_device_program
     from .prover.loop_induction import NotProved, prove_loops_by_induction
 
+    # a Python-for stack arrives unrolled: its isomorphic blocks rerolled into loops (the
+    # implementation's preferring the spec's trip counts)
+    try:
+        spec = rerolled(spec)
+        trips = {getattr(loop_parts(spec, op), "trips", None) for op in top_level_loops(spec)}
+    except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+        raise
+    except Exception as e:  # a program the rerolling misreads: unroll, as before
+        return f"rerolling: {type(e).__name__}: {e}"
+    trips.discard(None)
     if not top_level_loops(spec):
         return None
     if not top_level_loops(impl):  # a shard_map's loops are in its body
         flat = per_device_program(impl)
-        if flat is None or not top_level_loops(flat.module):
+        if flat is not None:
+            impl = flat.module
+            placement = Placement(1, flat.num_devices, flat.args, flat.results)
+            check_signatures(spec, impl, placement)
+        try:
+            impl = rerolled(impl, trips)
+        except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+            raise
+        except Exception as e:
+            return f"rerolling: {type(e).__name__}: {e}"
+        if not top_level_loops(impl):
             return None
-        impl = flat.module
-        placement = Placement(1, flat.num_devices, flat.args, flat.results)
-        check_signatures(spec, impl, placement)
 
     def check_pair(s, i, place):
         return _check(s, i, timeout, seed, progress, place, reduce_shapes, None, induction=False)
