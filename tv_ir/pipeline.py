@@ -291,6 +291,8 @@ def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes)
     from .passes.shard_map_program import per_device_program
     from .prover.loop_induction import NotProved, prove_loops_by_induction
 
+    # the programs as given: a refutation is replayed on them, not only on their rewrites
+    given = (spec, impl, placement)
     # a Python-for stack arrives unrolled: its isomorphic blocks rerolled into loops (the
     # implementation's preferring the spec's trip counts)
     try:
@@ -324,7 +326,7 @@ def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes)
     try:
         found = prove_loops_by_induction(spec, impl, placement, check_pair, seed)
         if isinstance(found, NotProved) and found.iterations is not None:
-            refuted = _refuted_in_fewer_iterations(spec, impl, placement, found, check_pair)
+            refuted = _refuted_in_fewer_iterations(spec, impl, placement, found, check_pair, given)
             return refuted or found
         return found
     except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
@@ -333,10 +335,11 @@ def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes)
         return f"{type(e).__name__}: {e}"
 
 
-def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair) -> Report | None:
+def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair, given) -> Report | None:
     """A loop body was refuted at some iteration: check the programs with their loops cut to
     the iterations that reach it (unrolled), and replay that check's counterexample on the
-    whole programs, loops run in full. A difference there is the refutation (located where
+    whole programs as given (`given`: spec, impl, placement before any rerolling or
+    flattening), loops run in full. A difference there is the refutation (located where
     the shortened programs part ways: the same ops, the same source lines); None otherwise
     (the caller then checks the programs unrolled in full)."""
     from .prover.localise import refutation
@@ -349,7 +352,7 @@ def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair) -> R
     if short.verdict != NOT_EQUIVALENT or short.counterexample is None:
         return None
     try:
-        found = refutation(spec, impl, placement, list(short.counterexample.inputs.values()))
+        found = refutation(*given, list(short.counterexample.inputs.values()))
     except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
         raise
     except Exception:  # e.g. a counterexample that stayed at reduced shapes
