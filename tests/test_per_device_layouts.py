@@ -17,6 +17,7 @@ import pytest
 
 import tv_ir
 from tv_ir.errors import BadInput
+from tv_ir.prover.boundary_layouts import GivenLayouts
 
 SPEC = """
 func.func @main(%x: tensor<4x2xf32>) -> tensor<4x2xf32> {
@@ -288,3 +289,30 @@ def test_maximal_argument_is_read_from_its_device_only() -> None:
     )
     r = tv_ir.check(MAXIMAL_SPEC, reads_elsewhere)
     assert r.verdict == "not_equivalent", f"{r.verdict}: {r.reason}"
+
+
+UNREDUCED_ADD = """
+module @m attributes {mhlo.spmd_parameters_shardings = ["{unreduced}", "{unreduced}"],
+                      mhlo.spmd_output_sharding = "{replicated}"} {
+  func.func @main(%a: tensor<2x4xi32>, %b: tensor<2x4xi32>) -> tensor<2x4xi32> {
+    %0 = stablehlo.add %a, %b : tensor<2x4xi32>
+    return %0 : tensor<2x4xi32>
+  }
+}
+"""
+PLAIN_ADD = """
+func.func @main(%a: tensor<2x4xi32>, %b: tensor<2x4xi32>) -> tensor<2x4xi32> {
+  %0 = stablehlo.add %a, %b : tensor<2x4xi32>
+  return %0 : tensor<2x4xi32>
+}
+"""
+
+
+def test_unreduced_layouts_without_a_device_count_are_bad_input() -> None:
+    """XLA's `UnreducedParam` as jaxlib's StableHLO gives it (no mhlo.num_partitions): each
+    device adds its partial sums and calls the result replicated. On one device that is the
+    spec; on the 2 XLA ran it on it is not. The count was taken to be 1 (a false proof)."""
+    with pytest.raises(BadInput, match="sum over the devices"):
+        tv_ir.check(PLAIN_ADD, UNREDUCED_ADD)
+    r = tv_ir.check(PLAIN_ADD, UNREDUCED_ADD, layouts=GivenLayouts(num_partitions=2))
+    assert r.verdict == "not_equivalent"

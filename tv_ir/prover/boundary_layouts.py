@@ -135,7 +135,7 @@ def device_count(impl: Module, shardings: list[str], given: int | None = None) -
     fewest devices its maximal shardings name."""
     declared = int(impl.attrs.get("mhlo.num_partitions", 0) or 0)
     replicas = int(impl.attrs.get("mhlo.num_replicas", 1) or 1)
-    tiled, at_least = _sharding_devices(shardings)
+    tiled, at_least, partial = _sharding_devices(shardings)
     grouped, uses_device, bounds = _collective_devices(impl)
     at_least = max([at_least, *bounds])
     for n, source in ((declared, "mhlo.num_partitions"), (given, "--num-partitions")):
@@ -155,23 +155,33 @@ def device_count(impl: Module, shardings: list[str], given: int | None = None) -
             f"the per-device program uses {uses_device} but nothing says on how many devices "
             "it runs (no mhlo.num_partitions, no tiled sharding): pass --num-partitions"
         )
+    if partial:  # its value is the sum of every device's: the count changes the meaning
+        raise BadInput(
+            f"a {partial} layout's value is a sum over the devices, but nothing says on how "
+            "many devices the program runs (no mhlo.num_partitions, no tiled sharding, no "
+            "collective): pass --num-partitions"
+        )
     return max(at_least, 1)
 
 
-def _sharding_devices(shardings: list[str]) -> tuple[int, int]:
+def _sharding_devices(shardings: list[str]) -> tuple[int, int, str]:
     """(devices a tiled sharding places, 0 if none; the fewest devices the maximal
-    shardings allow)."""
+    shardings allow; an unreduced sharding among them, "" if none)."""
     from jax._src.lib import xla_client as xc
 
     tiled: set[int] = set()
     at_least = 0
+    partial = ""
     for s in shardings:
         try:
             h = xc.HloSharding.from_string(s)
         except Exception:
             raise BadInput(f"malformed sharding {s!r}") from None
         for e in h.tuple_elements() or [h]:
-            if e.is_replicated() or e.is_manual() or e.is_unreduced() or e.is_unknown():
+            if e.is_unreduced():
+                partial = partial or str(e)
+                continue
+            if e.is_replicated() or e.is_manual() or e.is_unknown():
                 continue
             if e.is_maximal():
                 at_least = max(at_least, int(e.tile_assignment_devices()[0]) + 1)
@@ -179,7 +189,7 @@ def _sharding_devices(shardings: list[str]) -> tuple[int, int]:
                 tiled.add(len(e.tile_assignment_devices()))
     if len(tiled) > 1:
         raise BadInput(f"the shardings place different device counts: {sorted(tiled)}")
-    return (tiled.pop() if tiled else 0), at_least
+    return (tiled.pop() if tiled else 0), at_least, partial
 
 
 def _collective_devices(impl: Module) -> tuple[int, str | None, list[int]]:
