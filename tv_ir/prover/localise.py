@@ -25,7 +25,7 @@ from tv_ir.semantics.layout import Layout
 from tv_ir.semantics.ops.registry import COLLECTIVES
 
 from ..errors import TvError
-from ..limits import OutOfMemoryBudget, OutOfTime, check_time
+from ..limits import OutOfMemoryBudget, OutOfTime, check_time, deadline, time_left
 from .correspond import MOVEMENT_OPS, TileIndex, box_index, mesh_groups
 from .simulate import (
     Trace,
@@ -35,6 +35,11 @@ from .simulate import (
     run_traced,
     run_traced_devices,
 )
+
+# the share of the time left that looking for the diverging op may take: a refutation is
+# replayed at other sizes afterwards (tv_ir.prover.real_size), which must not find the run's
+# time spent, or a shown difference would end as `unknown`
+LOCATE_SHARE = 0.5
 
 
 def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
@@ -78,8 +83,10 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
     )
     if ce.device is not None:
         ce.mesh_coords = mesh_coords(impl, ce.device, placement.num_partitions)
-    try:
-        loc = _location(spec, impl, placement, inputs, spec_tr, impl_tr, differing)
+    left = time_left()
+    try:  # with a share of the time left: the rest is for replaying the difference elsewhere
+        with deadline(None if left is None else max(left, 0.0) * LOCATE_SHARE):
+            loc = _location(spec, impl, placement, inputs, spec_tr, impl_tr, differing)
     except (OutOfTime, OutOfMemoryBudget) as e:  # the difference is shown: only where is not
         loc = Location(note=f"the diverging op was not found ({e} while looking for it)")
     return ce, loc, outputs
