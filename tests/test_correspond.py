@@ -90,3 +90,62 @@ def test_tile_boxes_are_those_tiles_lists() -> None:
     for shape, tile in [((4, 6), (2, 3)), ((2, 3, 4), (1, 3, 2)), ((), ()), ((6,), (1,))]:
         boxes = tiles(shape, tile)
         assert [tile_box(shape, tile, i) for i in range(len(boxes))] == boxes
+
+
+def _per_tile_norm_index(index: TileIndex, local: tuple) -> list:
+    """The scale-free index as tiles one at a time give it: (key, value, box, pivot)."""
+    from tv_ir.prover.correspond import _pivot
+
+    out = []
+    for vid, box, arrays in index._tiles(local):
+        pivot = _pivot(arrays[0])
+        if pivot is not None:
+            key = index._project(local, [np.asarray(a, dtype=np.float64) / pivot for a in arrays])
+            out.append((key[0], vid, box, pivot))
+    return sorted(out, key=lambda e: e[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), loose=st.booleans())
+def test_the_scale_free_index_normalises_all_tiles_at_once_as_one_by_one(seed, loose) -> None:
+    from tv_ir.prover.correspond import tile_box
+
+    rng = np.random.default_rng(seed)
+    shapes = {1: (4, 6), 2: (2, 3, 4), 3: (6,), 4: (), 5: (4, 1, 6), 6: (2, 4)}
+    traces = []
+    for _ in range(2):
+        values = {v: rng.integers(-2, 3, size=s).astype(np.float64) for v, s in shapes.items()}
+        values[6] = rng.integers(0, 3, size=(2, 4))  # integers: no pivot
+        values[1][0, :2] = [np.inf, np.nan]  # a tile with non-finite elements: no pivot
+        traces.append(Trace(values=values))
+    order = {v: k for k, v in enumerate(shapes)}
+    for local in [(2, 3), (2,), (1,), (), (4, 6), (6, 4), (1, 2), (2, 1, 3), (24,)]:
+        index = TileIndex(traces, shapes, order, loose_rank=loose)
+        idx = index._norm_index(local)
+        fast = sorted(
+            (
+                int(idx.vids[e]),
+                tile_box(
+                    shapes[int(idx.vids[e])], idx.tiles[int(idx.tile_of[e])], int(idx.rows[e])
+                ),
+                float(idx.pivots[e]),
+                float(idx.keys[e]),
+            )
+            for e in range(len(idx.keys))
+        )
+        slow = sorted(
+            (vid, box, pivot, key) for key, vid, box, pivot in _per_tile_norm_index(index, local)
+        )
+        assert [f[:3] for f in fast] == [s[:3] for s in slow]
+        assert np.allclose([f[3] for f in fast], [s[3] for s in slow])
+
+
+def test_a_value_off_by_a_factor_is_found_among_many_equal_constant_tiles() -> None:
+    """A constant spec value has as many equal normalised tiles as elements: the factor of a
+    constant device value is found once per spec value, not once per tile."""
+    spec = {1: np.full((64, 64), 0.5), 2: np.arange(8.0)}
+    index = TileIndex([Trace(values=spec)], {1: (64, 64), 2: (8,)}, {1: 0, 2: 1}, loose_rank=True)
+    assert index.scale_of([[np.full((4,), 2.0)], [np.full((4,), 2.0)]]) == 4.0
+    assert index.scale_of([[np.arange(4.0) * 3]]) == 3.0
+    found = index._scaled_matches((4,), [np.full((4,), 2.0)])
+    assert [(vid, c) for vid, _, c in found] == [(1, 4.0)]

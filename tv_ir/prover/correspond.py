@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field
+from itertools import repeat
 
 import numpy as np
 
@@ -167,7 +168,7 @@ class TileIndex:
         self.order = order
         self.loose_rank = loose_rank
         self._by_local: dict[tuple, list[tuple[float, list[tuple[int, Box]]]]] = {}
-        self._by_norm: dict[tuple, list[tuple[float, int, Box, float]]] = {}
+        self._by_norm: dict[tuple, _NormIndex] = {}
         self._directions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def _direction(self, local: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -239,12 +240,13 @@ class TileIndex:
                         if not np.isfinite(f).all():
                             f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
                         key += f @ r
-                    for i in range(len(key)):
-                        content = tuple(run[i].tobytes() for run in rows)
+                    # equal tiles at once (a zero value's million unit tiles are one group)
+                    for first, members in _equal_rows(rows):
+                        content = tuple(run[first].tobytes() for run in rows)
                         entry = groups.get(content)
                         if entry is None:
-                            entry = groups[content] = (float(key[i]), [])
-                        entry[1].append((vid, tile, i))
+                            entry = groups[content] = (float(key[first]), [])
+                        entry[1].extend(zip(repeat(vid), repeat(tile), members.tolist()))
             idx = sorted(
                 ((k, members, _first_per_value(members)) for k, members in groups.values()),
                 key=lambda e: e[0],
@@ -291,26 +293,58 @@ class TileIndex:
         """Is this one device's value (in every run) a tile of some spec value?"""
         return bool(self._matches(tuple(np.shape(arrays[0])), arrays, firsts=True))
 
-    def _norm_index(self, local: tuple) -> list[tuple[float, int, Box, float]]:
-        """Spec tiles divided by their largest-magnitude element (scale-free keys)."""
+    def _norm_index(self, local: tuple) -> _NormIndex:
+        """Spec tiles divided by their largest-magnitude element (scale-free keys), sorted.
+        Each spec value's tiles of one shape are normalised and projected at once, as in
+        `_index` (one by one, the tiles of a large program took minutes)."""
         idx = self._by_norm.get(local)
         if idx is None:
-            idx = []
-            for vid, box, arrays in self._tiles(local):
+            r, _ = self._direction(local)
+            parts: list[tuple] = []
+            tiles_seen: list[tuple] = []
+            for vid, shape in self.shapes.items():
                 check_time()
-                pivot = _pivot(arrays[0])
-                if pivot is None:
+                if vid not in self.traces[0].values:
                     continue
-                key = self._project(local, [np.asarray(a) / pivot for a in arrays])
-                if key is not None:
-                    idx.append((key[0], vid, box, pivot))
-            idx.sort(key=lambda e: e[0])
+                values = [np.asarray(tr.values[vid]) for tr in self.traces]
+                if values[0].dtype.kind != "f" or any(v.shape != tuple(shape) for v in values):
+                    continue  # no pivot (as `_pivot`)
+                for tile in tile_shapes(shape, local, self.loose_rank):
+                    rows = [tile_rows(v, tile).astype(np.float64) for v in values]
+                    if rows[0].shape[1] == 0:
+                        continue
+                    first = rows[0]
+                    at = np.argmax(np.abs(first), axis=1)
+                    pivots = first[np.arange(len(first)), at]
+                    keep = np.isfinite(first).all(axis=1) & (pivots != 0)
+                    if not keep.any():
+                        continue
+                    where = np.flatnonzero(keep)
+                    key = np.zeros(len(where))
+                    with np.errstate(all="ignore"):
+                        for run in rows:
+                            f = run[where] / pivots[where, None]
+                            if not np.isfinite(f).all():
+                                f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
+                            key += f @ r
+                    tiles_seen.append(tile)
+                    n = len(where)
+                    parts.append(
+                        (
+                            key,
+                            np.full(n, vid),
+                            np.full(n, len(tiles_seen) - 1),
+                            where,
+                            pivots[where],
+                        )
+                    )
+            idx = _NormIndex.of(parts, tiles_seen)
             self._by_norm[local] = idx
         return idx
 
     def _scaled_matches(self, local: tuple, arrays) -> list[tuple[int, Box, float]]:
         """(spec value, box, c) with arrays == c * tile in every run, c a whole number or
-        the reciprocal of one (other than 1)."""
+        the reciprocal of one (other than 1): one box for each spec value and factor."""
         pivot = _pivot(arrays[0])
         if pivot is None:
             return []
@@ -319,15 +353,17 @@ class TileIndex:
             return []
         idx = self._norm_index(local)
         tol = 1e-7 * (1.0 + key[1])
-        lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
-        out = []
-        for k, vid, box, spec_pivot in idx[lo:]:
-            if k > key[0] + tol:
-                break
-            c = pivot / spec_pivot
-            if not _whole_ratio(c):
-                continue
+        lo = int(np.searchsorted(idx.keys, key[0] - tol, side="left"))
+        hi = int(np.searchsorted(idx.keys, key[0] + tol, side="right"))
+        out, found = [], set()
+        for e in range(lo, hi):
+            vid = int(idx.vids[e])
+            c = pivot / float(idx.pivots[e])
+            if not _whole_ratio(c) or (vid, _round_ratio(c)) in found:
+                continue  # a near-constant tile matches thousands: one box per value is enough
             check_time()
+            tile = idx.tiles[int(idx.tile_of[e])]
+            box = tile_box(tuple(self.shapes[vid]), tile, int(idx.rows[e]))
             if all(
                 close_elementwise(
                     a, c * np.asarray(self._tile(vid, box, i, local), dtype=np.float64)
@@ -335,6 +371,7 @@ class TileIndex:
                 for i, a in enumerate(arrays)
             ):
                 out.append((vid, box, c))
+                found.add((vid, _round_ratio(c)))
         return out
 
     def scale_of(self, per_device: list[list]) -> float | None:
@@ -374,6 +411,43 @@ class TileIndex:
             Correspondence(v, tuple(b[0] for b in found[v]), tuple(found[v]))
             for v in (ordered[:limit] if limit else ordered)
         ]
+
+
+@dataclass(frozen=True)
+class _NormIndex:
+    """Normalised spec tiles sorted by key: per entry its spec value, tile shape (an index
+    into `tiles`), row of `tile_rows` and pivot."""
+
+    keys: np.ndarray
+    vids: np.ndarray
+    tile_of: np.ndarray
+    rows: np.ndarray
+    pivots: np.ndarray
+    tiles: list
+
+    @staticmethod
+    def of(parts: list[tuple], tiles: list) -> _NormIndex:
+        if not parts:
+            empty = np.zeros(0)
+            return _NormIndex(empty, empty, empty, empty, empty, tiles)
+        cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        order = np.argsort(cols[0], kind="stable")
+        return _NormIndex(*(c[order] for c in cols), tiles)
+
+
+def _equal_rows(rows: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+    """Rows equal (byte for byte) in every run, grouped: (first row, every row of the
+    group, ascending), groups in the order of their first rows."""
+    joined = np.ascontiguousarray(np.concatenate([r.reshape(len(r), -1) for r in rows], axis=1))
+    if joined.shape[1] == 0:
+        return [(0, np.arange(len(joined)))] if len(joined) else []
+    as_bytes = joined.view(np.dtype((np.void, joined.dtype.itemsize * joined.shape[1])))
+    _, first, inverse = np.unique(as_bytes.reshape(-1), return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    by_group = np.argsort(inverse, kind="stable")
+    bounds = np.cumsum(np.bincount(inverse, minlength=len(first)))[:-1]
+    members = np.split(by_group, bounds)
+    return [(int(first[g]), members[g]) for g in np.argsort(first)]
 
 
 def _first_per_value(members: list) -> list:
