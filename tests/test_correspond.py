@@ -149,3 +149,28 @@ def test_a_value_off_by_a_factor_is_found_among_many_equal_constant_tiles() -> N
     assert index.scale_of([[np.arange(4.0) * 3]]) == 3.0
     found = index._scaled_matches((4,), [np.full((4,), 2.0)])
     assert [(vid, c) for vid, _, c in found] == [(1, 4.0)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_the_values_held_are_those_every_candidate_names(seed) -> None:
+    """`values_held` (localisation's record of which spec values have a counterpart) names
+    the spec values of `candidates(limit=0)`, zeros matching many values included."""
+    rng = np.random.default_rng(seed)
+    shapes = {1: (4, 6), 2: (2, 3, 4), 3: (6,), 4: (4, 1, 6), 5: (8, 6)}
+    values = {v: rng.integers(-1, 2, size=s).astype(np.float64) for v, s in shapes.items()}
+    values[5][:4] = 0.0
+    index = TileIndex([Trace(values=values)], shapes, {v: v for v in shapes}, loose_rank=True)
+    v1, v2, v3, v5 = values[1], values[2], values[3], values[5]
+    cases = [
+        [v1[:2], v1[2:]],
+        [v2[0], v2[1]],
+        [v3, v3],
+        [v5[:4], v5[4:]],  # zeros: a tile of many values
+        [v1[:, :1], v1[:, 1:2]],
+        [np.zeros((4, 6)), np.zeros((4, 6))],
+    ]
+    for tiles_ in cases:
+        per_device = [[t] for t in tiles_]
+        named = {c.spec_value for c in index.candidates(per_device, limit=0)}
+        assert index.values_held(per_device) == named

@@ -271,16 +271,19 @@ class TileIndex:
         idx = self._index(local)
         tol = 1e-7 * (1.0 + key[1])
         lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
-        out = []
+        out, seen = [], set()
         for k, members, first in idx[lo:]:
             if k > key[0] + tol:
                 break
+            if firsts and all(m[0] in seen for m in first):
+                continue  # near-zero tiles of values already found: nothing new
             check_time()  # near-zero tiles: thousands may share a key
             vid, box = self._member(members[0])
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
             ):
                 out += first if firsts else members
+                seen.update(m[0] for m in first)
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
@@ -288,6 +291,18 @@ class TileIndex:
         earliest spec value first."""
         found = self._matches(tuple(np.shape(arrays[0])), arrays)
         return [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
+
+    def values_held(self, per_device: list[list]) -> set[int]:
+        """The spec values a tile of which every device's value is (in every run): the
+        values `candidates(per_device, limit=0)` names, without making their boxes."""
+        local = tuple(np.shape(per_device[0][0]))
+        common: set[int] | None = None
+        for arrays in per_device:
+            here = {m[0] for m in self._matches(local, arrays, firsts=True)}
+            common = here if common is None else common & here
+            if not common:
+                return set()
+        return common or set()
 
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""

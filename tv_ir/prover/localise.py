@@ -434,8 +434,7 @@ class _Walk:
     def note_spec_values(self, op) -> None:
         for r in op.results:
             if self.is_data(r):
-                found = self.index.candidates([[x] for x in self.tr.values[r.id]], limit=0)
-                self.spec_seen.update(c.spec_value for c in found)
+                self.spec_seen |= self.index.values_held([[x] for x in self.tr.values[r.id]])
 
     def kind(self, v) -> Kind | None:
         if not self.is_data(v):
