@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tv_ir.prover.correspond import TileIndex, tiles
+from tv_ir.prover.correspond import ALTERNATIVES, TileIndex, tiles
 from tv_ir.prover.simulate import Trace
 
 
@@ -60,8 +60,16 @@ def _per_tile_index(index: TileIndex, local: tuple) -> list:
         key = index._project(local, arrays)
         if key is not None:
             content = tuple(np.ascontiguousarray(a).tobytes() for a in arrays)
-            groups.setdefault(content, (key[0], []))[1].append((vid, box))
+            members = groups.setdefault(content, (key[0], []))[1]
+            # of equal tiles, the first ALTERNATIVES of each value and tile shape
+            shape = tuple(b - a for a, b in box)
+            if sum(1 for v, b in members if v == vid and _shape(b) == shape) < ALTERNATIVES:
+                members.append((vid, box))
     return sorted(groups.values(), key=lambda e: e[0])
+
+
+def _shape(box) -> tuple:
+    return tuple(b - a for a, b in box)
 
 
 @settings(max_examples=40, deadline=None)

@@ -246,7 +246,9 @@ class TileIndex:
                         entry = groups.get(content)
                         if entry is None:
                             entry = groups[content] = (float(key[first]), [])
-                        entry[1].extend(zip(repeat(vid), repeat(tile), members.tolist()))
+                        # no caller uses more than ALTERNATIVES equal tiles of one value
+                        members = members[:ALTERNATIVES].tolist()
+                        entry[1].extend(zip(repeat(vid), repeat(tile), members))
             idx = sorted(
                 ((k, members, _first_per_value(members)) for k, members in groups.values()),
                 key=lambda e: e[0],
