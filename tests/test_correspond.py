@@ -86,7 +86,7 @@ def test_the_index_projects_all_tiles_of_a_value_at_once_as_one_by_one(seed, loo
     order = {v: k for k, v in enumerate(shapes)}
     for local in [(2, 3), (2,), (1,), (), (4, 6), (6, 4), (1, 2), (2, 1, 3), (24,)]:
         index = TileIndex(traces, shapes, order, loose_rank=loose)
-        fast = [(k, [index._member(m) for m in ms]) for k, ms, _ in index._index(local)]
+        fast = [(k, [index._member(m) for m in ms]) for k, ms in index._index(local)]
         slow = _per_tile_index(index, local)
         assert [ms for _, ms in fast] == [ms for _, ms in slow]
         assert np.allclose([k for k, _ in fast], [k for k, _ in slow])

@@ -249,10 +249,7 @@ class TileIndex:
                         # no caller uses more than ALTERNATIVES equal tiles of one value
                         members = members[:ALTERNATIVES].tolist()
                         entry[1].extend(zip(repeat(vid), repeat(tile), members))
-            idx = sorted(
-                ((k, members, _first_per_value(members)) for k, members in groups.values()),
-                key=lambda e: e[0],
-            )
+            idx = sorted(groups.values(), key=lambda e: e[0])
             self._by_local[local] = idx
         return idx
 
@@ -274,18 +271,18 @@ class TileIndex:
         tol = 1e-7 * (1.0 + key[1])
         lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
         out, seen = [], set()
-        for k, members, first in idx[lo:]:
+        for k, members in idx[lo:]:
             if k > key[0] + tol:
                 break
-            if firsts and all(m[0] in seen for m in first):
+            if firsts and all(m[0] in seen for m in members):
                 continue  # near-zero tiles of values already found: nothing new
             check_time()  # near-zero tiles: thousands may share a key
             vid, box = self._member(members[0])
             if all(
                 close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
             ):
-                out += first if firsts else members
-                seen.update(m[0] for m in first)
+                out += _first_per_value(members) if firsts else members
+                seen.update(m[0] for m in members)
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
@@ -373,7 +370,10 @@ class TileIndex:
         lo = int(np.searchsorted(idx.keys, key[0] - tol, side="left"))
         hi = int(np.searchsorted(idx.keys, key[0] + tol, side="right"))
         out, found = [], set()
-        for e in range(lo, hi):
+        with np.errstate(all="ignore"):
+            ratios = pivot / idx.pivots[lo:hi]
+        whole = lo + np.flatnonzero(_whole_ratios(ratios))  # (a vectorised `_whole_ratio`)
+        for e in whole.tolist():
             vid = int(idx.vids[e])
             c = pivot / float(idx.pivots[e])
             if not _whole_ratio(c) or (vid, _round_ratio(c)) in found:
@@ -494,6 +494,18 @@ def _whole_ratio(c: float, limit: float = 1e7) -> bool:
         if 1.0 <= abs(x) <= limit and abs(x - round(x)) <= 1e-9 * abs(x):
             return True
     return False
+
+
+def _whole_ratios(c: np.ndarray, limit: float = 1e7) -> np.ndarray:
+    """`_whole_ratio` of each element (a superset: callers check each hit with it)."""
+    c = np.asarray(c, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(c) & (c != 0) & (np.abs(c - 1.0) > 1e-9)
+        hit = np.zeros(c.shape, dtype=bool)
+        for x in (c, 1.0 / c):
+            a = np.abs(x)
+            hit |= (a >= 1.0) & (a <= limit) & (np.abs(x - np.round(x)) <= 2e-9 * a)
+    return ok & hit
 
 
 def _round_ratio(c: float) -> float:
