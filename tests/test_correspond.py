@@ -53,28 +53,14 @@ def test_no_correspondence_when_one_device_differs() -> None:
     assert index.candidates(per_device) == []
 
 
-def _per_tile_index(index: TileIndex, local: tuple) -> list:
-    """The index as tiles one at a time give it: (projection, [(value, box)]) sorted."""
-    groups: dict = {}
-    for vid, box, arrays in index._tiles(local):
-        key = index._project(local, arrays)
-        if key is not None:
-            content = tuple(np.ascontiguousarray(a).tobytes() for a in arrays)
-            members = groups.setdefault(content, (key[0], []))[1]
-            # of equal tiles, the first ALTERNATIVES of each value and tile shape
-            shape = tuple(b - a for a, b in box)
-            if sum(1 for v, b in members if v == vid and _shape(b) == shape) < ALTERNATIVES:
-                members.append((vid, box))
-    return sorted(groups.values(), key=lambda e: e[0])
-
-
-def _shape(box) -> tuple:
-    return tuple(b - a for a, b in box)
-
-
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), loose=st.booleans())
-def test_the_index_projects_all_tiles_of_a_value_at_once_as_one_by_one(seed, loose) -> None:
+def test_the_index_finds_every_value_a_tile_of_which_a_value_is(seed, loose) -> None:
+    """Tiles are projected and grouped a value at a time (numpy): every tile, queried,
+    finds what comparing it with every spec tile one by one finds (the values; boxes that
+    are tiles equal to it; at most ALTERNATIVES per value and tile shape)."""
+    from tv_ir.semantics.closeness import close_elementwise
+
     rng = np.random.default_rng(seed)
     shapes = {1: (4, 6), 2: (2, 3, 4), 3: (6,), 4: (), 5: (4, 1, 6), 6: (2, 4)}
     traces = []
@@ -86,10 +72,22 @@ def test_the_index_projects_all_tiles_of_a_value_at_once_as_one_by_one(seed, loo
     order = {v: k for k, v in enumerate(shapes)}
     for local in [(2, 3), (2,), (1,), (), (4, 6), (6, 4), (1, 2), (2, 1, 3), (24,)]:
         index = TileIndex(traces, shapes, order, loose_rank=loose)
-        fast = [(k, [index._member(m) for m in ms]) for k, ms in index._index(local)]
-        slow = _per_tile_index(index, local)
-        assert [ms for _, ms in fast] == [ms for _, ms in slow]
-        assert np.allclose([k for k, _ in fast], [k for k, _ in slow])
+        every = index._tiles(local)
+        for _, _, arrays in every:
+            slow = [
+                (vid, box)
+                for vid, box, other in every
+                if all(close_elementwise(a, b) for a, b in zip(arrays, other, strict=True))
+            ]
+            fast = index.tile_matches(arrays)
+            assert {v for v, _ in fast} == {v for v, _ in slow}
+            assert set(fast) <= set(slow)
+            per_shape: dict = {}
+            for vid, box in fast:
+                key = (vid, tuple(b - a for a, b in box))
+                per_shape[key] = per_shape.get(key, 0) + 1
+            assert max(per_shape.values()) <= ALTERNATIVES * 2  # one group per run pattern
+            assert index.holds_tile(arrays)
 
 
 def test_tile_boxes_are_those_tiles_lists() -> None:

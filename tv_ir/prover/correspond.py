@@ -10,10 +10,8 @@ masked logit of -0.7 * finfo(float32).max must not make every head's tile match.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import numpy as np
 
@@ -167,7 +165,7 @@ class TileIndex:
         self.shapes = shapes
         self.order = order
         self.loose_rank = loose_rank
-        self._by_local: dict[tuple, list[tuple[float, list[tuple[int, Box]]]]] = {}
+        self._by_local: dict[tuple, _TileEntries] = {}
         self._by_norm: dict[tuple, _NormIndex] = {}
         self._directions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -214,16 +212,18 @@ class TileIndex:
     def _tile(self, vid: int, box: Box, run: int, local: tuple):
         return np.reshape(self.traces[run].values[vid][box_index(box)], local)
 
-    def _index(self, local: tuple) -> list[tuple[float, list[tuple[int, tuple, int]]]]:
-        """(projection, [(spec value, tile shape, row)]) sorted by projection; tiles equal in
-        every run share one entry, so a value that equals many of them (a zero tile of every
-        masked attention matrix) is compared once, not once per copy. Each spec value's tiles
-        of one shape are projected at once (`tile_rows`): a value of a million elements has a
-        million unit tiles, which one by one cost seconds."""
+    def _index(self, local: tuple) -> _TileEntries:
+        """The distinct tiles of each spec value and tile shape, sorted by projection; equal
+        tiles of one value share an entry, so a value that equals many of them (a zero tile
+        of a masked attention matrix) is compared once per value, not once per copy. Each
+        spec value's tiles of one shape are projected and grouped at once (`tile_rows`,
+        numpy): a value of a million elements has a million unit tiles, which one by one
+        (or one Python step each) cost minutes in a large program."""
         idx = self._by_local.get(local)
         if idx is None:
-            groups: dict[tuple, tuple[float, list]] = {}
             r, _ = self._direction(local)
+            parts: list[tuple] = []
+            tiles_seen: list[tuple] = []
             for vid, shape in self.shapes.items():
                 check_time()  # an index over every spec value of a large program takes a while
                 if vid not in self.traces[0].values:
@@ -240,16 +240,10 @@ class TileIndex:
                         if not np.isfinite(f).all():
                             f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
                         key += f @ r
-                    # equal tiles at once (a zero value's million unit tiles are one group)
-                    for first, members in _equal_rows(rows):
-                        content = tuple(run[first].tobytes() for run in rows)
-                        entry = groups.get(content)
-                        if entry is None:
-                            entry = groups[content] = (float(key[first]), [])
-                        # no caller uses more than ALTERNATIVES equal tiles of one value
-                        members = members[:ALTERNATIVES].tolist()
-                        entry[1].extend(zip(repeat(vid), repeat(tile), members))
-            idx = sorted(groups.values(), key=lambda e: e[0])
+                    groups = _equal_rows(rows)
+                    tiles_seen.append(tile)
+                    parts.append((key[groups.first], vid, len(tiles_seen) - 1, groups))
+            idx = _TileEntries.of(parts, tiles_seen)
             self._by_local[local] = idx
         return idx
 
@@ -260,29 +254,36 @@ class TileIndex:
 
     def _matches(self, local: tuple, arrays, firsts: bool = False) -> list[tuple[int, tuple, int]]:
         """The index members (spec value, tile shape, row) of every tile the arrays (one
-        device's value in every run) equal; `_member` gives their boxes (a zero value
-        equals thousands of tiles: their boxes are made when asked for). `firsts`: of each
-        equal group only the first member of each spec value (all that a caller looking
-        for one tile per value needs)."""
+        device's value in every run) equal, at most ALTERNATIVES equal ones per value and
+        tile shape (no caller uses more); `_member` gives their boxes. `firsts`: one member
+        per spec value (all that a caller looking for the values needs)."""
         key = self._project(local, arrays)
         if key is None:
             return []
         idx = self._index(local)
         tol = 1e-7 * (1.0 + key[1])
-        lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
+        lo = int(np.searchsorted(idx.keys, key[0] - tol, side="left"))
+        hi = int(np.searchsorted(idx.keys, key[0] + tol, side="right"))
         out, seen = [], set()
-        for k, members in idx[lo:]:
-            if k > key[0] + tol:
-                break
-            if firsts and all(m[0] in seen for m in members):
+        verdicts: dict[tuple, bool] = {}  # equal tiles of several values: compared once
+        for e in range(lo, hi):
+            vid = int(idx.vids[e])
+            if firsts and vid in seen:
                 continue  # near-zero tiles of values already found: nothing new
             check_time()  # near-zero tiles: thousands may share a key
-            vid, box = self._member(members[0])
-            if all(
-                close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
-            ):
-                out += _first_per_value(members) if firsts else members
-                seen.update(m[0] for m in members)
+            tile = idx.tiles[int(idx.tile_of[e])]
+            rows = idx.members(e)
+            box = tile_box(tuple(self.shapes[vid]), tile, rows[0])
+            blocks = [self._tile(vid, box, i, local) for i in range(len(arrays))]
+            content = tuple(np.ascontiguousarray(b).tobytes() for b in blocks)
+            same = verdicts.get(content)
+            if same is None:
+                same = verdicts[content] = all(
+                    close_elementwise(a, b) for a, b in zip(arrays, blocks, strict=True)
+                )
+            if same:
+                out += [(vid, tile, row) for row in (rows[:1] if firsts else rows)]
+                seen.add(vid)
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
@@ -452,27 +453,70 @@ class _NormIndex:
         return _NormIndex(*(c[order] for c in cols), tiles)
 
 
-def _equal_rows(rows: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
-    """Rows equal (byte for byte) in every run, grouped: (first row, every row of the
-    group, ascending), groups in the order of their first rows."""
-    joined = np.ascontiguousarray(np.concatenate([r.reshape(len(r), -1) for r in rows], axis=1))
-    if joined.shape[1] == 0:
-        return [(0, np.arange(len(joined)))] if len(joined) else []
+@dataclass(frozen=True)
+class _EqualRows:
+    """Rows equal in every run, grouped: each group's first row (groups in the order of
+    their first rows) and, in `rows[starts[g]:starts[g] + counts[g]]`, its rows ascending."""
+
+    first: np.ndarray
+    rows: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+
+
+def _equal_rows(rows: list[np.ndarray]) -> _EqualRows:
+    """The rows of `tile_rows` (one array per run) grouped by content (byte for byte)."""
+    n = len(rows[0])
+    joined = np.ascontiguousarray(np.concatenate([r.reshape(n, -1) for r in rows], axis=1))
+    if joined.shape[1] == 0 or n == 0:
+        one = np.zeros(min(n, 1), dtype=np.int64)
+        return _EqualRows(one, np.arange(n), one, np.full(len(one), n))
     as_bytes = joined.view(np.dtype((np.void, joined.dtype.itemsize * joined.shape[1])))
     _, first, inverse = np.unique(as_bytes.reshape(-1), return_index=True, return_inverse=True)
     inverse = inverse.reshape(-1)
-    by_group = np.argsort(inverse, kind="stable")
-    bounds = np.cumsum(np.bincount(inverse, minlength=len(first)))[:-1]
-    members = np.split(by_group, bounds)
-    return [(int(first[g]), members[g]) for g in np.argsort(first)]
+    by_group = np.argsort(inverse, kind="stable")  # each group's rows, ascending
+    counts = np.bincount(inverse, minlength=len(first))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    order = np.argsort(first, kind="stable")  # groups in the order of their first rows
+    return _EqualRows(first[order], by_group, starts[order], counts[order])
 
 
-def _first_per_value(members: list) -> list:
-    """The first member of each spec value, in order."""
-    first: dict[int, tuple] = {}
-    for m in members:
-        first.setdefault(m[0], m)
-    return list(first.values())
+@dataclass(frozen=True)
+class _TileEntries:
+    """One local shape's index: per entry (a group of equal tiles of one spec value and
+    tile shape), sorted by projection, its spec value, tile shape (in `tiles`) and rows."""
+
+    keys: np.ndarray
+    vids: np.ndarray
+    tile_of: np.ndarray
+    chunk_of: np.ndarray
+    group_of: np.ndarray
+    chunks: list  # per (value, tile shape): its _EqualRows
+    tiles: list
+
+    @staticmethod
+    def of(parts: list[tuple], tiles: list) -> _TileEntries:
+        """From (keys of each group, spec value, tile, _EqualRows) per value and tile."""
+        cols: list[list] = [[], [], [], [], []]
+        for c, (keys, vid, tile, _) in enumerate(parts):
+            n = len(keys)
+            for col, x in zip(
+                cols,
+                (keys, np.full(n, vid), np.full(n, tile), np.full(n, c), np.arange(n)),
+                strict=True,
+            ):
+                col.append(x)
+        arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
+        order = np.argsort(arrays[0], kind="stable")
+        chunks = [groups for *_, groups in parts]
+        return _TileEntries(*(a[order] for a in arrays), chunks, tiles)
+
+    def members(self, e: int) -> list[int]:
+        """Entry `e`'s rows: the first ALTERNATIVES equal tiles."""
+        g = self.chunks[int(self.chunk_of[e])]
+        k = int(self.group_of[e])
+        start = int(g.starts[k])
+        return g.rows[start : start + min(int(g.counts[k]), ALTERNATIVES)].tolist()
 
 
 def _pivot(a) -> float | None:
