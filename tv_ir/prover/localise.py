@@ -445,7 +445,7 @@ class _Walk:
 
     def _classify(self, v) -> Kind | None:
         vals = self.tr.values[v.id]
-        if self.index.candidates([[x] for x in vals], limit=1):
+        if self.index.values_held([[x] for x in vals]):  # (only whether there is one)
             return EXACT
         if np.asarray(vals[0]).dtype.kind != "f":
             return None
@@ -456,7 +456,7 @@ class _Walk:
             return MIXED  # not a partial sum whose other members happen to be zeros
         sums = [(g, _group_sums(vals, g)) for g in mesh_groups(self.n)] if self.n > 1 else []
         for groups, summed in sums:
-            if self.index.candidates([[x] for x in summed], limit=1):
+            if self.index.values_held([[x] for x in summed]):
                 return Kind(groups=groups)
         for groups, summed in sums:
             c = self.index.scale_of([[x] for x in summed])
