@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tv_ir.prover.correspond import TileIndex, tiles
+from tv_ir.prover.correspond import ALTERNATIVES, TileIndex, tiles
 from tv_ir.prover.simulate import Trace
 
 
@@ -53,20 +53,14 @@ def test_no_correspondence_when_one_device_differs() -> None:
     assert index.candidates(per_device) == []
 
 
-def _per_tile_index(index: TileIndex, local: tuple) -> list:
-    """The index as tiles one at a time give it: (projection, [(value, box)]) sorted."""
-    groups: dict = {}
-    for vid, box, arrays in index._tiles(local):
-        key = index._project(local, arrays)
-        if key is not None:
-            content = tuple(np.ascontiguousarray(a).tobytes() for a in arrays)
-            groups.setdefault(content, (key[0], []))[1].append((vid, box))
-    return sorted(groups.values(), key=lambda e: e[0])
-
-
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), loose=st.booleans())
-def test_the_index_projects_all_tiles_of_a_value_at_once_as_one_by_one(seed, loose) -> None:
+def test_the_index_finds_every_value_a_tile_of_which_a_value_is(seed, loose) -> None:
+    """Tiles are projected and grouped a value at a time (numpy): every tile, queried,
+    finds what comparing it with every spec tile one by one finds (the values; boxes that
+    are tiles equal to it; at most ALTERNATIVES per value and tile shape)."""
+    from tv_ir.semantics.closeness import close_elementwise
+
     rng = np.random.default_rng(seed)
     shapes = {1: (4, 6), 2: (2, 3, 4), 3: (6,), 4: (), 5: (4, 1, 6), 6: (2, 4)}
     traces = []
@@ -78,10 +72,22 @@ def test_the_index_projects_all_tiles_of_a_value_at_once_as_one_by_one(seed, loo
     order = {v: k for k, v in enumerate(shapes)}
     for local in [(2, 3), (2,), (1,), (), (4, 6), (6, 4), (1, 2), (2, 1, 3), (24,)]:
         index = TileIndex(traces, shapes, order, loose_rank=loose)
-        fast = [(k, [index._member(m) for m in ms]) for k, ms, _ in index._index(local)]
-        slow = _per_tile_index(index, local)
-        assert [ms for _, ms in fast] == [ms for _, ms in slow]
-        assert np.allclose([k for k, _ in fast], [k for k, _ in slow])
+        every = index._tiles(local)
+        for _, _, arrays in every:
+            slow = [
+                (vid, box)
+                for vid, box, other in every
+                if all(close_elementwise(a, b) for a, b in zip(arrays, other, strict=True))
+            ]
+            fast = index.tile_matches(arrays)
+            assert {v for v, _ in fast} == {v for v, _ in slow}
+            assert set(fast) <= set(slow)
+            per_shape: dict = {}
+            for vid, box in fast:
+                key = (vid, tuple(b - a for a, b in box))
+                per_shape[key] = per_shape.get(key, 0) + 1
+            assert max(per_shape.values()) <= ALTERNATIVES * 2  # one group per run pattern
+            assert index.holds_tile(arrays)
 
 
 def test_tile_boxes_are_those_tiles_lists() -> None:
@@ -90,3 +96,87 @@ def test_tile_boxes_are_those_tiles_lists() -> None:
     for shape, tile in [((4, 6), (2, 3)), ((2, 3, 4), (1, 3, 2)), ((), ()), ((6,), (1,))]:
         boxes = tiles(shape, tile)
         assert [tile_box(shape, tile, i) for i in range(len(boxes))] == boxes
+
+
+def _per_tile_norm_index(index: TileIndex, local: tuple) -> list:
+    """The scale-free index as tiles one at a time give it: (key, value, box, pivot)."""
+    from tv_ir.prover.correspond import _pivot
+
+    out = []
+    for vid, box, arrays in index._tiles(local):
+        pivot = _pivot(arrays[0])
+        if pivot is not None:
+            key = index._project(local, [np.asarray(a, dtype=np.float64) / pivot for a in arrays])
+            out.append((key[0], vid, box, pivot))
+    return sorted(out, key=lambda e: e[0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), loose=st.booleans())
+def test_the_scale_free_index_normalises_all_tiles_at_once_as_one_by_one(seed, loose) -> None:
+    from tv_ir.prover.correspond import tile_box
+
+    rng = np.random.default_rng(seed)
+    shapes = {1: (4, 6), 2: (2, 3, 4), 3: (6,), 4: (), 5: (4, 1, 6), 6: (2, 4)}
+    traces = []
+    for _ in range(2):
+        values = {v: rng.integers(-2, 3, size=s).astype(np.float64) for v, s in shapes.items()}
+        values[6] = rng.integers(0, 3, size=(2, 4))  # integers: no pivot
+        values[1][0, :2] = [np.inf, np.nan]  # a tile with non-finite elements: no pivot
+        traces.append(Trace(values=values))
+    order = {v: k for k, v in enumerate(shapes)}
+    for local in [(2, 3), (2,), (1,), (), (4, 6), (6, 4), (1, 2), (2, 1, 3), (24,)]:
+        index = TileIndex(traces, shapes, order, loose_rank=loose)
+        idx = index._norm_index(local)
+        fast = sorted(
+            (
+                int(idx.vids[e]),
+                tile_box(
+                    shapes[int(idx.vids[e])], idx.tiles[int(idx.tile_of[e])], int(idx.rows[e])
+                ),
+                float(idx.pivots[e]),
+                float(idx.keys[e]),
+            )
+            for e in range(len(idx.keys))
+        )
+        slow = sorted(
+            (vid, box, pivot, key) for key, vid, box, pivot in _per_tile_norm_index(index, local)
+        )
+        assert [f[:3] for f in fast] == [s[:3] for s in slow]
+        assert np.allclose([f[3] for f in fast], [s[3] for s in slow])
+
+
+def test_a_value_off_by_a_factor_is_found_among_many_equal_constant_tiles() -> None:
+    """A constant spec value has as many equal normalised tiles as elements: the factor of a
+    constant device value is found once per spec value, not once per tile."""
+    spec = {1: np.full((64, 64), 0.5), 2: np.arange(8.0)}
+    index = TileIndex([Trace(values=spec)], {1: (64, 64), 2: (8,)}, {1: 0, 2: 1}, loose_rank=True)
+    assert index.scale_of([[np.full((4,), 2.0)], [np.full((4,), 2.0)]]) == 4.0
+    assert index.scale_of([[np.arange(4.0) * 3]]) == 3.0
+    found = index._scaled_matches((4,), [np.full((4,), 2.0)])
+    assert [(vid, c) for vid, _, c in found] == [(1, 4.0)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_the_values_held_are_those_every_candidate_names(seed) -> None:
+    """`values_held` (localisation's record of which spec values have a counterpart) names
+    the spec values of `candidates(limit=0)`, zeros matching many values included."""
+    rng = np.random.default_rng(seed)
+    shapes = {1: (4, 6), 2: (2, 3, 4), 3: (6,), 4: (4, 1, 6), 5: (8, 6)}
+    values = {v: rng.integers(-1, 2, size=s).astype(np.float64) for v, s in shapes.items()}
+    values[5][:4] = 0.0
+    index = TileIndex([Trace(values=values)], shapes, {v: v for v in shapes}, loose_rank=True)
+    v1, v2, v3, v5 = values[1], values[2], values[3], values[5]
+    cases = [
+        [v1[:2], v1[2:]],
+        [v2[0], v2[1]],
+        [v3, v3],
+        [v5[:4], v5[4:]],  # zeros: a tile of many values
+        [v1[:, :1], v1[:, 1:2]],
+        [np.zeros((4, 6)), np.zeros((4, 6))],
+    ]
+    for tiles_ in cases:
+        per_device = [[t] for t in tiles_]
+        named = {c.spec_value for c in index.candidates(per_device, limit=0)}
+        assert index.values_held(per_device) == named

@@ -109,3 +109,32 @@ def test_running_out_of_time_while_localising_keeps_the_refutation(monkeypatch) 
     assert r.counterexample.expected != r.counterexample.actual
     assert r.location.impl is None and "time limit" in r.location.note
     assert "the diverging op was not found" in str(r)
+
+
+def test_a_search_for_the_op_that_never_ends_leaves_time_to_replay_at_real_size(
+    monkeypatch,
+) -> None:
+    """A refutation at reduced shapes is replayed at the real sizes afterwards. A search for
+    the diverging op that would run past the time limit (the 405B-shaped step's, over
+    thousands of values) gets only a share of the time left, so the replay still runs and
+    the verdict is `not_equivalent`, not `unknown`."""
+    import time
+
+    from tv_ir.limits import check_time
+    from tv_ir.prover import localise
+
+    def never_done(*args, **kwargs):
+        while True:
+            check_time()
+            time.sleep(0.01)
+
+    monkeypatch.setattr(localise, "_impl_site", never_done)
+    x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+    w = jax.ShapeDtypeStruct((256, 64), jnp.float32)
+    spec_text = jax.jit(lambda a, b: jnp.tanh(a @ b) * 2.0).lower(x, w).as_text()
+    impl_text = jax.jit(lambda a, b: jnp.tanh(a @ b) * 3.0).lower(x, w).as_text()
+    r = tv_ir.check(spec_text, impl_text, time_limit=8)
+    assert r.reduction and r.reduction["reduced"], r.reduction
+    assert r.verdict == "not_equivalent", r.reason
+    assert r.counterexample.expected != r.counterexample.actual
+    assert r.location.impl is None and "time limit" in r.location.note

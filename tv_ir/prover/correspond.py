@@ -10,7 +10,6 @@ masked logit of -0.7 * finfo(float32).max must not make every head's tile match.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from dataclasses import dataclass, field
 
@@ -166,8 +165,8 @@ class TileIndex:
         self.shapes = shapes
         self.order = order
         self.loose_rank = loose_rank
-        self._by_local: dict[tuple, list[tuple[float, list[tuple[int, Box]]]]] = {}
-        self._by_norm: dict[tuple, list[tuple[float, int, Box, float]]] = {}
+        self._by_local: dict[tuple, _TileEntries] = {}
+        self._by_norm: dict[tuple, _NormIndex] = {}
         self._directions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
 
     def _direction(self, local: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -213,16 +212,18 @@ class TileIndex:
     def _tile(self, vid: int, box: Box, run: int, local: tuple):
         return np.reshape(self.traces[run].values[vid][box_index(box)], local)
 
-    def _index(self, local: tuple) -> list[tuple[float, list[tuple[int, tuple, int]]]]:
-        """(projection, [(spec value, tile shape, row)]) sorted by projection; tiles equal in
-        every run share one entry, so a value that equals many of them (a zero tile of every
-        masked attention matrix) is compared once, not once per copy. Each spec value's tiles
-        of one shape are projected at once (`tile_rows`): a value of a million elements has a
-        million unit tiles, which one by one cost seconds."""
+    def _index(self, local: tuple) -> _TileEntries:
+        """The distinct tiles of each spec value and tile shape, sorted by projection; equal
+        tiles of one value share an entry, so a value that equals many of them (a zero tile
+        of a masked attention matrix) is compared once per value, not once per copy. Each
+        spec value's tiles of one shape are projected and grouped at once (`tile_rows`,
+        numpy): a value of a million elements has a million unit tiles, which one by one
+        (or one Python step each) cost minutes in a large program."""
         idx = self._by_local.get(local)
         if idx is None:
-            groups: dict[tuple, tuple[float, list]] = {}
             r, _ = self._direction(local)
+            parts: list[tuple] = []
+            tiles_seen: list[tuple] = []
             for vid, shape in self.shapes.items():
                 check_time()  # an index over every spec value of a large program takes a while
                 if vid not in self.traces[0].values:
@@ -239,16 +240,10 @@ class TileIndex:
                         if not np.isfinite(f).all():
                             f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
                         key += f @ r
-                    for i in range(len(key)):
-                        content = tuple(run[i].tobytes() for run in rows)
-                        entry = groups.get(content)
-                        if entry is None:
-                            entry = groups[content] = (float(key[i]), [])
-                        entry[1].append((vid, tile, i))
-            idx = sorted(
-                ((k, members, _first_per_value(members)) for k, members in groups.values()),
-                key=lambda e: e[0],
-            )
+                    groups = _equal_rows(rows)
+                    tiles_seen.append(tile)
+                    parts.append((key[groups.first], vid, len(tiles_seen) - 1, groups))
+            idx = _TileEntries.of(parts, tiles_seen)
             self._by_local[local] = idx
         return idx
 
@@ -259,26 +254,36 @@ class TileIndex:
 
     def _matches(self, local: tuple, arrays, firsts: bool = False) -> list[tuple[int, tuple, int]]:
         """The index members (spec value, tile shape, row) of every tile the arrays (one
-        device's value in every run) equal; `_member` gives their boxes (a zero value
-        equals thousands of tiles: their boxes are made when asked for). `firsts`: of each
-        equal group only the first member of each spec value (all that a caller looking
-        for one tile per value needs)."""
+        device's value in every run) equal, at most ALTERNATIVES equal ones per value and
+        tile shape (no caller uses more); `_member` gives their boxes. `firsts`: one member
+        per spec value (all that a caller looking for the values needs)."""
         key = self._project(local, arrays)
         if key is None:
             return []
         idx = self._index(local)
         tol = 1e-7 * (1.0 + key[1])
-        lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
-        out = []
-        for k, members, first in idx[lo:]:
-            if k > key[0] + tol:
-                break
+        lo = int(np.searchsorted(idx.keys, key[0] - tol, side="left"))
+        hi = int(np.searchsorted(idx.keys, key[0] + tol, side="right"))
+        out, seen = [], set()
+        verdicts: dict[tuple, bool] = {}  # equal tiles of several values: compared once
+        for e in range(lo, hi):
+            vid = int(idx.vids[e])
+            if firsts and vid in seen:
+                continue  # near-zero tiles of values already found: nothing new
             check_time()  # near-zero tiles: thousands may share a key
-            vid, box = self._member(members[0])
-            if all(
-                close_elementwise(a, self._tile(vid, box, i, local)) for i, a in enumerate(arrays)
-            ):
-                out += first if firsts else members
+            tile = idx.tiles[int(idx.tile_of[e])]
+            rows = idx.members(e)
+            box = tile_box(tuple(self.shapes[vid]), tile, rows[0])
+            blocks = [self._tile(vid, box, i, local) for i in range(len(arrays))]
+            content = tuple(np.ascontiguousarray(b).tobytes() for b in blocks)
+            same = verdicts.get(content)
+            if same is None:
+                same = verdicts[content] = all(
+                    close_elementwise(a, b) for a, b in zip(arrays, blocks, strict=True)
+                )
+            if same:
+                out += [(vid, tile, row) for row in (rows[:1] if firsts else rows)]
+                seen.add(vid)
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
@@ -287,30 +292,74 @@ class TileIndex:
         found = self._matches(tuple(np.shape(arrays[0])), arrays)
         return [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
 
+    def values_held(self, per_device: list[list]) -> set[int]:
+        """The spec values a tile of which every device's value is (in every run): the
+        values `candidates(per_device, limit=0)` names, without making their boxes."""
+        local = tuple(np.shape(per_device[0][0]))
+        common: set[int] | None = None
+        for arrays in per_device:
+            here = {m[0] for m in self._matches(local, arrays, firsts=True)}
+            common = here if common is None else common & here
+            if not common:
+                return set()
+        return common or set()
+
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""
         return bool(self._matches(tuple(np.shape(arrays[0])), arrays, firsts=True))
 
-    def _norm_index(self, local: tuple) -> list[tuple[float, int, Box, float]]:
-        """Spec tiles divided by their largest-magnitude element (scale-free keys)."""
+    def _norm_index(self, local: tuple) -> _NormIndex:
+        """Spec tiles divided by their largest-magnitude element (scale-free keys), sorted.
+        Each spec value's tiles of one shape are normalised and projected at once, as in
+        `_index` (one by one, the tiles of a large program took minutes)."""
         idx = self._by_norm.get(local)
         if idx is None:
-            idx = []
-            for vid, box, arrays in self._tiles(local):
+            r, _ = self._direction(local)
+            parts: list[tuple] = []
+            tiles_seen: list[tuple] = []
+            for vid, shape in self.shapes.items():
                 check_time()
-                pivot = _pivot(arrays[0])
-                if pivot is None:
+                if vid not in self.traces[0].values:
                     continue
-                key = self._project(local, [np.asarray(a) / pivot for a in arrays])
-                if key is not None:
-                    idx.append((key[0], vid, box, pivot))
-            idx.sort(key=lambda e: e[0])
+                values = [np.asarray(tr.values[vid]) for tr in self.traces]
+                if values[0].dtype.kind != "f" or any(v.shape != tuple(shape) for v in values):
+                    continue  # no pivot (as `_pivot`)
+                for tile in tile_shapes(shape, local, self.loose_rank):
+                    rows = [tile_rows(v, tile).astype(np.float64) for v in values]
+                    if rows[0].shape[1] == 0:
+                        continue
+                    first = rows[0]
+                    at = np.argmax(np.abs(first), axis=1)
+                    pivots = first[np.arange(len(first)), at]
+                    keep = np.isfinite(first).all(axis=1) & (pivots != 0)
+                    if not keep.any():
+                        continue
+                    where = np.flatnonzero(keep)
+                    key = np.zeros(len(where))
+                    with np.errstate(all="ignore"):
+                        for run in rows:
+                            f = run[where] / pivots[where, None]
+                            if not np.isfinite(f).all():
+                                f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
+                            key += f @ r
+                    tiles_seen.append(tile)
+                    n = len(where)
+                    parts.append(
+                        (
+                            key,
+                            np.full(n, vid),
+                            np.full(n, len(tiles_seen) - 1),
+                            where,
+                            pivots[where],
+                        )
+                    )
+            idx = _NormIndex.of(parts, tiles_seen)
             self._by_norm[local] = idx
         return idx
 
     def _scaled_matches(self, local: tuple, arrays) -> list[tuple[int, Box, float]]:
         """(spec value, box, c) with arrays == c * tile in every run, c a whole number or
-        the reciprocal of one (other than 1)."""
+        the reciprocal of one (other than 1): one box for each spec value and factor."""
         pivot = _pivot(arrays[0])
         if pivot is None:
             return []
@@ -319,15 +368,20 @@ class TileIndex:
             return []
         idx = self._norm_index(local)
         tol = 1e-7 * (1.0 + key[1])
-        lo = bisect.bisect_left(idx, key[0] - tol, key=lambda e: e[0])
-        out = []
-        for k, vid, box, spec_pivot in idx[lo:]:
-            if k > key[0] + tol:
-                break
-            c = pivot / spec_pivot
-            if not _whole_ratio(c):
-                continue
+        lo = int(np.searchsorted(idx.keys, key[0] - tol, side="left"))
+        hi = int(np.searchsorted(idx.keys, key[0] + tol, side="right"))
+        out, found = [], set()
+        with np.errstate(all="ignore"):
+            ratios = pivot / idx.pivots[lo:hi]
+        whole = lo + np.flatnonzero(_whole_ratios(ratios))  # (a vectorised `_whole_ratio`)
+        for e in whole.tolist():
+            vid = int(idx.vids[e])
+            c = pivot / float(idx.pivots[e])
+            if not _whole_ratio(c) or (vid, _round_ratio(c)) in found:
+                continue  # a near-constant tile matches thousands: one box per value is enough
             check_time()
+            tile = idx.tiles[int(idx.tile_of[e])]
+            box = tile_box(tuple(self.shapes[vid]), tile, int(idx.rows[e]))
             if all(
                 close_elementwise(
                     a, c * np.asarray(self._tile(vid, box, i, local), dtype=np.float64)
@@ -335,6 +389,7 @@ class TileIndex:
                 for i, a in enumerate(arrays)
             ):
                 out.append((vid, box, c))
+                found.add((vid, _round_ratio(c)))
         return out
 
     def scale_of(self, per_device: list[list]) -> float | None:
@@ -376,12 +431,92 @@ class TileIndex:
         ]
 
 
-def _first_per_value(members: list) -> list:
-    """The first member of each spec value, in order."""
-    first: dict[int, tuple] = {}
-    for m in members:
-        first.setdefault(m[0], m)
-    return list(first.values())
+@dataclass(frozen=True)
+class _NormIndex:
+    """Normalised spec tiles sorted by key: per entry its spec value, tile shape (an index
+    into `tiles`), row of `tile_rows` and pivot."""
+
+    keys: np.ndarray
+    vids: np.ndarray
+    tile_of: np.ndarray
+    rows: np.ndarray
+    pivots: np.ndarray
+    tiles: list
+
+    @staticmethod
+    def of(parts: list[tuple], tiles: list) -> _NormIndex:
+        if not parts:
+            empty = np.zeros(0)
+            return _NormIndex(empty, empty, empty, empty, empty, tiles)
+        cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        order = np.argsort(cols[0], kind="stable")
+        return _NormIndex(*(c[order] for c in cols), tiles)
+
+
+@dataclass(frozen=True)
+class _EqualRows:
+    """Rows equal in every run, grouped: each group's first row (groups in the order of
+    their first rows) and, in `rows[starts[g]:starts[g] + counts[g]]`, its rows ascending."""
+
+    first: np.ndarray
+    rows: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+
+
+def _equal_rows(rows: list[np.ndarray]) -> _EqualRows:
+    """The rows of `tile_rows` (one array per run) grouped by content (byte for byte)."""
+    n = len(rows[0])
+    joined = np.ascontiguousarray(np.concatenate([r.reshape(n, -1) for r in rows], axis=1))
+    if joined.shape[1] == 0 or n == 0:
+        one = np.zeros(min(n, 1), dtype=np.int64)
+        return _EqualRows(one, np.arange(n), one, np.full(len(one), n))
+    as_bytes = joined.view(np.dtype((np.void, joined.dtype.itemsize * joined.shape[1])))
+    _, first, inverse = np.unique(as_bytes.reshape(-1), return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    by_group = np.argsort(inverse, kind="stable")  # each group's rows, ascending
+    counts = np.bincount(inverse, minlength=len(first))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    order = np.argsort(first, kind="stable")  # groups in the order of their first rows
+    return _EqualRows(first[order], by_group, starts[order], counts[order])
+
+
+@dataclass(frozen=True)
+class _TileEntries:
+    """One local shape's index: per entry (a group of equal tiles of one spec value and
+    tile shape), sorted by projection, its spec value, tile shape (in `tiles`) and rows."""
+
+    keys: np.ndarray
+    vids: np.ndarray
+    tile_of: np.ndarray
+    chunk_of: np.ndarray
+    group_of: np.ndarray
+    chunks: list  # per (value, tile shape): its _EqualRows
+    tiles: list
+
+    @staticmethod
+    def of(parts: list[tuple], tiles: list) -> _TileEntries:
+        """From (keys of each group, spec value, tile, _EqualRows) per value and tile."""
+        cols: list[list] = [[], [], [], [], []]
+        for c, (keys, vid, tile, _) in enumerate(parts):
+            n = len(keys)
+            for col, x in zip(
+                cols,
+                (keys, np.full(n, vid), np.full(n, tile), np.full(n, c), np.arange(n)),
+                strict=True,
+            ):
+                col.append(x)
+        arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
+        order = np.argsort(arrays[0], kind="stable")
+        chunks = [groups for *_, groups in parts]
+        return _TileEntries(*(a[order] for a in arrays), chunks, tiles)
+
+    def members(self, e: int) -> list[int]:
+        """Entry `e`'s rows: the first ALTERNATIVES equal tiles."""
+        g = self.chunks[int(self.chunk_of[e])]
+        k = int(self.group_of[e])
+        start = int(g.starts[k])
+        return g.rows[start : start + min(int(g.counts[k]), ALTERNATIVES)].tolist()
 
 
 def _pivot(a) -> float | None:
@@ -403,6 +538,18 @@ def _whole_ratio(c: float, limit: float = 1e7) -> bool:
         if 1.0 <= abs(x) <= limit and abs(x - round(x)) <= 1e-9 * abs(x):
             return True
     return False
+
+
+def _whole_ratios(c: np.ndarray, limit: float = 1e7) -> np.ndarray:
+    """`_whole_ratio` of each element (a superset: callers check each hit with it)."""
+    c = np.asarray(c, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(c) & (c != 0) & (np.abs(c - 1.0) > 1e-9)
+        hit = np.zeros(c.shape, dtype=bool)
+        for x in (c, 1.0 / c):
+            a = np.abs(x)
+            hit |= (a >= 1.0) & (a <= limit) & (np.abs(x - np.round(x)) <= 2e-9 * a)
+    return ok & hit
 
 
 def _round_ratio(c: float) -> float:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from tv_ir.ir.program import Module, TensorType, elements
+from tv_ir.limits import OutOfMemoryBudget, OutOfTime
 from tv_ir.report.result import Report
 
 from .localise import differs, refutation
@@ -42,15 +43,32 @@ def replay_at_real_size(
         )
         return True
     inputs = _blown_up(ce, reduction.arg_factors, spec)
-    found = refutation(spec, impl, placement, inputs) or _differs(spec, impl, placement, seed)
+    try:
+        found = refutation(spec, impl, placement, inputs) or _differs(spec, impl, placement, seed)
+    except (OutOfTime, OutOfMemoryBudget) as e:
+        return (
+            f"refuted at reduced shapes (output {ce.output} at {list(ce.index)}), but the "
+            f"replay at the real sizes did not finish ({e})"
+        )
     if found is None:
         return False
+    reduced_location = report.location
     report.counterexample, report.location, report.outputs = found
+    if _unlocated(report.location) and not _unlocated(reduced_location):
+        # the same ops and source lines: where the reduced programs part ways
+        report.notes.append(
+            f"the diverging op is the reduced programs' ({report.location.note} at the real sizes)"
+        )
+        report.location = reduced_location
     report.notes.append(
         "counterexample found at reduced shapes and replayed at the real sizes (the reduced "
         "one with each element repeated over the positions it stands for, or random inputs)"
     )
     return True
+
+
+def _unlocated(location) -> bool:
+    return location is None or location.impl is None
 
 
 def _blown_up(ce, arg_factors, spec: Module) -> list:
