@@ -280,3 +280,101 @@ def test_equal_tiles_of_different_heads_go_to_the_device_own_head():
     for views in ([heads], [proved, heads]):  # unproved; proved (a recomputed copy)
         chosen = _likeliest_boxes(c, per_device, views)
         assert [chosen.block(heads, d)[0, 0] for d in range(2)] == [heads[0, 0], heads[1, 0]]
+
+
+def test_global_norm_clipping_of_fsdp_and_tensor_sharded_gradients():
+    """MaxText's optimizer clips the gradients by their global norm (optax's
+    `clip_by_global_norm`) over a pytree of leaves sharded fsdp x tensor, one replicated.
+    XLA sums each leaf's squares per device and all-reduces the sum, for a leaf sharded on
+    both axes in two steps (over tensor, then fsdp): the first step's partial sums are no
+    spec value and stay uncut; the second's are each leaf's sum, cut, and the norm with
+    them. One leaf's gradient is nearly zero (its sum of squares ~1e-12), as some of
+    MaxText's are: such a sum is close, at float64 noise, to other near-zero spec scalars."""
+    from jax.sharding import PartitionSpec as P
+
+    def loss(params, x):
+        h = jnp.tanh(x @ params["w1"]) @ params["w2"]
+        h = h * params["scale"] + 1e-6 * params["bias"]
+        return jnp.mean(h * h)
+
+    def clip_by_global_norm(grads, max_norm=1.0):
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        scale = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda g: g * scale, grads)
+
+    def step(params, x):
+        value, grads = jax.value_and_grad(loss)(params, x)
+        grads = clip_by_global_norm(grads)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    width = 16
+    params = {
+        "w1": jax.ShapeDtypeStruct((width, 2 * width), F32),
+        "w2": jax.ShapeDtypeStruct((2 * width, width), F32),
+        "scale": jax.ShapeDtypeStruct((width,), F32),
+        "bias": jax.ShapeDtypeStruct((width,), F32),
+    }
+    specs = {"w1": P("fsdp", "tensor"), "w2": P("tensor", "fsdp"), "scale": P(), "bias": P()}
+    report = verify(
+        step,
+        params,
+        jax.ShapeDtypeStruct((8, width), F32),
+        mesh={"fsdp": 4, "tensor": 2},
+        in_shardings=(specs, P("fsdp")),
+        out_shardings=(specs, P()),
+        time_limit=300,
+    )
+    assert report.verdict == EQUIVALENT, report
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="unknown (memory limit proving the updated parameters); the same step proves "
+    "without the clip or with a plain mean. Likely cause, seen in MaxText's step: the cut "
+    "norm carries the normaliser's definedness condition at input level (docs/jax.md "
+    "'MaxText', item 10)",
+)
+def test_global_norm_clipping_after_a_token_weighted_loss():
+    """MaxText's loss is a sum over tokens divided by the number of non-padding tokens (a
+    division defined only where that count is not 0), its gradients clipped by their global
+    norm; the embedding is a gather by token id."""
+    from jax.sharding import PartitionSpec as P
+
+    def loss(params, tokens, segments):
+        h = jnp.tanh(params["emb"][tokens] @ params["w1"]) @ params["w2"]
+        nll = -jax.nn.log_softmax(h * params["scale"])[..., 0]
+        weights = (segments != 0).astype(F32)
+        return jnp.sum(nll * weights) / jnp.sum(weights)
+
+    def step(params, tokens, segments):
+        value, grads = jax.value_and_grad(loss)(params, tokens, segments)
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+        grads = jax.tree.map(lambda g: jnp.where(norm < 1.0, g, g / norm), grads)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    width = 16
+    params = {
+        "emb": jax.ShapeDtypeStruct((20, width), F32),
+        "w1": jax.ShapeDtypeStruct((width, 2 * width), F32),
+        "w2": jax.ShapeDtypeStruct((2 * width, width), F32),
+        "scale": jax.ShapeDtypeStruct((width,), F32),
+    }
+    specs = {
+        "emb": P("tensor", "fsdp"),
+        "w1": P("fsdp", "tensor"),
+        "w2": P("tensor", "fsdp"),
+        "scale": P(),
+    }
+    tokens = jax.ShapeDtypeStruct((8, 4), jnp.int32)
+    report = verify(
+        step,
+        params,
+        tokens,
+        tokens,
+        mesh={"fsdp": 4, "tensor": 2},
+        in_shardings=(specs, P("fsdp"), P("fsdp")),
+        out_shardings=(specs, P()),
+        time_limit=60,
+        memory_limit=1500,
+    )
+    assert report.verdict == EQUIVALENT, report
