@@ -63,7 +63,10 @@ def bug_line() -> int:
     return start + next(i for i, line in enumerate(lines) if "# BUG: sign" in line)
 
 
-def test_repeated_layers_reuse_stage_proofs():
+def test_repeated_layers_reuse_stage_proofs(monkeypatch):
+    # identical layers are rolled into a loop and proved once by induction first
+    # (passes/reroll.py); the cache serves the stages induction does not cover: off here
+    monkeypatch.setattr("tv_ir.passes.reroll.run", lambda module, *args, **kwargs: module)
     report = tv_ir.check(lowered(spec), lowered(impl))
     assert report.verdict == "equivalent"
     assert report.stats.cache_hits > 0

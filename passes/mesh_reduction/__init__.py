@@ -186,8 +186,13 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
                         wanted[(v, a)] = (f, shards)
         small_spec, failed = shrink_spec(spec, wanted)
         if small_spec is not None:
+            small_impl = reduced_impl(impl, t, reduced)
+            differs = _signature_difference(small_spec, small_impl)
+            if differs:  # a spec dimension tied to a split one, which the impl holds whole
+                out.failed = f"the spec and the implementation shrink differently: {differs}"
+                break
             out.spec = small_spec
-            out.impl = reduced_impl(impl, t, reduced)
+            out.impl = small_impl
             out.reduced_mesh = reduced
             break
         if sizes is not None:
@@ -207,6 +212,19 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
         )
     ]
     return out
+
+
+def _signature_difference(spec: Module, impl: Module) -> str:
+    """The first argument or result whose global type differs between the reduced spec and
+    the reduced implementation ("" when none)."""
+    for what, s_types, i_types in (
+        ("argument", spec.main.arg_types, impl.main.arg_types),
+        ("result", spec.main.result_types, impl.main.result_types),
+    ):
+        for k, (a, b) in enumerate(zip(s_types, i_types, strict=False)):
+            if a != b:
+                return f"{what} {k} is {a} in the spec but {b} in the implementation"
+    return ""
 
 
 def _axes_of(v, a: int, spec: Module, t: Template) -> tuple[int, ...]:
