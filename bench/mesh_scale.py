@@ -140,19 +140,19 @@ def main() -> None:
         env = dict(os.environ)
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
         args = [mesh, str(a.time_limit), str(a.memory), bug]
-        red, peak, _, tail = run_worker(script, ["reduced", *args], a.time_limit + 60, env)
+        child = run_worker(script, ["reduced", *args], a.time_limit + 60, env)
+        red, peak, tail = child.result, child.peak_mb, child.killed or child.tail()
         before, before_s = {"verdict": "-"}, None
         if not a.no_before and n <= a.before_max:
-            before, _, _, btail = run_worker(script, ["whole", *args], a.time_limit + 60, env)
-            before = before or {"verdict": f"killed {btail[-1:]}"}
+            whole = run_worker(script, ["whole", *args], a.time_limit + 60, env)
+            before = whole.result or {"verdict": f"killed {whole.killed or whole.tail()}"}
             before_s = before.get("seconds")
         xla = None
         if not a.no_xla and n <= XLA_MAX_DEVICES:
             xenv = dict(os.environ)
             xenv["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
-            got, _, _, _ = run_worker(script, ["xla", mesh], 1800, xenv)
-            xla = (got or {}).get("xla_s")
-        red = red or {"verdict": f"killed {tail[-1:]}"}
+            xla = (run_worker(script, ["xla", mesh], 1800, xenv).result or {}).get("xla_s")
+        red = red or {"verdict": f"killed {tail}"}
         devices = red.get("devices") or [n, n]
         row = (
             f"{mesh:>9} {n:>7} {devices[1]:>10} {red['verdict']:>15} "

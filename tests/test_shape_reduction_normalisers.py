@@ -210,3 +210,103 @@ def test_report_says_why_a_class_no_op_keeps_did_not_shrink() -> None:
     )
     assert "has size 1" in kept(reduced).get("spec argument 0 dim 0", ""), reduced.reduction
     assert "spec argument 0 dim 0: 4 kept" in reduced.reduction["summary"]
+
+
+# -- a loss share is a count of devices, not of positions (issue #12) ---------------------------
+
+SB, SD, SH, MICRO = 32, 16, 12, 2  # rows (4 per device), width, hidden, micro-batches
+DEVICES = 8  # the (2, 4) mesh
+
+
+def share_loss(x, w):
+    return jnp.mean(jnp.sum(jnp.tanh(x @ w), axis=-1))
+
+
+def share_grad(x, w):
+    return jax.value_and_grad(share_loss, argnums=1)(x, w)
+
+
+def share_grad_dp(x, w, shares=MICRO * DEVICES):
+    """Each device's rows as 2 micro-batches, each micro-batch's mean divided by its share
+    of the global batch, 1/(micro * devices) = 1/16 (the width's size too); shares and
+    gradients psum'd over every device."""
+
+    def local(x, w):
+        micro = x.reshape(MICRO, -1, SD)
+        loss = 0.0
+        for m in range(MICRO):
+            loss = loss + share_loss(micro[m], w) / shares
+        return loss
+
+    def body(x, w):
+        loss, g = jax.value_and_grad(local, argnums=1)(x, w)
+        return jax.lax.psum(loss, ("data", "model")), jax.lax.psum(g, ("data", "model"))
+
+    rows = P(("data", "model"))
+    return smap(body, (rows, P()), (P(), P()), check_vma=False)(x, w)
+
+
+def share_grad_dp_bug(x, w):
+    return share_grad_dp(x, w, shares=MICRO)  # BUG: the share of one device's micro-batches
+
+
+SHARE_ARGS = (f32(SB, SD), f32(SD, SH))
+
+
+def test_loss_share_over_the_devices_does_not_keep_a_dimension_of_its_size() -> None:
+    reduced, _ = both(share_grad_dp, *SHARE_ARGS, spec=share_grad, expect="equivalent")
+    # 16 = 2 micro-batches x 8 devices, psum'd over the 8: the width of 16 still shrinks
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+    assert "constant 16 " not in reduced.reduction["summary"], reduced.reduction["summary"]
+    assert "constant 0.0625 " not in reduced.reduction["summary"], reduced.reduction["summary"]
+
+
+def test_loss_share_of_one_device_only_is_refuted() -> None:
+    reduced, _ = both(share_grad_dp_bug, *SHARE_ARGS, spec=share_grad, expect="not_equivalent")
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+
+
+def share_grad_dp_unsummed(x, w):
+    """The same shares, each device's also returned as it is (not only psum'd): 1/16 may
+    then be the width's count, and the width keeps its size as before."""
+
+    def local(x, w):
+        micro = x.reshape(MICRO, -1, SD)
+        return sum(share_loss(micro[m], w) / (MICRO * DEVICES) for m in range(MICRO))
+
+    def body(x, w):
+        loss = local(x, w)
+        return jax.lax.psum(loss, ("data", "model")), loss[None]
+
+    rows = P(("data", "model"))
+    return smap(body, (rows, P()), (P(), rows), check_vma=False)(x, w)
+
+
+def share_unsummed_spec(x, w):
+    per_device = x.reshape(DEVICES, MICRO, -1, SD)
+    shares = jax.vmap(lambda d: sum(share_loss(d[m], w) for m in range(MICRO)))(per_device)
+    return share_loss(x, w), shares / (MICRO * DEVICES)
+
+
+def test_share_that_is_not_only_psummed_keeps_the_dimension_of_its_size() -> None:
+    reduced, _ = both(
+        share_grad_dp_unsummed, *SHARE_ARGS, spec=share_unsummed_spec, expect="equivalent"
+    )
+    assert "may be its size" in kept(reduced).get("spec argument 0 dim 1", ""), reduced.reduction[
+        "summary"
+    ]
+
+
+def scaled_spec(x):
+    return jnp.tanh(x) * 16.0  # 16: the width's size, scaling a value no device sums
+
+
+def scaled_dp(x):
+    return smap(scaled_spec, P(("data", "model")), P(("data", "model")))(x)
+
+
+def test_constant_of_a_dimension_size_that_is_no_device_share_keeps_it() -> None:
+    reduced, _ = both(scaled_dp, f32(SB, SD), spec=scaled_spec, expect="equivalent")
+    assert "may be its size" in kept(reduced).get("spec argument 0 dim 1", ""), reduced.reduction[
+        "summary"
+    ]

@@ -22,6 +22,7 @@ from tv_ir.ir.program import Module, TensorType, elements, walk
 from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
+from .device_shares import device_shares
 from .factors import can_shrink, choose, witnesses
 from .rewrite import Rewriter, inconsistent, scaled_layout
 from .rules import Normaliser, ShapeRules
@@ -309,7 +310,12 @@ def _normalisers(d: DimClasses, rules) -> list:
                 print(f"normaliser conflict: {v}", file=sys.stderr)
     accepted = [a for a in accepted if len(by_operand[(id(a[0].op), a[0].operand)]) == 1]
     explained = {(id(n.op), n.operand) for n, _, _ in accepted}
+    fixed_sizes = {
+        d.real[k] for root, members in d.classes().items() if root in fixed for k in members
+    }
     for r in rules:
+        # a device's share of a psum'd sum, 1/(devices x micro-batches): fixed at any size
+        shares, seeded = device_shares(r.module, r.pos.float_uses, r.pos.floats, fixed_sizes)
         for n, loc in r.pos.counts:  # a count computed from the size normalises anything
             for root in by_size.get(n, ()):
                 d.keep(root, f"the count {n} computed at {loc} may be its size")
@@ -317,17 +323,25 @@ def _normalisers(d: DimClasses, rules) -> list:
             if (id(op), k) in explained:
                 continue
             c = r.pos.floats[vid]
+            if (id(op), k) in shares:
+                if os.environ.get("TV_REDUCTION_DEBUG"):
+                    print(f"device share {c:g}: {op.name} at {op.loc}", file=sys.stderr)
+                continue
             if c == 0 or not np.isfinite(c):
                 continue
-            for n in {round(abs(c)), round(1 / abs(c))}:
-                if n >= 3 and _matches(c, n):
+            # a share's seed folded into this constant: the rest of it may still be a count
+            rest = c / seeded.get(vid, 1.0)
+            for n in {round(abs(rest)), round(1 / abs(rest))}:
+                if n >= 3 and _matches(rest, n):
                     if os.environ.get("TV_REDUCTION_DEBUG") and by_size.get(n):
                         print(f"unexplained {c:g}: {op.name} operand {k} {op}", file=sys.stderr)
                     for root in by_size.get(n, ()):
                         d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
             folded = _folded_normaliser(c, r, op, k, vid, d, sizes)
-            if isinstance(folded, tuple):
+            if isinstance(folded, tuple) and vid not in seeded:
                 accepted.append(folded)
+            elif isinstance(folded, tuple):  # a share is no count: ambiguous, kept
+                folded = {d.find(key) for key in folded[0].keys}
             for root in folded if isinstance(folded, set) else ():
                 d.keep(root, f"the constant {c:g} at {op.loc} may count its positions")
     return accepted
