@@ -134,7 +134,10 @@ def _sum_group_size(op: Op) -> int | None:
         n not in ("stablehlo.add", "stablehlo.return") for n in body
     ):
         return None
-    groups = np.asarray(op.attrs.get("replica_groups", []), dtype=np.int64)
+    try:  # dense groups only (mesh-axes groups are not read here: no share is assumed)
+        groups = np.asarray(op.attrs.get("replica_groups", []), dtype=np.int64)
+    except (TypeError, ValueError):
+        return None
     if groups.ndim != 2 or groups.shape[1] < 2:
         return None
     return int(groups.shape[1])

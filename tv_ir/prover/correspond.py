@@ -467,8 +467,11 @@ class _EqualRows:
 def _equal_rows(rows: list[np.ndarray]) -> _EqualRows:
     """The rows of `tile_rows` (one array per run) grouped by content (byte for byte)."""
     n = len(rows[0])
+    if n == 0:  # a tile of no elements (an empty piece of a ragged exchange)
+        empty = np.zeros(0, dtype=np.int64)
+        return _EqualRows(empty, empty, empty, empty)
     joined = np.ascontiguousarray(np.concatenate([r.reshape(n, -1) for r in rows], axis=1))
-    if joined.shape[1] == 0 or n == 0:
+    if joined.shape[1] == 0:
         one = np.zeros(min(n, 1), dtype=np.int64)
         return _EqualRows(one, np.arange(n), one, np.full(len(one), n))
     as_bytes = joined.view(np.dtype((np.void, joined.dtype.itemsize * joined.shape[1])))
