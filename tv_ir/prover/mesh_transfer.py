@@ -46,7 +46,7 @@ def confirm_on_real_mesh(report, mesh: MeshReduction, spec, impl, placement, see
     from tv_ir.ir.program import elements
     from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
-    from .real_size import REPLAY_LIMIT, _differs
+    from .real_size import REPLAY_LIMIT, _differs, refuted_by_replay
 
     if report.verdict not in (EQUIVALENT, NOT_EQUIVALENT):
         return report
@@ -75,15 +75,12 @@ def confirm_on_real_mesh(report, mesh: MeshReduction, spec, impl, placement, see
             )
             return report
     if found is not None:  # proved on the reduced mesh, but the real one differs
-        ce, loc, outputs = found
-        out = Report(
-            NOT_EQUIVALENT, outputs=outputs, counterexample=ce, location=loc, stats=report.stats
-        )
-        out.notes.append(
+        return refuted_by_replay(
+            found,
+            report,
             "proved on the reduced mesh, but the programs differ on the real one: the mesh "
-            "reduction does not carry over for this pair (replayed on the real mesh)"
+            "reduction does not carry over for this pair (replayed on the real mesh)",
         )
-        return out
     out = Report(
         UNKNOWN,
         stats=report.stats,

@@ -123,6 +123,19 @@ WITNESS_LIMIT = 5_000_000  # elements over all values of one witness pair
 RUNS = 2  # random inputs per concrete check
 
 
+def refuted_by_replay(found, report: Report, note: str) -> Report:
+    """A reduced proof that the real programs contradict: `found` is the replayed
+    (counterexample, location, per-output results); `note` says what did not carry over."""
+    from tv_ir.report.result import NOT_EQUIVALENT
+
+    ce, loc, outputs = found
+    out = Report(
+        NOT_EQUIVALENT, outputs=outputs, counterexample=ce, location=loc, stats=report.stats
+    )
+    out.notes.append(note)
+    return out
+
+
 def _differs(spec: Module, impl: Module, placement, seed: int):
     """A difference of the pair on random inputs (refutation(...) result), or None."""
     from .simulate import random_inputs
@@ -149,22 +162,19 @@ def confirm_proof(report: Report, reduction, spec, impl, placement, seed: int = 
     a difference at the real sizes refutes (replayed there); one at a larger reduced size
     makes the verdict unknown (the pair's meaning depends on that size in a way the
     reduction does not follow)."""
-    from tv_ir.report.result import NOT_EQUIVALENT, UNKNOWN
+    from tv_ir.report.result import UNKNOWN
 
     if reduction.real_elements <= REPLAY_LIMIT:
         found = _differs(spec, impl, placement, seed)
         if found is None:
             report.notes.append("checked concretely at the real sizes too (random inputs)")
             return report
-        ce, loc, outputs = found
-        out = Report(
-            NOT_EQUIVALENT, outputs=outputs, counterexample=ce, location=loc, stats=report.stats
-        )
-        out.notes.append(
+        return refuted_by_replay(
+            found,
+            report,
             "proved at reduced shapes, but the programs differ at their real sizes: the "
-            "reduction does not carry over for this pair (replayed at the real sizes)"
+            "reduction does not carry over for this pair (replayed at the real sizes)",
         )
-        return out
     checked, skipped = 0, 0
     for w in reduction.witnesses:
         try:
