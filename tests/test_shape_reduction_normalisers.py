@@ -310,3 +310,36 @@ def test_constant_of_a_dimension_size_that_is_no_device_share_keeps_it() -> None
     assert "may be its size" in kept(reduced).get("spec argument 0 dim 1", ""), reduced.reduction[
         "summary"
     ]
+
+
+# -- a constant equal to the devices times a class that cannot shrink is no share by that -------
+
+K = 2  # a contracted dimension of 2 (cannot shrink): 16 = 8 devices x K, and the hidden size
+
+
+def hidden_sum_spec(x, w):
+    return jnp.sum(jnp.tanh(x @ w))
+
+
+def hidden_sum_dp(x, w):
+    """Each device's rows, their hidden units averaged and the mean times 16 (the hidden
+    size: a count of what shrinks) psum'd over the 8 devices: one summand per device, so
+    16 is no device share (that would be 8); it equals 8 x K by coincidence."""
+
+    def body(x, w):
+        per_row = jnp.mean(jnp.tanh(x @ w), axis=-1)
+        return jax.lax.psum(jnp.sum(per_row) * 16.0, ("data", "model"))
+
+    return smap(body, (P(("data", "model")), P()), P(), check_vma=False)(x, w)
+
+
+def test_count_equal_to_devices_times_a_fixed_size_is_no_device_share() -> None:
+    reduced, _ = both(
+        hidden_sum_dp, f32(SB, K), f32(K, SD), spec=hidden_sum_spec, expect="equivalent"
+    )
+    # read as a share, the hidden size shrank and the reduced pair differed (16 x a mean of 2)
+    assert reduced.reduction, str(reduced)
+    assert "may be its size" in kept(reduced).get("spec argument 1 dim 1", ""), reduced.reduction[
+        "summary"
+    ]
+    assert not any("did not carry over" in n for n in reduced.notes), str(reduced)

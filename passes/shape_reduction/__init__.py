@@ -310,12 +310,9 @@ def _normalisers(d: DimClasses, rules) -> list:
                 print(f"normaliser conflict: {v}", file=sys.stderr)
     accepted = [a for a in accepted if len(by_operand[(id(a[0].op), a[0].operand)]) == 1]
     explained = {(id(n.op), n.operand) for n, _, _ in accepted}
-    fixed_sizes = {
-        d.real[k] for root, members in d.classes().items() if root in fixed for k in members
-    }
     for r in rules:
         # a device's share of a psum'd sum, 1/(devices x micro-batches): fixed at any size
-        shares, seeded = device_shares(r.module, r.pos.float_uses, r.pos.floats, fixed_sizes)
+        shares, seeded = device_shares(r.module, r.pos.float_uses, r.pos.floats)
         for n, loc in r.pos.counts:  # a count computed from the size normalises anything
             for root in by_size.get(n, ()):
                 d.keep(root, f"the count {n} computed at {loc} may be its size")

@@ -9,15 +9,16 @@ and a dimension class that happens to have its size keeps no size because of it.
 It is identified by where it flows, never by its value alone: `x * c` or `x / c` whose
 result reaches only `all_reduce` sums (through adds, subtracts, negations, selects,
 conversions and reshapes), every one over groups of g devices, with |c| or 1/|c| equal to
-g times a product of sizes of classes that cannot shrink. The backward of such a share
+g times a divisor of the number of such shares summed there (the micro-batches: `loss_m / c`
+for each of m micro-batches, all reaching the same psums). Not any size of a class that
+cannot shrink: a count of positions that happens to equal g times such a size (16 = 8
+devices x a contracted dimension of 2) is no share. The backward of such a share
 (`seed / c`, the seed a value built from constants and the device's id only, dividing by
 the very constant value of an identified share) is the same share, transposed.
 Argument: docs/equivalence.md, "Shape reduction", loss shares.
 """
 
 from __future__ import annotations
-
-import itertools
 
 import numpy as np
 
@@ -36,29 +37,33 @@ _CARRY = {
 }
 
 
-def device_shares(
-    module: Module, float_uses: list, floats: dict, fixed_sizes: set[int]
-) -> tuple[set, dict[int, float]]:
+def device_shares(module: Module, float_uses: list, floats: dict) -> tuple[set, dict[int, float]]:
     """The uses `(id(op), operand)` among `float_uses` (`(op, operand, value id)`) whose
     constant is a device share of a psum'd sum (see the module docstring), and the constants
     that a share's backward folded in (value id -> the share's factor in them: `1/16 / 2`,
     the seed's share divided by a mean's count, is 1/32 of which 1/16 is the share).
-    `floats`: value id -> its float constant; `fixed_sizes`: the real sizes of classes that
-    cannot shrink."""
+    `floats`: value id -> its float constant."""
     ops = list(walk(module.main.body))
     uses: dict[int, list[tuple[Op, int]]] = {}
     for op in ops:
         for k, v in enumerate(op.operands):
             uses.setdefault(v.id, []).append((op, k))
-    counts = _counts(fixed_sizes)
-    found: set = set()
-    share_values: set[int] = set()
+    # candidates: (op, operand, value id, constant, the all_reduce ops reached, their size)
+    candidates = []
     for op, k, vid in float_uses:
         if not _scales(op, k):
             continue
-        groups = _psum_groups(op.results[0].id, uses)
-        c = abs(floats[vid])
-        if groups and len(groups) == 1 and _is_share(c, next(iter(groups)), counts):
+        reached = _psums_reached(op.results[0].id, uses)
+        if reached is None:
+            continue
+        sums, groups = reached
+        if len(groups) == 1:
+            candidates.append((op, k, vid, abs(floats[vid]), sums, next(iter(groups))))
+    found: set = set()
+    share_values: set[int] = set()
+    for op, k, vid, c, sums, group in candidates:
+        summands = sum(1 for o in candidates if o[4] == sums and _same(o[3], c))
+        if _is_share(c, group, _divisors(summands)):
             found.add((id(op), k))
             share_values.add(vid)
     if not share_values:
@@ -98,9 +103,11 @@ def _scales(op: Op, k: int) -> bool:
     return op.name == "stablehlo.divide" and k == 1
 
 
-def _psum_groups(vid: int, uses: dict) -> set[int] | None:
-    """The group sizes of the `all_reduce` sums that the value `vid` reaches, when every
-    path from it ends in one (through the ops of `_CARRY` only); else None."""
+def _psums_reached(vid: int, uses: dict) -> tuple[frozenset, set[int]] | None:
+    """The `all_reduce` sums that the value `vid` reaches (their op ids) and their group
+    sizes, when every path from it ends in one (through the ops of `_CARRY` only); else
+    None."""
+    sums: set[int] = set()
     sizes: set[int] = set()
     stack, seen = [vid], set()
     while stack:
@@ -116,12 +123,13 @@ def _psum_groups(vid: int, uses: dict) -> set[int] | None:
                 g = _sum_group_size(op)
                 if g is None:
                     return None
+                sums.add(id(op))
                 sizes.add(g)
             elif k in _CARRY.get(op.name, ()):
                 stack.extend(r.id for r in op.results)
             else:
                 return None
-    return sizes or None
+    return (frozenset(sums), sizes) if sums else None
 
 
 def _sum_group_size(op: Op) -> int | None:
@@ -143,14 +151,14 @@ def _sum_group_size(op: Op) -> int | None:
     return int(groups.shape[1])
 
 
-def _counts(fixed_sizes: set[int], most: int = 4) -> set[int]:
-    """1 and the products of up to `most` distinct sizes of classes that cannot shrink."""
-    sizes = sorted(n for n in fixed_sizes if n > 1)[:16]
-    out = {1}
-    for r in range(1, min(most, len(sizes)) + 1):
-        for combo in itertools.combinations(sizes, r):
-            out.add(int(np.prod(combo)))
-    return out
+def _divisors(n: int) -> set[int]:
+    """The divisors of n (the multipliers n shares summed in one psum explain: all of them
+    on every device, or on 1/k of the devices each)."""
+    return {m for m in range(1, n + 1) if n % m == 0}
+
+
+def _same(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
 
 
 def _is_share(c: float, group: int, counts: set[int]) -> bool:
