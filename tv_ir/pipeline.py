@@ -448,7 +448,11 @@ def _witnesses_on_reduced_mesh(reduction, mesh) -> None:
     """Shape reduction's witness pairs (one class larger) run on the reduced mesh too."""
     from .prover.mesh_transfer import on_reduced_mesh
 
-    for w in reduction.witnesses:
+    seen: set[int] = set()
+    for w in [m for g in reduction.witnesses for m in [g, *g.members]]:
+        if id(w) in seen:
+            continue
+        seen.add(id(w))
 
         def build(real_build=w.build):
             pair = real_build()

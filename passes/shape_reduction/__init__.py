@@ -23,7 +23,7 @@ from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
 from .device_shares import device_shares
-from .factors import can_shrink, choose, witnesses
+from .factors import can_shrink, choose, grown, separating_groups, witnesses
 from .rewrite import Rewriter, inconsistent, scaled_layout
 from .rules import Normaliser, ShapeRules
 
@@ -103,12 +103,20 @@ class Reduction:
 @dataclass
 class Witness:
     """The reduced pair with class `name` at `larger` positions instead of `reduced`
-    (`build()` gives (spec, impl, placement))."""
+    (`build()` gives (spec, impl, placement)); or, with `members` (those classes' own
+    witnesses), with several classes larger at once."""
 
     name: str
     reduced: int
     larger: int
     build: object
+    members: list = field(default_factory=list)
+
+    def describe(self) -> str:
+        """Which classes are larger, and how much."""
+        if self.members:
+            return ", ".join(w.describe() for w in self.members)
+        return f"{self.name} at {self.larger} positions instead of {self.reduced}"
 
 
 class Inconsistent(Exception):
@@ -187,16 +195,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         red.failed = f"shape reduction gave inconsistent shapes at {e}; checked at real sizes"
         return red
     red.arg_factors = [_factors_of(d, factor, v) for v in spec.main.args]
-    red.witnesses = [
-        Witness(
-            d.names.get(root, "?"),
-            d.real[root] // factor[root],
-            d.real[root] // f[root],
-            lambda f=f: build(f),
-        )
-        for root, f in witnesses(d, factor)
-        if root not in only_splats
-    ]
+    red.witnesses = _grouped(d, factor, build, only_splats)
     red.reduced_elements = elements(red.spec) + elements(red.impl)
     if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
         red.failed = (
@@ -213,6 +212,41 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         if op.name == "stablehlo.constant" and TABLE_ATTR in op.attrs
     )
     return red
+
+
+def _grouped(d: DimClasses, factor: dict, build, only_splats: set) -> list[Witness]:
+    """The witnesses: the shrunk classes grown in `separating_groups` (a few pairs instead
+    of one per class, each class still one step larger in one of them, and every two
+    classes apart in one); a group whose merged dimensions would disagree is checked class
+    by class. `WITNESS_GROUPS` off: one witness per class."""
+    singles = [
+        (
+            root,
+            Witness(
+                d.names.get(root, "?"),
+                d.real[root] // factor[root],
+                d.real[root] // f[root],
+                lambda f=f: build(f),
+            ),
+        )
+        for root, f in witnesses(d, factor)
+        if root not in only_splats
+    ]
+    if not WITNESS_GROUPS:
+        return [w for _, w in singles]
+    out: list[Witness] = []
+    for group in separating_groups(len(singles)):
+        members = [singles[i] for i in group]
+        f = grown(d, factor, [root for root, _ in members]) if len(members) > 1 else None
+        if f is None:
+            out += [w for _, w in members if all(w is not o for o in out)]
+            continue
+        ws = [w for _, w in members]
+        out.append(Witness(f"{len(ws)} classes", 0, 0, lambda f=f: build(f), ws))
+    return out
+
+
+WITNESS_GROUPS = True
 
 
 def _same_factorisation(d: DimClasses) -> None:

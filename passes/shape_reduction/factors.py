@@ -185,15 +185,33 @@ def witnesses(d: DimClasses, factor: dict[Key, int]) -> list[tuple[Key, dict[Key
     for root, f in factor.items():
         if f <= 1 or root in defs:
             continue
-        other = dict(factor)
-        other[root] = f // _smallest_prime(f)
-        ok = True
-        for whole in defs:
-            vals = _value(defs, other, whole)
-            if len(vals) != 1:
-                ok = False
-                break
-            other[whole] = vals.pop()
-        if ok:
+        other = grown(d, factor, [root], defs)
+        if other is not None:
             out.append((root, other))
     return out
+
+
+def grown(
+    d: DimClasses, factor: dict[Key, int], roots: list[Key], defs: dict | None = None
+) -> dict[Key, int] | None:
+    """The factors with every class of `roots` a prime times larger (merged dimensions
+    recomputed from their parts), or None when a merged dimension's definitions would then
+    disagree."""
+    defs = _definitions(d) if defs is None else defs
+    other = dict(factor)
+    for root in roots:
+        other[root] = factor[root] // _smallest_prime(factor[root])
+    for whole in defs:
+        vals = _value(defs, other, whole)
+        if len(vals) != 1:
+            return None
+        other[whole] = vals.pop()
+    return other
+
+
+def separating_groups(n: int) -> list[list[int]]:
+    """Indices 0..n-1 in `n.bit_length()` groups, group j holding those whose index + 1 has
+    bit j set: every index is in a group, and every two indices are told apart by one (it
+    holds one of them and not the other). So the classes that grow together in one witness
+    still each grow in one, and no two keep their ratio in all (docs/equivalence.md)."""
+    return [[i for i in range(n) if (i + 1) >> j & 1] for j in range(n.bit_length())]

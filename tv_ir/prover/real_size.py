@@ -90,13 +90,7 @@ def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
     on every witness pair that fits in WITNESS_LIMIT; else why the refutation does not
     carry over."""
     reduced_types = reduction.spec.main.arg_types
-    for w in reduction.witnesses:
-        try:
-            w_spec, w_impl, w_place = w.build()
-        except Exception:  # inconsistent shapes at this size: no check from it
-            continue
-        if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
-            continue
+    for w, (w_spec, w_impl, w_place) in _runnable(reduction.witnesses, [0]):
         factors = [
             [a // b for a, b in zip(wt.shape, rt.shape, strict=True)]
             if isinstance(wt, TensorType) and isinstance(rt, TensorType)
@@ -110,13 +104,29 @@ def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
         ):
             continue
         return (
-            f"refuted at reduced shapes, but with {w.name} at {w.larger} positions instead "
-            f"of {w.reduced} the programs agree on the same counterexample and on random "
-            "inputs: their meaning depends on that size in a way shape reduction does not "
-            "follow; the real programs are too large to run; check with --no-reduce "
-            "(reduce_shapes=False)"
+            f"refuted at reduced shapes, but with {w.describe()} the programs agree on the "
+            "same counterexample and on random inputs: their meaning depends on that size "
+            "in a way shape reduction does not follow; the real programs are too large to "
+            "run; check with --no-reduce (reduce_shapes=False)"
         )
     return None
+
+
+def _runnable(witnesses: list, skipped: list[int]):
+    """(witness, its pair) for each witness that builds and fits in WITNESS_LIMIT; one of
+    several classes that does not is replaced by its classes' own witnesses. `skipped[0]`
+    counts the witnesses neither it nor its classes could give."""
+    for w in witnesses:
+        try:
+            pair = w.build()
+        except Exception:  # inconsistent shapes at this size: no check from it
+            pair = None
+        if pair is not None and elements(pair[0]) + elements(pair[1]) <= WITNESS_LIMIT:
+            yield w, pair
+        elif w.members:
+            yield from _runnable(w.members, skipped)
+        else:
+            skipped[0] += 1
 
 
 WITNESS_LIMIT = 5_000_000  # elements over all values of one witness pair
@@ -175,34 +185,39 @@ def confirm_proof(report: Report, reduction, spec, impl, placement, seed: int = 
             "proved at reduced shapes, but the programs differ at their real sizes: the "
             "reduction does not carry over for this pair (replayed at the real sizes)",
         )
-    checked, skipped = 0, 0
-    for w in reduction.witnesses:
-        try:
-            w_spec, w_impl, w_place = w.build()
-        except Exception:  # inconsistent shapes at this size: no check from it
-            skipped += 1
-            continue
-        if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
-            skipped += 1
-            continue
+    checked, skipped = 0, [0]
+    for w, (w_spec, w_impl, w_place) in _runnable(reduction.witnesses, skipped):
         checked += 1
         found = _differs(w_spec, w_impl, w_place, seed)
         if found is None:
             continue
+        w, found = _first_member_differing(w, seed) or (w, found)
         ce, loc, _ = found
         where = f" ({loc.impl})" if loc is not None and loc.impl is not None else ""
         out = Report(
             UNKNOWN,
             stats=report.stats,
             reason=(
-                f"proved at reduced shapes, but with {w.name} at {w.larger} positions instead "
-                f"of {w.reduced} the programs differ (output {ce.output}{where}): their "
-                "meaning depends on that size in a way shape reduction does not follow; "
-                "check with --no-reduce (reduce_shapes=False)"
+                f"proved at reduced shapes, but with {w.describe()} the programs differ "
+                f"(output {ce.output}{where}): their meaning depends on that size in a way "
+                "shape reduction does not follow; check with --no-reduce (reduce_shapes=False)"
             ),
         )
         return out
-    note = f"each shrunk class checked concretely at a larger size ({checked} checks"
+    skipped = skipped[0]
+    classes = len({id(m) for w in reduction.witnesses for m in (w.members or [w])})
+    note = f"each shrunk class checked concretely at a larger size ({classes} classes in "
+    note += f"{checked} checks"
     note += f", {skipped} too large to run)" if skipped else ")"
     report.notes.append(note)
     return report
+
+
+def _first_member_differing(w, seed: int):
+    """(a class's own witness, its difference) for the first class of a differing group
+    whose pair alone differs too (to name it), or None."""
+    for m, (m_spec, m_impl, m_place) in _runnable(w.members, [0]):
+        found = _differs(m_spec, m_impl, m_place, seed)
+        if found is not None:
+            return m, found
+    return None
