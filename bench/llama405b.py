@@ -2,7 +2,7 @@
 with Megatron sequence parallelism, as one `jax.shard_map` (issue #10's last done-when row).
 
     python bench/llama405b.py [--layers 2] [--toy] [--optimizer sgd] [--batch B] [--bug NAME]
-                              [--time-limit S] [--memory-limit MB]
+                              [--time-limit S] [--memory-limit MB] [--witness-per-class]
 
 The model is bench/llama3.py's decoder (RMSNorm, RoPE, causal softmax attention, SwiGLU, a
 cross-entropy head on one-hot targets) with Llama 3 405B's sizes: hidden 16384, 128 query
@@ -392,7 +392,16 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=600)
     ap.add_argument("--memory-limit", type=float, default=6000)
     ap.add_argument("--no-reduce", action="store_true")
+    ap.add_argument(
+        "--witness-per-class",
+        action="store_true",
+        help="one shape witness per shrunk class (before: classes grown together)",
+    )
     a = ap.parse_args()
+    if a.witness_per_class:
+        from tv_ir.passes import shape_reduction
+
+        shape_reduction.WITNESS_GROUPS = False
     from tv_ir.frontends.jax import verify
 
     cfg = with_(TOY if a.toy else LLAMA_405B, layers=a.layers, optimizer=a.optimizer)
