@@ -180,33 +180,105 @@ def witnesses(d: DimClasses, factor: dict[Key, int]) -> list[tuple[Key, dict[Key
     other members too, merged dimensions recomputed): where the reduced pair is checked
     again, concretely, before its proof is trusted. A class whose change would leave a
     merged dimension with disagreeing definitions has no witness."""
-    defs = _definitions(d)
+    merged = MergedDims(d, factor)
     out = []
     for root, f in factor.items():
-        if f <= 1 or root in defs:
+        if f <= 1 or root in merged.defs:
             continue
-        other = grown(d, factor, [root], defs)
+        other = merged.grown([root])
         if other is not None:
             out.append((root, other))
     return out
 
 
-def grown(
-    d: DimClasses, factor: dict[Key, int], roots: list[Key], defs: dict | None = None
-) -> dict[Key, int] | None:
+def grown(d: DimClasses, factor: dict[Key, int], roots: list[Key]) -> dict[Key, int] | None:
     """The factors with every class of `roots` a prime times larger (merged dimensions
     recomputed from their parts), or None when a merged dimension's definitions would then
     disagree."""
-    defs = _definitions(d) if defs is None else defs
-    other = dict(factor)
-    for root in roots:
-        other[root] = factor[root] // _smallest_prime(factor[root])
-    for whole in defs:
-        vals = _value(defs, other, whole)
-        if len(vals) != 1:
-            return None
-        other[whole] = vals.pop()
-    return other
+    return MergedDims(d, factor).grown(roots)
+
+
+class MergedDims:
+    """The merged dimensions' definitions at `factor`, to recompute with a few classes
+    grown. Definitions without cycles (the usual case) are evaluated once, parts before
+    wholes, and per grown set only the wholes that read a grown class (at 126 layers, one
+    full recomputation per class took minutes); with a cycle, every whole is recomputed
+    with `_value`, as before."""
+
+    def __init__(self, d: DimClasses, factor: dict[Key, int]) -> None:
+        self.factor = factor
+        self.defs = _definitions(d)
+        self.order = _parts_first(self.defs)
+        self.reads: dict[Key, set[Key]] = {}
+        if self.order is not None:
+            for w in self.order:
+                r = self.reads[w] = set()
+                for parts in self.defs[w]:
+                    for p in parts:
+                        r.add(p)
+                        r |= self.reads.get(p, set())
+            self.base = self._values(factor, {})
+
+    def grown(self, roots: list[Key]) -> dict[Key, int] | None:
+        other = dict(self.factor)
+        for root in roots:
+            other[root] = self.factor[root] // _smallest_prime(self.factor[root])
+        if self.order is None:
+            for whole in self.defs:
+                vals = _value(self.defs, other, whole)
+                if len(vals) != 1:
+                    return None
+                other[whole] = vals.pop()
+            return other
+        changed = set(roots)
+        same = {w: v for w, v in self.base.items() if not self.reads[w] & changed}
+        values = self._values(other, same)
+        for whole in self.defs:
+            if len(values[whole]) != 1:
+                return None
+            other[whole] = next(iter(values[whole]))
+        return other
+
+    def _values(self, factor: dict, known: dict) -> dict[Key, set[int]]:
+        """Each merged class's factors from its definitions (`_value`), parts first."""
+        vals = dict(known)
+        for w in self.order:
+            if w in vals:
+                continue
+            out: set[int] = set()
+            for parts in self.defs[w]:
+                v = {1}
+                for p in parts:
+                    pv = vals[p] if p in self.defs else {factor.get(p, 1)}
+                    v = {a * b for a in v for b in pv}
+                out |= v
+            vals[w] = out
+        return vals
+
+
+def _parts_first(defs: dict) -> list[Key] | None:
+    """The merged classes with every part before the wholes it defines, or None when the
+    definitions form a cycle."""
+    order: list[Key] = []
+    state: dict[Key, int] = {}  # 1: on the path, 2: done
+    for start in defs:
+        if state.get(start):
+            continue
+        stack = [(start, iter(p for parts in defs[start] for p in parts))]
+        state[start] = 1
+        while stack:
+            node, it = stack[-1]
+            nxt = next((p for p in it if p in defs and state.get(p) != 2), None)
+            if nxt is None:
+                stack.pop()
+                state[node] = 2
+                order.append(node)
+            elif state.get(nxt) == 1:
+                return None
+            else:
+                state[nxt] = 1
+                stack.append((nxt, iter(p for parts in defs[nxt] for p in parts)))
+    return order
 
 
 def separating_groups(n: int) -> list[list[int]]:
