@@ -61,3 +61,43 @@ def test_equal_pair_is_confirmed_in_fewer_checks(too_large_to_run, monkeypatch, 
     assert report.verdict == "equivalent", str(report)
     checks = "2 checks" if grouped else "3 checks"
     assert any(f"(3 classes in {checks})" in n for n in report.notes), report.notes
+
+
+def _recomputed(d, factor, roots):
+    """The witness factors as first written: every merged dimension recomputed recursively."""
+    from tv_ir.passes.shape_reduction.factors import _definitions, _smallest_prime, _value
+
+    defs = _definitions(d)
+    other = dict(factor)
+    for r in roots:
+        other[r] = factor[r] // _smallest_prime(factor[r])
+    for whole in defs:
+        vals = _value(defs, other, whole)
+        if len(vals) != 1:
+            return None
+        other[whole] = vals.pop()
+    return other
+
+
+def test_merged_dimensions_grow_with_their_parts_only() -> None:
+    """heads x head_dim = hidden, hidden x seq = tokens (two levels of merged dimensions) and
+    a second definition of hidden: growing a part regrows exactly the wholes that read it."""
+    from tv_ir.passes.shape_reduction.classes import DimClasses
+    from tv_ir.passes.shape_reduction.factors import MergedDims, grown
+
+    d = DimClasses()
+    heads, head_dim, hidden, seq, tokens, other_hidden, batch = (
+        d.add(("v", i), n) for i, n in enumerate([8, 16, 128, 32, 4096, 128, 4])
+    )
+    d.product(hidden, (heads, head_dim))
+    d.product(hidden, (other_hidden,))
+    d.product(tokens, (hidden, seq))
+    factor = {heads: 4, head_dim: 8, other_hidden: 32, hidden: 32, seq: 8, tokens: 256, batch: 2}
+    merged = MergedDims(d, factor)
+    assert merged.order is not None
+    for roots in ([heads], [seq], [batch], [heads, seq], [other_hidden], [heads, head_dim]):
+        assert merged.grown(roots) == _recomputed(d, factor, roots), roots
+        assert grown(d, factor, roots) == _recomputed(d, factor, roots), roots
+    assert merged.grown([batch])[tokens] == 256  # nothing it reads grew
+    assert merged.grown([seq])[tokens] == 128
+    assert merged.grown([heads]) is None  # hidden's two definitions would disagree
