@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from tv_ir.ir.importer import load
-from tv_ir.ir.program import Module, walk
+from tv_ir.ir.program import Module, elements, walk
 from tv_ir.prover.boundary_layouts import per_device_evidence
 from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
@@ -196,6 +196,19 @@ def _check(
             found.spec_name, found.impl_name = spec_m.source, impl_m.source
             return found
         induction_note = str(found) if found is not None else None
+    if reduce_shapes and _has_loops(spec_m, impl_m):
+        options = Options(timeout, seed, progress, None)
+        found = _by_layer_reduction(spec_m, impl_m, placement, options)
+        if isinstance(found, Report):
+            if found.verdict == NOT_EQUIVALENT:
+                found = _unless_order_dependent(found, spec_m, impl_m)
+            if induction_note:
+                found.notes.append(f"loops not proved by induction: {induction_note}")
+            found.stats.seconds["total"] = time.perf_counter() - t0
+            found.spec_name, found.impl_name = spec_m.source, impl_m.source
+            return found
+        if found is not None:
+            induction_note = f"{induction_note}; {found}" if induction_note else found
     spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
     t_plan = time.perf_counter()
@@ -267,6 +280,68 @@ def _check(
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
+    return report
+
+
+def _has_loops(*modules: Module) -> bool:
+    return any(op.name == "stablehlo.while" for m in modules for op in walk(m.main.body))
+
+
+def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options):
+    """The pair with its layer loops (scans over stacked layers) at fewer layers, as a
+    dimension class of shape reduction (passes/shape_reduction/layer_stacks.py), unrolled and
+    proved there. A proof stands only if the pair also agrees concretely at the real layer
+    count (every other class reduced) and at the witness sizes; a refutation only if it
+    replays at the real sizes (or, too large to run, on every witness, the real layer count
+    included). Else why not (a string: the caller checks the programs unrolled, as before),
+    or None when no loop is a layer loop."""
+    from tv_ir.passes.shape_reduction import reduce_pair
+
+    from .passes.inline_calls import run_in_loops
+    from .prover.real_size import (
+        WITNESS_LIMIT,
+        confirm_proof,
+        differs_on_random_inputs,
+        replay_at_real_size,
+    )
+
+    t0 = time.perf_counter()
+    spec, impl = run_in_loops(spec), run_in_loops(impl)
+    for tables in (True, False):
+        red = reduce_pair(spec, impl, placement, tables)
+        if red.real_layers is None or not red.reduced:
+            return None if red.real_layers is None else "layer reduction: nothing shrank"
+        small = (_unrolled(red.spec), _unrolled(red.impl), red.placement)
+        t_import = time.perf_counter() - t0
+        report = _prove(*small, dataclasses.replace(options, time_limit=time_left()))
+        if report.verdict == EQUIVALENT or (report.verdict == NOT_EQUIVALENT and not red.tables):
+            break
+        if not red.tables:
+            return f"at fewer layers the verdict was {report.verdict}"
+    t1 = time.perf_counter()
+    layers = ", ".join(f"{w} {n} -> {k}" for w, n, k in red.layer_loops if k < n)
+    real_layers = red.real_layers
+    if report.verdict == EQUIVALENT:
+        w_spec, w_impl, w_place = real_layers.build()
+        if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
+            return "layer reduction: the pair at its real layer count is too large to run"
+        if differs_on_random_inputs(w_spec, w_impl, w_place, options.seed):
+            return "proved at fewer layers, but at the real layer count the programs differ"
+        report = confirm_proof(report, red, spec, impl, placement, seed=options.seed)
+        if report.verdict != EQUIVALENT:
+            return f"proved at fewer layers, but: {report.reason}"
+        report.notes.append(
+            f"layer loops at fewer layers ({layers}); checked concretely at the real layer "
+            "count too (other classes reduced)"
+        )
+    else:
+        red.witnesses.insert(0, real_layers)
+        if replay_at_real_size(report, spec, impl, placement, red, seed=options.seed) is not True:
+            return "refuted at fewer layers, but not at the real layer count"
+        report.notes.append(f"refuted with the layer loops at fewer layers ({layers})")
+    report.reduction = red.to_json()
+    report.stats.seconds["import"] = t_import
+    report.stats.seconds["confirm"] = time.perf_counter() - t1
     return report
 
 

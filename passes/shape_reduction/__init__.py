@@ -62,6 +62,11 @@ class Reduction:
     witnesses: list = field(default_factory=list)
     failed: str | None = None  # why the pair could not be reduced after all
     tables: int = 0  # constant tables that shrank and stand for any values
+    # layer loops (layer_stacks.py): (where, real trip count, reduced trip count)
+    layer_loops: list[tuple[str, int, int]] = field(default_factory=list)
+    # the pair with every layer loop at its real trip count, other classes reduced (None
+    # when no layer loop shrank): what a proof at fewer layers is checked against
+    real_layers: Witness | None = None
 
     @property
     def reduced(self) -> bool:
@@ -92,6 +97,7 @@ class Reduction:
             "real_elements": self.real_elements,
             "reduced_elements": self.reduced_elements,
             "tables": self.tables,
+            "layer_loops": [{"loop": w, "real": n, "reduced": k} for w, n, k in self.layer_loops],
             "classes": [
                 {"name": c.name, "real": c.real, "reduced": c.reduced, "kept": c.kept}
                 for c in self.classes
@@ -198,6 +204,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         if root not in only_splats
     ]
     red.reduced_elements = elements(red.spec) + elements(red.impl)
+    _layer_loops(red, d, factor, build, rules)
     if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
         red.failed = (
             f"shape reduction made the programs larger ({real:,} -> {red.reduced_elements:,} "
@@ -213,6 +220,30 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         if op.name == "stablehlo.constant" and TABLE_ATTR in op.attrs
     )
     return red
+
+
+def _layer_loops(red: Reduction, d: DimClasses, factor: dict, build, rules) -> None:
+    """Record the layer loops and their reduced trip counts, and the witness that keeps every
+    shrunk one at its real count (layer_stacks.py)."""
+    from .layer_stacks import trip_key
+
+    shrunk = set()
+    for r in rules:
+        for loop in r.pos.layer_loops:
+            root = d.find(trip_key(loop))
+            f = factor.get(root, 1)
+            red.layer_loops.append((f"loop at {loop.loop.loc}", loop.trips, loop.trips // f))
+            if f > 1:
+                shrunk.add(root)
+    if shrunk:
+        at_real = {**factor, **dict.fromkeys(shrunk, 1)}
+        loops = [(n, k) for _, n, k in red.layer_loops if k < n]
+        red.real_layers = Witness(
+            f"the layer count ({len(loops)} loops)",
+            loops[0][1],
+            loops[0][0],
+            lambda: build(at_real),
+        )
 
 
 def _same_factorisation(d: DimClasses) -> None:

@@ -148,6 +148,11 @@ def _differs(spec: Module, impl: Module, placement, seed: int):
     return None
 
 
+def differs_on_random_inputs(spec: Module, impl: Module, placement, seed: int) -> bool:
+    """Whether the pair differs on random inputs (RUNS of them; not localised)."""
+    return _differs_anywhere(spec, impl, placement, seed)
+
+
 def _differs_anywhere(spec: Module, impl: Module, placement, seed: int) -> bool:
     """Whether the pair differs on `_differs`'s random inputs (without localising it)."""
     from .simulate import random_inputs
