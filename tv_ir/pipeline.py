@@ -198,7 +198,7 @@ def _check(
         induction_note = str(found) if found is not None else None
     if reduce_shapes and _has_loops(spec_m, impl_m):
         options = Options(timeout, seed, progress, None)
-        found = _by_layer_reduction(spec_m, impl_m, placement, options)
+        found = _by_layer_reduction(spec_m, impl_m, placement, options, reduce_mesh)
         if isinstance(found, Report):
             if found.verdict == NOT_EQUIVALENT:
                 found = _unless_order_dependent(found, spec_m, impl_m)
@@ -287,61 +287,87 @@ def _has_loops(*modules: Module) -> bool:
     return any(op.name == "stablehlo.while" for m in modules for op in walk(m.main.body))
 
 
-def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options):
-    """The pair with its layer loops (scans over stacked layers) at fewer layers, as a
-    dimension class of shape reduction (passes/shape_reduction/layer_stacks.py), unrolled and
-    proved there. A proof stands only if the pair also agrees concretely at the real layer
-    count (every other class reduced) and at the witness sizes; a refutation only if it
-    replays at the real sizes (or, too large to run, on every witness, the real layer count
-    included). Else why not (a string: the caller checks the programs unrolled, as before),
-    or None when no loop is a layer loop."""
+def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options, reduce_mesh: bool):
+    """The pair with its layer loops (scans over stacked layers) at fewer layers: the layer
+    count is a dimension class of shape reduction (passes/shape_reduction/layer_stacks.py).
+    The pair at its real sizes with only the layer counts reduced is unrolled and checked as
+    any pair is (shape and mesh reduction, confirmation, replay). A proof stands only if the
+    pair also agrees concretely at the real layer count and at a larger one (every other
+    class reduced); a refutation only if it replays at the real layer count (blown up, or on
+    random inputs with the other classes reduced when the real programs are too large to
+    run). Else why not (a string: the caller checks the programs unrolled, as before), or
+    None when no layer loop shrank."""
     from tv_ir.passes.shape_reduction import reduce_pair
 
     from .passes.inline_calls import run_in_loops
     from .prover.real_size import (
+        REPLAY_LIMIT,
         WITNESS_LIMIT,
-        confirm_proof,
         differs_on_random_inputs,
-        replay_at_real_size,
+        replay_blown_up,
     )
 
-    t0 = time.perf_counter()
     spec, impl = run_in_loops(spec), run_in_loops(impl)
-    for tables in (True, False):
-        red = reduce_pair(spec, impl, placement, tables)
-        if red.real_layers is None or not red.reduced:
-            return None if red.real_layers is None else "layer reduction: nothing shrank"
-        small = (_unrolled(red.spec), _unrolled(red.impl), red.placement)
-        t_import = time.perf_counter() - t0
-        report = _prove(*small, dataclasses.replace(options, time_limit=time_left()))
-        if report.verdict == EQUIVALENT or (report.verdict == NOT_EQUIVALENT and not red.tables):
-            break
-        if not red.tables:
-            return f"at fewer layers the verdict was {report.verdict}"
+    red = reduce_pair(spec, impl, placement)
+    if red.fewer_layers is None:
+        return None
+    t0 = time.perf_counter()
+    f_spec, f_impl, f_place = red.fewer_layers.build()
+    f_spec, f_impl = _unrolled(f_spec), _unrolled(f_impl)
+    t_layers = time.perf_counter() - t0
+    report = _check(
+        f_spec,
+        f_impl,
+        options.timeout,
+        options.seed,
+        options.progress,
+        f_place,
+        True,
+        None,
+        induction=False,
+        reduce_mesh=reduce_mesh,
+    )
     t1 = time.perf_counter()
     layers = ", ".join(f"{w} {n} -> {k}" for w, n, k in red.layer_loops if k < n)
-    real_layers = red.real_layers
     if report.verdict == EQUIVALENT:
-        w_spec, w_impl, w_place = real_layers.build()
-        if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
-            return "layer reduction: the pair at its real layer count is too large to run"
-        if differs_on_random_inputs(w_spec, w_impl, w_place, options.seed):
-            return "proved at fewer layers, but at the real layer count the programs differ"
-        report = confirm_proof(report, red, spec, impl, placement, seed=options.seed)
-        if report.verdict != EQUIVALENT:
-            return f"proved at fewer layers, but: {report.reason}"
+        for w in red.layer_witnesses:
+            w_spec, w_impl, w_place = w.build()
+            if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
+                return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
+            if differs_on_random_inputs(w_spec, w_impl, w_place, options.seed):
+                return (
+                    f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
+                    "reduced) the programs differ"
+                )
         report.notes.append(
-            f"layer loops at fewer layers ({layers}); checked concretely at the real layer "
-            "count too (other classes reduced)"
+            f"layer loops proved at fewer layers ({layers}); checked concretely at the real "
+            f"layer count and a larger one too (other classes reduced)"
         )
+    elif report.verdict == NOT_EQUIVALENT and report.counterexample is not None:
+        if elements(spec) + elements(impl) <= REPLAY_LIMIT:
+            found = replay_blown_up(report, spec, impl, placement, f_spec.main.arg_types)
+            if found is None:
+                return "refuted at fewer layers, but not at the real layer count"
+            report.counterexample, _, report.outputs = found
+            report.notes.append(
+                f"refuted with the layer loops at fewer layers ({layers}); the counterexample "
+                "replayed at the real layer count (each layer's inputs repeated over the "
+                "layers it stands for)"
+            )
+        else:
+            w_spec, w_impl, w_place = red.layer_witnesses[0].build()
+            if not differs_on_random_inputs(w_spec, w_impl, w_place, options.seed):
+                return "refuted at fewer layers, but at the real layer count the programs agree"
+            report.notes.append(
+                f"refuted with the layer loops at fewer layers ({layers}), counterexample "
+                "replayed there; the real programs are too large to run, and at the real layer "
+                "count (other classes reduced) they differ too"
+            )
     else:
-        red.witnesses.insert(0, real_layers)
-        if replay_at_real_size(report, spec, impl, placement, red, seed=options.seed) is not True:
-            return "refuted at fewer layers, but not at the real layer count"
-        report.notes.append(f"refuted with the layer loops at fewer layers ({layers})")
-    report.reduction = red.to_json()
-    report.stats.seconds["import"] = t_import
-    report.stats.seconds["confirm"] = time.perf_counter() - t1
+        return f"at fewer layers the verdict was {report.verdict} ({report.reason})"
+    report.reduction = {**(report.reduction or {}), "layer_loops": red.to_json()["layer_loops"]}
+    report.stats.seconds["layers"] = t_layers
+    report.stats.seconds["layers confirm"] = time.perf_counter() - t1
     return report
 
 

@@ -23,7 +23,7 @@ from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
 from .device_shares import device_shares
-from .factors import can_shrink, choose, witnesses
+from .factors import can_shrink, choose, smallest_prime, witnesses
 from .rewrite import Rewriter, inconsistent, scaled_layout
 from .rules import Normaliser, ShapeRules
 
@@ -64,9 +64,11 @@ class Reduction:
     tables: int = 0  # constant tables that shrank and stand for any values
     # layer loops (layer_stacks.py): (where, real trip count, reduced trip count)
     layer_loops: list[tuple[str, int, int]] = field(default_factory=list)
-    # the pair with every layer loop at its real trip count, other classes reduced (None
-    # when no layer loop shrank): what a proof at fewer layers is checked against
-    real_layers: Witness | None = None
+    # when a layer loop shrank: the pair at its real sizes with only the layer counts
+    # reduced (what is proved), and with other classes reduced, the layer counts at their
+    # real values and a prime times the reduced ones (what that proof is checked against)
+    fewer_layers: Witness | None = None
+    layer_witnesses: list[Witness] = field(default_factory=list)
 
     @property
     def reduced(self) -> bool:
@@ -235,15 +237,21 @@ def _layer_loops(red: Reduction, d: DimClasses, factor: dict, build, rules) -> N
             red.layer_loops.append((f"loop at {loop.loop.loc}", loop.trips, loop.trips // f))
             if f > 1:
                 shrunk.add(root)
-    if shrunk:
-        at_real = {**factor, **dict.fromkeys(shrunk, 1)}
-        loops = [(n, k) for _, n, k in red.layer_loops if k < n]
-        red.real_layers = Witness(
-            f"the layer count ({len(loops)} loops)",
-            loops[0][1],
-            loops[0][0],
-            lambda: build(at_real),
-        )
+    if not shrunk:
+        return
+    loops = [(n, k) for _, n, k in red.layer_loops if k < n]
+    name = f"the layer count ({len(loops)} loops)"
+    only = {root: factor[root] for root in shrunk}
+    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only))
+    at_real = {**factor, **dict.fromkeys(shrunk, 1)}
+    red.layer_witnesses = [Witness(name, loops[0][1], loops[0][0], lambda: build(at_real))]
+    larger = {**factor}
+    for root in shrunk:
+        larger[root] = factor[root] // smallest_prime(factor[root])
+    if any(larger[root] > 1 for root in shrunk):
+        f = factor[next(iter(shrunk))]
+        k = loops[0][1] * f // larger[next(iter(shrunk))]
+        red.layer_witnesses.append(Witness(name, loops[0][1], k, lambda: build(larger)))
 
 
 def _same_factorisation(d: DimClasses) -> None:

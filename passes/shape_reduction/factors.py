@@ -27,7 +27,7 @@ def _largest_divisor(g: int, cap: int) -> int:
     return best
 
 
-def _smallest_prime(n: int) -> int:
+def smallest_prime(n: int) -> int:
     p = 2
     while p * p <= n:
         if n % p == 0:
@@ -95,7 +95,7 @@ def choose(d: DimClasses) -> dict[Key, int]:
             if a is None:
                 stuck.add(whole)
                 continue
-            factor[a] //= _smallest_prime(factor[a])
+            factor[a] //= smallest_prime(factor[a])
             changed = True
         if not changed:
             break
@@ -186,7 +186,7 @@ def witnesses(d: DimClasses, factor: dict[Key, int]) -> list[tuple[Key, dict[Key
         if f <= 1 or root in defs:
             continue
         other = dict(factor)
-        other[root] = f // _smallest_prime(f)
+        other[root] = f // smallest_prime(f)
         ok = True
         for whole in defs:
             vals = _value(defs, other, whole)
