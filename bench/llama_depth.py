@@ -59,8 +59,8 @@ def main() -> None:
 
     header = (
         f"{'layers':>6} {'bug':>5} {'verdict':>15} {'stages':>6} {'hits':>5} {'tv s':>7} "
-        f"{'lower':>6} {'import':>6} {'sim':>5} {'prove':>6} {'confirm':>7} {'peak MB':>7} "
-        f"{'xla s':>6} {'TV s':>6}"
+        f"{'lower':>6} {'import':>6} {'sim':>5} {'prove':>6} {'confirm':>7} {'layers':>6} "
+        f"{'lconf':>6} {'peak MB':>7} {'xla s':>6} {'TV s':>6}"
     )
     print(
         f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB, "
@@ -87,7 +87,9 @@ def main() -> None:
                 f"{S.fmt(res.get('stages'), 'd'):>6} {S.fmt(res.get('cache_hits'), 'd'):>5} "
                 f"{S.fmt(res.get('seconds')):>7} {S.fmt(res.get('lower_s')):>6} "
                 f"{S.fmt(imp):>6} {S.fmt(ph.get('simulate')):>5} {S.fmt(ph.get('prove')):>6} "
-                f"{S.fmt(ph.get('confirm')):>7} {peak:>7.0f} {S.fmt(res.get('xla_s'), '.2f'):>6} "
+                f"{S.fmt(ph.get('confirm')):>7} {S.fmt(ph.get('layers')):>6} "
+                f"{S.fmt(ph.get('layers confirm')):>6} {peak:>7.0f} "
+                f"{S.fmt(res.get('xla_s'), '.2f'):>6} "
                 f"{S.fmt(tv):>6}",
                 flush=True,
             )
@@ -98,7 +100,9 @@ def main() -> None:
     print(
         "\nhits: stage obligations proved by reusing the proof of a renamed copy"
         "\n(tv_ir/prover/obligation_cache.py); tv s: verify() in a fresh child, lowering"
-        "\nincluded; lower / import / sim / prove / confirm: its phases (s); xla s: XLA's"
+        "\nincluded; lower / import / sim / prove / confirm: its phases (s); layers: the pair"
+        "\nbuilt and unrolled at fewer layers, lconf: the concrete checks at the real layer"
+        "\ncount and a larger one (layer loops only, docs/equivalence.md); xla s: XLA's"
         f"\ncompile time of spec + implementation; TV s: {TRAINVERIFY_NOTE}."
     )
     if a.json:
