@@ -307,13 +307,18 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
         replay_blown_up,
     )
 
-    spec, impl = run_in_loops(spec), run_in_loops(impl)
-    red = reduce_pair(spec, impl, placement)
-    if red.fewer_layers is None:
-        return None
     t0 = time.perf_counter()
-    f_spec, f_impl, f_place = red.fewer_layers.build()
-    f_spec, f_impl = _unrolled(f_spec), _unrolled(f_impl)
+    try:
+        spec, impl = run_in_loops(spec), run_in_loops(impl)
+        red = reduce_pair(spec, impl, placement)
+        if red.fewer_layers is None:
+            return None
+        f_spec, f_impl, f_place = red.fewer_layers.build()
+        f_spec, f_impl = _unrolled(f_spec), _unrolled(f_impl)
+    except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+        raise
+    except Exception as e:  # a program the layer reduction misreads: unrolled, as before
+        return f"layer reduction: {type(e).__name__}: {e}"
     t_layers = time.perf_counter() - t0
     report = _check(
         f_spec,
