@@ -51,10 +51,11 @@ def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
     ints = [
         k
         for k, v in enumerate(loop.operands)
-        if not isinstance(v.type, TensorType) or v.type.is_integer
+        if (not isinstance(v.type, TensorType) or v.type.is_integer)
+        and k not in invariant_integers(loop, known)
     ]
     if len(ints) != 1 or loop.operands[ints[0]].type.shape != ():
-        return "its state holds integers other than one scalar counter"
+        return "its state holds integers other than one scalar counter and constants"
     k = ints[0]
     start = known.get(loop.operands[k].id)
     if start is None or any(int(np.asarray(s).reshape(-1)[0]) != 0 for s in start):
@@ -84,6 +85,17 @@ def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
     if not out.stacks:
         return "it indexes no stacked value"
     return out
+
+
+def invariant_integers(loop: Op, known: dict) -> list[int]:
+    """State positions holding an integer known before the loop and passed on unchanged (a
+    constant index closed over by the scanned function): constants inside the loop too."""
+    body = loop.regions[1].block
+    return [
+        k
+        for k, (v, a, r) in enumerate(zip(loop.operands, body.args, body.results, strict=True))
+        if isinstance(v.type, TensorType) and v.type.is_integer and v.id in known and r is a
+    ]
 
 
 def _bound(cond, k: int) -> tuple[int | None, object]:

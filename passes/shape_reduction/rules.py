@@ -25,7 +25,7 @@ from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, wal
 
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
-from .layer_stacks import MIN_LAYERS, LayerLoop, layer_loop, trip_key
+from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
 
 ELEMENTWISE = {
     "stablehlo." + n
@@ -797,12 +797,15 @@ class ShapeRules:
         cond, body = op.regions[0].block, op.regions[1].block
         key = self.d.add(trip_key(found), found.trips, f"layers of the loop at {op.loc}")
         self.d.at_least(key, MIN_LAYERS)
+        constants = invariant_integers(op, self.pos.known)
         for block in (cond, body):
-            for a, b in zip(op.operands, block.args, strict=True):
+            for j, (a, b) in enumerate(zip(op.operands, block.args, strict=True)):
                 dims_of(self.d, b, "loop state")
                 self.tie_all(a, b)
                 if a.id in self.pos.index:
                     self.untrack(a, f"loop at {op.loc}")
+                if j in constants:  # the same integers on every iteration
+                    self.pos.known[b.id] = self.pos.known[a.id]
         for vid in found.starts:
             self.pos.layer_starts[vid] = key
         for bop, operand, bias in found.bounds:
