@@ -40,7 +40,8 @@ AXES = ("data", "stage", "model")
 
 # planted bugs (parallel_step(cfg, bug=...)); each must be refuted
 BUGS = {
-    "psum": "each stage's last layer: its FFN output not psum'd over 'model'",
+    "psum": "each stage's last layer (every layer with stack='scan'): its FFN output not "
+    "psum'd over 'model'",
     "micro": "the loss share is not divided by the number of micro-batches",
 }
 
@@ -61,6 +62,9 @@ class Config:
     lr: float = 0.1  # not 1/8: a constant equal to a dimension's size keeps that dimension
     eps: float = 1e-5
     rope_theta: float = 500000.0  # Llama 3
+    # how the layers are written (STACKS): a Python for over `w[i]`, or `jax.lax.scan` over
+    # the stacked weights (spec and implementation alike)
+    stack: str = "for"
 
     @property
     def head_dim(self) -> int:
@@ -75,13 +79,26 @@ class Config:
         assert self.heads % self.tp == 0 and self.ffn_units % self.tp == 0, "TP split"
         assert self.layers % self.pp == 0, "layers split evenly over the stages"
         assert self.batch % (self.dp * self.micro) == 0, "micro-batches of the DP shards"
+        assert self.stack in STACKS, f"stack: one of {sorted(STACKS)}"
         return self
 
     def label(self) -> str:
         return (
             f"L{self.layers} h{self.hidden} s{self.seq} H{self.heads} b{self.batch} "
             f"dp{self.dp}pp{self.pp}tp{self.tp}m{self.micro}"
+            + ("" if self.stack == "for" else f" {self.stack}")
         )
+
+
+# How the layers are written (`Config.stack`):
+STACKS = {
+    # TrainVerify's form: a Python for, layer i reading `w[i]` of each stacked weight; the
+    # program arrives unrolled, one copy of the layer per layer
+    "for": "Python for over w[i]",
+    # the idiomatic JAX / MaxText form: `jax.lax.scan` over the stacked weights (in the
+    # pipeline, each stage scans its own layers at every tick); one loop per scan
+    "scan": "jax.lax.scan over the stacked weights",
+}
 
 
 # TrainVerify's benchmark configuration (paper section 8.2-8.3): hidden 128, seq 128, 32 heads,
@@ -206,11 +223,20 @@ def cross_entropy(params, x, targets, cfg: Config):
     return -jnp.mean(jnp.sum(targets * logp, axis=-1))
 
 
+def scanned(x, stacked, one_layer):
+    """`one_layer(x, p)` over the layers of `stacked` (a pytree of stacked weights)."""
+    x, _ = jax.lax.scan(lambda h, p: (one_layer(h, p), None), x, stacked)
+    return x
+
+
 def loss_fn(params, batch, cfg: Config):
     tables = (*rope_tables(cfg), causal_mask(cfg))
     x = batch["x"]
-    for i in range(cfg.layers):
-        x = block(x, layer(params, i), tables, cfg)
+    if cfg.stack == "scan":
+        x = scanned(x, params["layers"], lambda h, p: block(h, p, tables, cfg))
+    else:
+        for i in range(cfg.layers):
+            x = block(x, layer(params, i), tables, cfg)
     return cross_entropy(params, x, batch["targets"], cfg)
 
 
@@ -316,7 +342,17 @@ def pipeline_loss(params, batch, cfg: Config, bug: str | None, style: str):
     else:
         enter, reduce = (lambda y: y), (lambda y: jax.lax.psum(y, "model"))
 
+    def buggy_block(x, p):  # BUG: psum: the FFN's partial output not summed over "model"
+        x = x + reduce(attention(enter(rms_norm(x, p["attn_norm"], cfg.eps)), p, tables, cfg))
+        return x + ffn(enter(rms_norm(x, p["mlp_norm"], cfg.eps)), p)
+
     def stage_layers(x):
+        if cfg.stack == "scan":  # this stage's layers (the local slice of the stack)
+            if bug == "psum":  # every layer of the stage: a scan has one body
+                return scanned(x, params["layers"], buggy_block)
+            return scanned(
+                x, params["layers"], lambda h, p: block(h, p, tables, cfg, enter, reduce)
+            )
         for i in range(per_stage):
             p = layer(params, i)
             if bug == "psum" and i == per_stage - 1:

@@ -3,6 +3,7 @@
     python bench/llama_depth.py                    # depths 2, 8, 32; each with the planted bug
     python bench/llama_depth.py --depths 2,8 --no-bug --no-xla
     python bench/llama_depth.py --depths 126 --time-limit 1800 --memory 4000
+    python bench/llama_depth.py --stack scan --depths 2,32,126   # layers as jax.lax.scan
 
 The configuration of bench/llama3.py's `TRAINVERIFY` (hidden 128, seq 128, 32 heads, batch
 32, vocab 51200, DP 2 x PP 2 x TP 2 as one `jax.shard_map`, 2 micro-batches, forward +
@@ -13,7 +14,10 @@ lowering included, killed past its timeout or memory); columns: verdict, stages 
 stage obligations proved by reusing a cached proof (`stats.cache_hits`), wall seconds in
 total and per phase (JAX lowering; import and shape reduction; simulation; proof; concrete
 confirmation), the child's peak memory, XLA's compile time of the same two programs, and
-TrainVerify's published figures for the same configuration (issue #10 / #12).
+TrainVerify's published figures for the same configuration (issue #10 / #12). `--stack scan`
+writes the layers as `jax.lax.scan` over the stacked weights (bench/llama3.py STACKS; the
+planted bug is then in every layer of each stage: a scan has one body); the `layers` column
+says which loops were proved at fewer layers (docs/equivalence.md, "Layer stacks").
 """
 
 from __future__ import annotations
@@ -47,20 +51,26 @@ def main() -> None:
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
     ap.add_argument("--time-limit", type=float, default=900.0, help="tv's time_limit per row")
     ap.add_argument("--memory", type=float, default=4000.0, help="tv's memory_limit (MB)")
+    ap.add_argument(
+        "--stack", choices=sorted(M.STACKS), default="for", help="how layers are written"
+    )
     ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args()
 
     header = (
         f"{'layers':>6} {'bug':>5} {'verdict':>15} {'stages':>6} {'hits':>5} {'tv s':>7} "
-        f"{'lower':>6} {'import':>6} {'sim':>5} {'prove':>6} {'confirm':>7} {'peak MB':>7} "
-        f"{'xla s':>6} {'TV s':>6}"
+        f"{'lower':>6} {'import':>6} {'sim':>5} {'prove':>6} {'confirm':>7} {'layers':>6} "
+        f"{'lconf':>6} {'peak MB':>7} {'xla s':>6} {'TV s':>6}"
     )
-    print(f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB")
+    print(
+        f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB, "
+        f"layers as {M.STACKS[a.stack]}"
+    )
     print(header)
     print("-" * len(header), flush=True)
     results = []
     for layers in (int(d) for d in a.depths.split(",")):
-        cfg = M.with_(M.TRAINVERIFY, layers=layers)
+        cfg = M.with_(M.TRAINVERIFY, layers=layers, stack=a.stack)
         for bug in (None,) if a.no_bug else (None, "psum"):
             row = S.llama_row(cfg, bug, note="TrainVerify")
             args = ["verify", json.dumps(row), str(a.time_limit), str(a.memory)]
@@ -77,18 +87,22 @@ def main() -> None:
                 f"{S.fmt(res.get('stages'), 'd'):>6} {S.fmt(res.get('cache_hits'), 'd'):>5} "
                 f"{S.fmt(res.get('seconds')):>7} {S.fmt(res.get('lower_s')):>6} "
                 f"{S.fmt(imp):>6} {S.fmt(ph.get('simulate')):>5} {S.fmt(ph.get('prove')):>6} "
-                f"{S.fmt(ph.get('confirm')):>7} {peak:>7.0f} {S.fmt(res.get('xla_s'), '.2f'):>6} "
+                f"{S.fmt(ph.get('confirm')):>7} {S.fmt(ph.get('layers')):>6} "
+                f"{S.fmt(ph.get('layers confirm')):>6} {peak:>7.0f} "
+                f"{S.fmt(res.get('xla_s'), '.2f'):>6} "
                 f"{S.fmt(tv):>6}",
                 flush=True,
             )
-            for key in ("where", "reason"):
+            for key in ("layers", "where", "reason"):
                 if res.get(key):
                     print(f"    {key}: {res[key][:300]}", flush=True)
             results.append({"layers": layers, "bug": bug, **res})
     print(
         "\nhits: stage obligations proved by reusing the proof of a renamed copy"
         "\n(tv_ir/prover/obligation_cache.py); tv s: verify() in a fresh child, lowering"
-        "\nincluded; lower / import / sim / prove / confirm: its phases (s); xla s: XLA's"
+        "\nincluded; lower / import / sim / prove / confirm: its phases (s); layers: the pair"
+        "\nbuilt and unrolled at fewer layers, lconf: the concrete checks at the real layer"
+        "\ncount and a larger one (layer loops only, docs/equivalence.md); xla s: XLA's"
         f"\ncompile time of spec + implementation; TV s: {TRAINVERIFY_NOTE}."
     )
     if a.json:

@@ -174,6 +174,10 @@ def worker_verify(row: dict, time_limit: float, memory: float) -> dict:
         out.update(cache_hits=report.stats.cache_hits, phases=dict(report.stats.seconds))
         if report.reason:
             out["reason"] = report.reason
+        loops = (report.reduction or {}).get("layer_loops") or []
+        shrunk = sorted({(d["real"], d["reduced"]) for d in loops if d["reduced"] < d["real"]})
+        if shrunk:  # layer loops proved at fewer layers (docs/equivalence.md, "Layer stacks")
+            out["layers"] = ", ".join(f"{n}->{k}" for n, k in shrunk)
         if report.location is not None and report.location.impl is not None:
             out["where"] = str(report.location.impl)
     except Exception as e:  # bad input (a tensor past 2^31 elements), internal errors

@@ -24,7 +24,17 @@ def run(module: Module) -> Module:
     return module
 
 
-def _inline_block(module: Module, block: Block, depth: int) -> Block:
+def run_in_loops(module: Module) -> Module:
+    """`run`, and calls in the bodies of top-level loops (and of loops in shard_map bodies)
+    inlined too: shape reduction reads a layer loop's body op by op (layer_stacks.py)."""
+    main = module.main
+    main.body = _inline_block(module, main.body, 0, INLINE_INSIDE + ("stablehlo.while",))
+    return module
+
+
+def _inline_block(
+    module: Module, block: Block, depth: int, inside: tuple[str, ...] = INLINE_INSIDE
+) -> Block:
     if depth > MAX_DEPTH:
         raise BadInput("recursive function calls are not supported")
     ops: list[Op] = []
@@ -43,15 +53,15 @@ def _inline_block(module: Module, block: Block, depth: int) -> Block:
             body = clone_block(
                 callee.body, {a.id: v for a, v in zip(callee.body.args, op.operands, strict=True)}
             )
-            body = _inline_block(module, body, depth + 1)
+            body = _inline_block(module, body, depth + 1, inside)
             ops.extend(body.ops)
             for r, v in zip(op.results, body.results, strict=True):
                 rename[r.id] = v
         else:
             _rename_in_regions(op, rename)
-            if op.name in INLINE_INSIDE:
+            if op.name in inside:
                 for region in op.regions:
-                    region.block = _inline_block(module, region.block, depth + 1)
+                    region.block = _inline_block(module, region.block, depth + 1, inside)
             ops.append(op)
     return Block(block.args, ops, [get(v) for v in block.results])
 

@@ -6,7 +6,7 @@ import dataclasses
 import time
 
 from tv_ir.ir.importer import load
-from tv_ir.ir.program import Module, walk
+from tv_ir.ir.program import Module, elements, walk
 from tv_ir.prover.boundary_layouts import per_device_evidence
 from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
@@ -196,6 +196,19 @@ def _check(
             found.spec_name, found.impl_name = spec_m.source, impl_m.source
             return found
         induction_note = str(found) if found is not None else None
+    if reduce_shapes and _has_loops(spec_m, impl_m):
+        options = Options(timeout, seed, progress, None)
+        found = _by_layer_reduction(spec_m, impl_m, placement, options, reduce_mesh)
+        if isinstance(found, Report):
+            if found.verdict == NOT_EQUIVALENT:
+                found = _unless_order_dependent(found, spec_m, impl_m)
+            if induction_note:
+                found.notes.append(f"loops not proved by induction: {induction_note}")
+            found.stats.seconds["total"] = time.perf_counter() - t0
+            found.spec_name, found.impl_name = spec_m.source, impl_m.source
+            return found
+        if found is not None:
+            induction_note = f"{induction_note}; {found}" if induction_note else found
     spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
     t_plan = time.perf_counter()
@@ -267,6 +280,107 @@ def _check(
     report.stats.seconds["total"] = time.perf_counter() - t0
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
+    return report
+
+
+def _has_loops(*modules: Module) -> bool:
+    return any(op.name == "stablehlo.while" for m in modules for op in walk(m.main.body))
+
+
+def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options, reduce_mesh: bool):
+    """The pair with its layer loops (scans over stacked layers) at fewer layers: the layer
+    count is a dimension class of shape reduction (passes/shape_reduction/layer_stacks.py).
+    The pair at its real sizes with only the layer counts reduced is unrolled and checked as
+    any pair is (shape and mesh reduction, confirmation, replay). A proof stands only if the
+    pair also agrees concretely at the real layer count and at a larger one (every other
+    class reduced); a refutation only if it replays at the real layer count (blown up, or on
+    random inputs with the other classes reduced when the real programs are too large to
+    run). Else why not (a string: the caller checks the programs unrolled, as before), or
+    None when no layer loop shrank."""
+    from tv_ir.passes.shape_reduction import reduce_pair
+
+    from .passes.inline_calls import run_in_loops
+    from .prover.real_size import (
+        REPLAY_LIMIT,
+        WITNESS_LIMIT,
+        differs_on_random_inputs,
+        replay_blown_up,
+    )
+
+    t0 = time.perf_counter()
+    try:
+        spec, impl = run_in_loops(spec), run_in_loops(impl)
+        red = reduce_pair(spec, impl, placement)
+        if red.fewer_layers is None:
+            return None
+        f_spec, f_impl, f_place = red.fewer_layers.build()
+        f_spec, f_impl = _unrolled(f_spec), _unrolled(f_impl)
+    except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
+        raise
+    except Exception as e:  # a program the layer reduction misreads: unrolled, as before
+        return f"layer reduction: {type(e).__name__}: {e}"
+    t_layers = time.perf_counter() - t0
+    report = _check(
+        f_spec,
+        f_impl,
+        options.timeout,
+        options.seed,
+        options.progress,
+        f_place,
+        True,
+        None,
+        induction=False,
+        reduce_mesh=reduce_mesh,
+    )
+    t1 = time.perf_counter()
+    layers = ", ".join(f"{w} {n} -> {k}" for w, n, k in red.layer_loops if k < n)
+    if report.verdict == EQUIVALENT:
+        for w in red.layer_witnesses:
+            try:
+                w_spec, w_impl, w_place = w.build()
+            except Exception as e:  # shapes an op forbids: this check cannot be made
+                return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
+            if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
+                return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
+            # one run: random inputs show a difference of these small programs, or none is
+            # there to show (the real layer count unrolled costs what depth costs)
+            if differs_on_random_inputs(w_spec, w_impl, w_place, options.seed, runs=1):
+                return (
+                    f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
+                    "reduced) the programs differ"
+                )
+        report.notes.append(
+            f"layer loops proved at fewer layers ({layers}); checked concretely at the real "
+            f"layer count and a larger one too (other classes reduced)"
+        )
+    elif report.verdict == NOT_EQUIVALENT and report.counterexample is not None:
+        if elements(spec) + elements(impl) <= REPLAY_LIMIT:
+            found = replay_blown_up(report, spec, impl, placement, f_spec.main.arg_types)
+            if found is None:
+                return "refuted at fewer layers, but not at the real layer count"
+            report.counterexample, _, report.outputs = found
+            report.notes.append(
+                f"refuted with the layer loops at fewer layers ({layers}); the counterexample "
+                "replayed at the real layer count (each layer's inputs repeated over the "
+                "layers it stands for)"
+            )
+        else:
+            try:
+                w_spec, w_impl, w_place = red.layer_witnesses[0].build()
+            except Exception as e:  # shapes an op forbids: this check cannot be made
+                return f"refuted at fewer layers, but at the real layer count: {e}"
+            if not differs_on_random_inputs(w_spec, w_impl, w_place, options.seed):
+                return "refuted at fewer layers, but at the real layer count the programs agree"
+            report.notes.append(
+                f"refuted with the layer loops at fewer layers ({layers}), counterexample "
+                "replayed there; the real programs are too large to run, and at the real layer "
+                "count (other classes reduced) they differ too"
+            )
+    else:
+        return f"at fewer layers the verdict was {report.verdict} ({report.reason})"
+    report.reduction = {**(report.reduction or {}), "layer_loops": red.to_json()["layer_loops"]}
+    report.stats.seconds["layers"] = t_layers
+    report.stats.seconds["layers confirm"] = time.perf_counter() - t1
     return report
 
 

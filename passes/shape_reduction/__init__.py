@@ -23,7 +23,7 @@ from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .classes import DimClasses
 from .device_shares import device_shares
-from .factors import can_shrink, choose, grown, separating_groups, witnesses
+from .factors import can_shrink, choose, grown, separating_groups, smallest_prime, witnesses
 from .rewrite import Rewriter, inconsistent, scaled_layout
 from .rules import Normaliser, ShapeRules
 
@@ -62,6 +62,13 @@ class Reduction:
     witnesses: list = field(default_factory=list)
     failed: str | None = None  # why the pair could not be reduced after all
     tables: int = 0  # constant tables that shrank and stand for any values
+    # layer loops (layer_stacks.py): (where, real trip count, reduced trip count)
+    layer_loops: list[tuple[str, int, int]] = field(default_factory=list)
+    # when a layer loop shrank: the pair at its real sizes with only the layer counts
+    # reduced (what is proved), and with other classes reduced, the layer counts at their
+    # real values and a prime times the reduced ones (what that proof is checked against)
+    fewer_layers: Witness | None = None
+    layer_witnesses: list[Witness] = field(default_factory=list)
 
     @property
     def reduced(self) -> bool:
@@ -92,6 +99,7 @@ class Reduction:
             "real_elements": self.real_elements,
             "reduced_elements": self.reduced_elements,
             "tables": self.tables,
+            "layer_loops": [{"loop": w, "real": n, "reduced": k} for w, n, k in self.layer_loops],
             "classes": [
                 {"name": c.name, "real": c.real, "reduced": c.reduced, "kept": c.kept}
                 for c in self.classes
@@ -197,6 +205,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     red.arg_factors = [_factors_of(d, factor, v) for v in spec.main.args]
     red.witnesses = _grouped(d, factor, build, only_splats)
     red.reduced_elements = elements(red.spec) + elements(red.impl)
+    _layer_loops(red, d, factor, build, rules)
     if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
         red.failed = (
             f"shape reduction made the programs larger ({real:,} -> {red.reduced_elements:,} "
@@ -247,6 +256,36 @@ def _grouped(d: DimClasses, factor: dict, build, only_splats: set) -> list[Witne
 
 
 WITNESS_GROUPS = True
+
+
+def _layer_loops(red: Reduction, d: DimClasses, factor: dict, build, rules) -> None:
+    """Record the layer loops and their reduced trip counts, and the witness that keeps every
+    shrunk one at its real count (layer_stacks.py)."""
+    from .layer_stacks import trip_key
+
+    shrunk = set()
+    for r in rules:
+        for loop in r.pos.layer_loops:
+            root = d.find(trip_key(loop))
+            f = factor.get(root, 1)
+            red.layer_loops.append((f"loop at {loop.loop.loc}", loop.trips, loop.trips // f))
+            if f > 1:
+                shrunk.add(root)
+    if not shrunk:
+        return
+    loops = [(n, k) for _, n, k in red.layer_loops if k < n]
+    name = f"the layer count ({len(loops)} loops)"
+    only = {root: factor[root] for root in shrunk}
+    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only))
+    at_real = {**factor, **dict.fromkeys(shrunk, 1)}
+    red.layer_witnesses = [Witness(name, loops[0][1], loops[0][0], lambda: build(at_real))]
+    larger = {**factor}
+    for root in shrunk:
+        larger[root] = factor[root] // smallest_prime(factor[root])
+    if any(larger[root] > 1 for root in shrunk):
+        f = factor[next(iter(shrunk))]
+        k = loops[0][1] * f // larger[next(iter(shrunk))]
+        red.layer_witnesses.append(Witness(name, loops[0][1], k, lambda: build(larger)))
 
 
 def _same_factorisation(d: DimClasses) -> None:

@@ -27,7 +27,7 @@ def _largest_divisor(g: int, cap: int) -> int:
     return best
 
 
-def _smallest_prime(n: int) -> int:
+def smallest_prime(n: int) -> int:
     p = 2
     while p * p <= n:
         if n % p == 0:
@@ -95,7 +95,7 @@ def choose(d: DimClasses) -> dict[Key, int]:
             if a is None:
                 stuck.add(whole)
                 continue
-            factor[a] //= _smallest_prime(factor[a])
+            factor[a] //= smallest_prime(factor[a])
             changed = True
         if not changed:
             break
@@ -222,7 +222,7 @@ class MergedDims:
     def grown(self, roots: list[Key]) -> dict[Key, int] | None:
         other = dict(self.factor)
         for root in roots:
-            other[root] = self.factor[root] // _smallest_prime(self.factor[root])
+            other[root] = self.factor[root] // smallest_prime(self.factor[root])
         if self.order is None:
             for whole in self.defs:
                 vals = _value(self.defs, other, whole)

@@ -25,6 +25,7 @@ from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, wal
 
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
+from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
 
 ELEMENTWISE = {
     "stablehlo." + n
@@ -101,6 +102,10 @@ class Positions:
     spread_splats: dict[int, tuple[Op, int]] = field(default_factory=dict)
     # finite float tables proved for every value they could hold: value id -> constant op
     tables: dict[int, Op] = field(default_factory=dict)
+    # loops whose counter only picks layers (layer_stacks.py), and their index values:
+    # value id -> the trip count's key
+    layer_loops: list[LayerLoop] = field(default_factory=list)
+    layer_starts: dict[int, Key] = field(default_factory=dict)
 
 
 def dims_of(d: DimClasses, v: Value, where: str) -> list[Key]:
@@ -656,6 +661,8 @@ class ShapeRules:
         x, r = op.operands[0], op.results[0]
         kx, kr = self.keys(x), self.keys(r)
         for a in range(len(kx)):
+            if a == 0 and self.layer_start(op.operands[1], kx[0]):
+                continue  # one layer of the stack
             self.d.tie(kx[a], kr[a])
             if r.type.shape[a] != x.type.shape[a]:
                 self.in_units(op, 1 + a, kx[a])
@@ -667,6 +674,8 @@ class ShapeRules:
         kx, ku = self.keys(x), self.keys(u)
         self.tie_all(x, r)
         for a in range(len(kx)):
+            if a == 0 and self.layer_start(op.operands[2], kx[0]):
+                continue  # one layer of the stack
             self.d.tie(kx[a], ku[a])
             if u.type.shape[a] != x.type.shape[a]:
                 self.in_units(op, 2 + a, kx[a])
@@ -767,6 +776,48 @@ class ShapeRules:
         for x in op.operands:  # each piece sent is a block of the split dimension
             n = x.type.shape[split]
             self.d.divides(self.keys(x)[split], n // count)
+
+    def layer_start(self, start: Value, key: Key) -> bool:
+        """A layer loop's layer index (`layer_stacks.py`): the stack's dimension 0 scales with
+        the loop's trip count."""
+        trips = self.pos.layer_starts.get(start.id)
+        if trips is None:
+            return False
+        self.d.tie(trips, key)
+        return True
+
+    def rule_while(self, op: Op) -> None:
+        """A layer loop (a scan over stacked layers, `layer_stacks.py`): its state, condition
+        and body tie position by position, and its trip count joins the class of the stacks
+        it indexes (at least MIN_LAYERS iterations). Any other loop keeps every dimension
+        it touches."""
+        found = layer_loop(op, self.pos.known)
+        if isinstance(found, str):
+            return self.keep_all(op, f"loop at {op.loc} ({found})")
+        cond, body = op.regions[0].block, op.regions[1].block
+        key = self.d.add(trip_key(found), found.trips, f"layers of the loop at {op.loc}")
+        self.d.at_least(key, MIN_LAYERS)
+        constants = invariant_integers(op, self.pos.known)
+        for block in (cond, body):
+            for j, (a, b) in enumerate(zip(op.operands, block.args, strict=True)):
+                dims_of(self.d, b, "loop state")
+                self.tie_all(a, b)
+                if a.id in self.pos.index:
+                    self.untrack(a, f"loop at {op.loc}")
+                if j in constants:  # the same integers on every iteration
+                    self.pos.known[b.id] = self.pos.known[a.id]
+        for vid in found.starts:
+            self.pos.layer_starts[vid] = key
+        for bop, operand, bias in found.bounds:
+            n = found.trips - bias
+            self.d.divides(key, n + bias)
+            self.pos.rescales.append(Rescale(bop, operand, key, [n] * self.num_devices, bias))
+        self.pos.layer_loops.append(found)
+        self.block(cond)
+        self.block(body)
+        for a, b, r in zip(op.operands, body.results, op.results, strict=True):
+            self.tie_all(a, b)
+            self.tie_all(a, r)
 
     def rule_get_tuple_element(self, op: Op) -> None:
         self.keep_all(op, "tuples")

@@ -67,6 +67,19 @@ def replay_at_real_size(
     return True
 
 
+def replay_blown_up(report: Report, spec: Module, impl: Module, placement, reduced_types):
+    """The refutation's counterexample, of a pair whose arguments had `reduced_types`, blown
+    up to `spec`'s argument shapes (each element repeated over the positions it stands for)
+    and replayed on the pair: `refutation(...)`'s result, or None when they agree there."""
+    factors = [
+        [a // b for a, b in zip(t.shape, r.shape, strict=True)]
+        if isinstance(t, TensorType) and isinstance(r, TensorType)
+        else []
+        for t, r in zip(spec.main.arg_types, reduced_types, strict=True)
+    ]
+    return refutation(spec, impl, placement, _blown_up(report.counterexample, factors, spec))
+
+
 def _unlocated(location) -> bool:
     return location is None or location.impl is None
 
@@ -156,6 +169,16 @@ def _differs(spec: Module, impl: Module, placement, seed: int):
         if found is not None:
             return found
     return None
+
+
+def differs_on_random_inputs(
+    spec: Module, impl: Module, placement, seed: int, runs: int = RUNS
+) -> bool:
+    """Whether the pair differs on `runs` random inputs (not localised)."""
+    from .simulate import random_inputs
+
+    rng = np.random.default_rng(seed)
+    return any(differs(spec, impl, placement, random_inputs(spec.main, rng)) for _ in range(runs))
 
 
 def _differs_anywhere(spec: Module, impl: Module, placement, seed: int) -> bool:

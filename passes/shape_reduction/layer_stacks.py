@@ -1,0 +1,188 @@
+"""Layer stacks: a loop over stacked layers shrinks with the stack (the layer count is a class).
+
+`jax.lax.scan` over stacked weights lowers to a `stablehlo.while` whose counter `i` counts
+from 0 to N and is used for nothing but picking one layer of a stacked value: the start of a
+`dynamic_slice` (a layer read) or a `dynamic_update_slice` (a layer written) along dimension
+0, at `i` or at `N-1-i` (a reversed scan: the backward pass), where N is that dimension's
+size. Such a loop is a *layer loop*: its trip count is a member of the stack dimension's
+class (a size-carrying constant), tied to every stack it indexes, so the class shrinks like
+any other and the trip count with it (the condition's bound and the `N` of a reversed index
+are read at the reduced count). Any other use of the counter (compared with a constant in
+the body, used in arithmetic, a layer-dependent branch), another integer in the loop state,
+or a condition that reads anything else keeps the loop as it is (`rules.keep_all`).
+
+A layer count is not a tensor size: a trip count reduced this way is not sound by itself
+(`x = x` against `x = -x`), so the pipeline checks the pair at the real layer count, other
+classes reduced, before trusting a proof (docs/equivalence.md, "Layer stacks").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tv_ir.ir.program import Op, TensorType, Value, walk
+
+from .classes import Key
+
+MIN_LAYERS = 2  # a layer loop keeps at least this many iterations (w[0] for every layer)
+
+
+@dataclass
+class LayerLoop:
+    """A while loop whose counter only picks layers: its trip count, the counter's state
+    position, and the constants that carry the trip count (op, operand, bias: the constant
+    is N - bias, read as N' - bias at the reduced count N')."""
+
+    loop: Op
+    counter: int
+    trips: int
+    bounds: list[tuple[Op, int, int]] = field(default_factory=list)
+    # index value id -> the stacked operand's dimension-0 reads and writes at it
+    starts: set[int] = field(default_factory=set)
+    stacks: list[Value] = field(default_factory=list)  # the values indexed by layer
+
+
+def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
+    """`loop` as a layer loop, or why it is not one. `known`: value id -> per-device values
+    of integers folded before the loop (the counter's start must be 0 on every device)."""
+    cond, body = loop.regions[0].block, loop.regions[1].block
+    ints = [
+        k
+        for k, v in enumerate(loop.operands)
+        if (not isinstance(v.type, TensorType) or v.type.is_integer)
+        and k not in invariant_integers(loop, known)
+    ]
+    if len(ints) != 1 or loop.operands[ints[0]].type.shape != ():
+        return "its state holds integers other than one scalar counter and constants"
+    k = ints[0]
+    start = known.get(loop.operands[k].id)
+    if start is None or any(int(np.asarray(s).reshape(-1)[0]) != 0 for s in start):
+        return "its counter does not start at 0"
+    trips, bound = _bound(cond, k)
+    if trips is None:
+        return bound
+    counter = body.args[k]
+    out = LayerLoop(loop, k, trips, [bound])
+    affine: dict[int, tuple[int, int, list]] = {counter.id: (1, 0, [])}
+    for op in body.ops:
+        hits = [j for j, v in enumerate(op.operands) if v.id in affine]
+        nested = {v.id for inner in _nested(op) for v in inner.operands}
+        if nested & set(affine):
+            return f"its counter is used inside {op.short_name} at {op.loc}"
+        if not hits:
+            continue
+        why = _index_use(op, hits, affine, out)
+        if why is not None:
+            return why
+    nxt = body.results[k]
+    if affine.get(nxt.id, (0, 0))[:2] != (1, 1):
+        return "its counter does not count up by one"
+    for j, r in enumerate(body.results):
+        if j != k and r.id in affine:
+            return "its counter is carried in another position"
+    if not out.stacks:
+        return "it indexes no stacked value"
+    return out
+
+
+def invariant_integers(loop: Op, known: dict) -> list[int]:
+    """State positions holding an integer known before the loop and passed on unchanged (a
+    constant index closed over by the scanned function): constants inside the loop too."""
+    body = loop.regions[1].block
+    return [
+        k
+        for k, (v, a, r) in enumerate(zip(loop.operands, body.args, body.results, strict=True))
+        if isinstance(v.type, TensorType) and v.type.is_integer and v.id in known and r is a
+    ]
+
+
+def _bound(cond, k: int) -> tuple[int | None, object]:
+    """(N, (compare, operand, 0)) for a condition `i < N`, else (None, why not)."""
+    counter = cond.args[k]
+    ops = cond.ops
+    if not cond.results or cond.results[0].owner is None:
+        return None, "its condition is not a comparison"
+    cmp = cond.results[0].owner
+    if cmp.short_name != "compare" or str(cmp.attrs.get("comparison_direction")) != "LT":
+        return None, "its condition is not i < N"
+    if cmp.operands[0] is not counter:
+        return None, "its condition is not i < N"
+    n = _constant(cmp.operands[1])
+    if n is None or n < MIN_LAYERS:
+        return None, "its condition is not i < N with N a constant of at least 2"
+    for op in ops:
+        if op is not cmp and op is not cmp.operands[1].owner:
+            return None, f"its condition computes {op.short_name} at {op.loc}"
+    return n, (cmp, 1, 0)
+
+
+def _index_use(op: Op, hits: list[int], affine: dict, out: LayerLoop) -> str | None:
+    """Record op's use of counter-derived integers (a*i + b): arithmetic with a constant
+    gives another, a layer read or write at i or N-1-i is what a layer loop does; any other
+    use is why the loop is not a layer loop (None when this use is fine)."""
+    name = op.short_name
+    n = out.trips
+    if name in ("add", "subtract") and len(hits) == 1 and len(op.operands) == 2:
+        j = hits[0]
+        c = _constant(op.operands[1 - j])
+        if c is None:
+            return f"its counter meets a value that is not a constant at {name} {op.loc}"
+        a, b, consts = affine[op.operands[j].id]
+        if name == "add":
+            a2, b2, sign = a, b + c, 1
+        elif j == 0:  # i - c
+            a2, b2, sign = a, b - c, -1
+        else:  # c - i
+            a2, b2, sign = -a, c - b, 1
+        affine[op.results[0].id] = (a2, b2, [*consts, (op, 1 - j, c, sign)])
+        return None
+    if name == "dynamic_slice" and hits == [1]:
+        stack = op.operands[0]
+        ok = op.results[0].type.shape[:1] == (1,)
+    elif name == "dynamic_update_slice" and hits == [2]:
+        stack = op.operands[0]
+        ok = op.operands[1].type.shape[:1] == (1,)
+    else:
+        return f"its counter is used by {name} at {op.loc}"
+    if not ok or stack.type.shape[:1] != (n,):
+        return f"{name} at {op.loc} does not take one layer of a stack of {n}"
+    idx = op.operands[hits[0]]
+    a, b, consts = affine[idx.id]
+    if (a, b) == (1, 0):
+        pass
+    elif (a, b) == (-1, n - 1):
+        # the constant that carries N: N or N - 1, added (N - 1 - i, (N - i) - 1)
+        carrying = [(o, j, c) for o, j, c, sign in consts if sign == 1 and c in (n, n - 1)]
+        if len(carrying) != 1:
+            return f"{name} at {op.loc} reads layer N-1-i without one constant N"
+        o, j, c = carrying[0]
+        bound = (o, j, n - c)
+        if all(x[:2] != bound[:2] for x in out.bounds):
+            out.bounds.append(bound)
+    else:
+        return f"{name} at {op.loc} reads a layer other than i or N-1-i"
+    out.starts.add(idx.id)
+    out.stacks.append(stack)
+    return None
+
+
+def _nested(op: Op):
+    for region in op.regions:
+        yield from walk(region.block)
+
+
+def _constant(v: Value) -> int | None:
+    o = v.owner
+    if o is None or o.name != "stablehlo.constant":
+        return None
+    value = np.asarray(o.attrs.get("value"))
+    if value.size != 1 or value.dtype.kind not in "iu":
+        return None
+    return int(value.reshape(-1)[0])
+
+
+def trip_key(loop: LayerLoop) -> Key:
+    """The trip count as a member of a dimension class: (the counter's body argument, -1)."""
+    return (loop.loop.regions[1].block.args[loop.counter].id, -1)

@@ -1,0 +1,238 @@
+"""The layer count of a scan over stacked layers shrinks like a dimension class
+(passes/shape_reduction/layer_stacks.py; docs/equivalence.md, "Layer stacks"), and a pair
+whose meaning depends on the count is never proved from fewer layers: it is checked at the
+real count too."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from tv_ir.passes.inline_calls import run_in_loops
+from tv_ir.passes.shape_reduction import reduce_pair
+
+import tv_ir
+from tv_ir.pipeline import prepare
+from tv_ir.prover import real_size
+from tv_ir.prover.placement import Placement
+
+LIMITS = dict(time_limit=300, memory_limit=3500)
+HIDDEN = 4
+
+
+def lower(f, *args) -> str:
+    return jax.jit(f).lower(*args).as_text(debug_info=True)
+
+
+def sds(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def scan_step(layer):
+    """One SGD step of a stack of `layer`s written as a scan over stacked weights."""
+
+    def loss(w, x):
+        y, _ = jax.lax.scan(lambda c, wi: (layer(c, wi, w), None), x, w)
+        return jnp.sum(y * y)
+
+    def step(w, x):
+        value, grad = jax.value_and_grad(loss)(w, x)
+        return w - 0.1 * grad, value
+
+    return step
+
+
+def dense(c, wi, w):
+    return jnp.tanh(c @ wi)
+
+
+def first_layer_everywhere(c, wi, w):
+    return jnp.tanh(c @ jax.lax.dynamic_index_in_dim(w, jnp.int32(0), keepdims=False))
+
+
+def layers_of(spec_text: str, impl_text: str) -> list:
+    spec = run_in_loops(prepare(spec_text, "spec", unroll=False))
+    impl = run_in_loops(prepare(impl_text, "impl", unroll=False))
+    red = reduce_pair(spec, impl, Placement.from_module(spec.main, impl))
+    return red.layer_loops
+
+
+def test_scan_layers_shrink_with_their_stack():
+    text = lower(scan_step(dense), sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    loops = layers_of(text, text)
+    # forward and reversed backward scan in each program, 8 layers -> 2
+    assert [(n, k) for _, n, k in loops] == [(8, 2)] * 4
+
+
+def test_a_layer_dependent_branch_keeps_the_count():
+    def branchy(c, wi, w):
+        return c, None
+
+    def loss(w, x):
+        def body(carry, wi):
+            c, i = carry
+            c = jnp.where(i == 3, -c, c) @ wi  # layer 3 differs: the counter is data here
+            return (c, i + 1), None
+
+        (y, _), _ = jax.lax.scan(body, (x, 0), w)
+        return jnp.sum(y)
+
+    text = lower(loss, sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    assert all(k == n for _, n, k in layers_of(text, text))
+
+
+def scan_pair(spec_layer, impl_layer, layers: int):
+    """Stacks whose layers carry `c` and write `2 * w_i` to a stacked output."""
+
+    def make(layer):
+        def f(w, x):
+            return jax.lax.scan(lambda c, wi: (layer(c), 2 * wi), x, w)
+
+        return f
+
+    args = (sds(layers, 3), sds(3))
+    return lower(make(spec_layer), *args), lower(make(impl_layer), *args)
+
+
+def identity(c):
+    return c
+
+
+def negate(c):  # agrees with identity at even counts
+    return -c
+
+
+def rotate(c):  # a weightless rotation of period 3: agrees with identity at multiples of 3
+    return jnp.roll(c, 1)
+
+
+@pytest.mark.parametrize(
+    "impl_layer, layers, verdict",
+    [
+        (negate, 8, "equivalent"),  # reduced to 2: equal there, and at 8
+        (negate, 9, "not_equivalent"),  # reduced to 3: refuted, and at 9 too
+        (rotate, 6, "equivalent"),  # refuted at 2, but at 6 the rotation is the identity
+        (rotate, 4, "not_equivalent"),  # refuted at 2, and at 4 too
+        (rotate, 9, "equivalent"),  # reduced to 3: equal there, and at 9
+    ],
+)
+def test_count_dependent_layers_get_the_real_verdict(impl_layer, layers, verdict):
+    spec, impl = scan_pair(identity, impl_layer, layers)
+    report = tv_ir.check(spec, impl, **LIMITS)
+    assert report.verdict == verdict, report.reason
+
+
+@pytest.mark.parametrize("at_scale", [False, True])
+def test_a_difference_past_the_reduced_count_is_not_proved(at_scale, monkeypatch):
+    """A float counter in the carry: equal for the first 2 layers, different from the 3rd
+    (proved at 2 layers, the real count of 6 differs). At scale (the real programs treated
+    as too large to run) only the run at the real layer count shows it."""
+    if at_scale:
+        monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
+
+    def make(flip):
+        def f(w, x):
+            def body(carry, wi):
+                c, t = carry
+                return (c, t + 1.0), 2 * wi
+
+            (c, t), ys = jax.lax.scan(body, (x, jnp.float32(0)), w)
+            return (jnp.where(t < 2.5, c, -c) if flip else c), ys
+
+        return f
+
+    args = (sds(6, 3), sds(3))
+    report = tv_ir.check(lower(make(False), *args), lower(make(True), *args), **LIMITS)
+    assert report.verdict == "not_equivalent", report.reason
+    assert "but at 6 (other classes reduced) the programs differ" in str(report.notes)
+
+
+def test_equal_scans_proved_at_fewer_layers():
+    args = (sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+
+    def einsum_layer(c, wi, w):
+        return jnp.tanh(jnp.einsum("bi,ij->bj", c, wi))
+
+    report = tv_ir.check(lower(scan_step(dense), *args), lower(scan_step(einsum_layer), *args))
+    assert report.verdict == "equivalent", report.reason
+
+
+STAGES = 2
+
+
+def pipelined(layer):
+    """The stack over a "stage" mesh axis: each stage scans its own layers; stage 0's output
+    is sent to stage 1, whose output is the result (a two-stage pipeline)."""
+    mesh = Mesh(np.array(jax.devices()[:STAGES]), ("stage",))
+
+    def body(w_local, x):
+        stage = jax.lax.axis_index("stage")
+        h0, _ = jax.lax.scan(lambda c, wi: (layer(c, wi, w_local), None), x, w_local)
+        h = jax.lax.ppermute(h0, "stage", [(0, 1)])
+        h1, _ = jax.lax.scan(lambda c, wi: (layer(c, wi, w_local), None), h, w_local)
+        return jax.lax.psum(jnp.where(stage == STAGES - 1, h1, 0.0), "stage")
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P("stage"), P()), out_specs=P(), check_vma=False
+    )
+
+
+def scanned(layer):
+    def f(w, x):
+        y, _ = jax.lax.scan(lambda c, wi: (layer(c, wi, w), None), x, w)
+        return y
+
+    return f
+
+
+@pytest.mark.parametrize("layers", [8, 32])
+def test_pipelined_stack_proved_at_two_layers_per_stage(layers):
+    args = (sds(layers, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    report = tv_ir.check(lower(scanned(dense), *args), lower(pipelined(dense), *args), **LIMITS)
+    assert report.verdict == "equivalent", report.reason
+    assert any("layer loops proved at fewer layers" in n for n in report.notes), report.notes
+    trips = {(d["real"], d["reduced"]) for d in report.reduction["layer_loops"]}
+    assert trips == {(layers, 4), (layers // STAGES, 2)}  # the spec's and each stage's
+
+
+def biased(first_only: bool):
+    """A layer of stacked weights and biases; `first_only`: the weights read at layer 0 for
+    every layer (the biases at their own layer)."""
+
+    def layer(c, wb, stack):
+        w, b = wb
+        if first_only:
+            w = jax.lax.dynamic_index_in_dim(stack[0], jnp.int32(0), keepdims=False)
+        return jnp.tanh(c @ w + b)
+
+    return layer
+
+
+def test_pipelined_stage_reading_its_first_layer_everywhere_is_refuted():
+    args = ((sds(8, HIDDEN, HIDDEN), sds(8, HIDDEN)), sds(2, HIDDEN))
+    spec = lower(scanned(biased(False)), *args)
+    impl = lower(pipelined(biased(True)), *args)
+    report = tv_ir.check(spec, impl, **LIMITS)
+    # the constant pick of layer 0 (a slice of size 1 along the stack) keeps the layer
+    # count: checked unrolled, refuted there
+    assert report.verdict == "not_equivalent", report.reason
+
+
+def test_pipelined_biased_stack_proved():
+    args = ((sds(8, HIDDEN, HIDDEN), sds(8, HIDDEN)), sds(2, HIDDEN))
+    spec = lower(scanned(biased(False)), *args)
+    report = tv_ir.check(spec, lower(pipelined(biased(False)), *args), **LIMITS)
+    assert report.verdict == "equivalent", report.reason
+    assert "layer loops proved at fewer layers" in str(report.notes), report.notes
+
+
+def test_scanned_stack_reading_its_first_layer_everywhere_is_refuted():
+    args = (sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    spec = lower(scan_step(dense), *args)
+    impl = lower(scan_step(first_layer_everywhere), *args)
+    report = tv_ir.check(spec, impl, **LIMITS)
+    assert report.verdict == "not_equivalent", report.reason
+    assert "refuted with the layer loops at fewer layers" in str(report.notes), report.notes
