@@ -65,12 +65,12 @@ def test_equal_pair_is_confirmed_in_fewer_checks(too_large_to_run, monkeypatch, 
 
 def _recomputed(d, factor, roots):
     """The witness factors as first written: every merged dimension recomputed recursively."""
-    from tv_ir.passes.shape_reduction.factors import _definitions, _smallest_prime, _value
+    from tv_ir.passes.shape_reduction.factors import _definitions, _value, smallest_prime
 
     defs = _definitions(d)
     other = dict(factor)
     for r in roots:
-        other[r] = factor[r] // _smallest_prime(factor[r])
+        other[r] = factor[r] // smallest_prime(factor[r])
     for whole in defs:
         vals = _value(defs, other, whole)
         if len(vals) != 1:
