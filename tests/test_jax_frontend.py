@@ -144,6 +144,27 @@ def test_no_spec_checks_the_partitioner():
     assert report.stats.stages >= 2
 
 
+def _deep(x):
+    for i in range(40):  # past the 50 values between two progress lines; no two alike
+        x = jnp.tanh(x) * (1.5 + i)
+    return x
+
+
+def _deep_spec(x):
+    for i in range(40):
+        x = (1.5 + i) * jnp.tanh(x)
+    return x
+
+
+def test_progress_true_prints_lines(capsys):
+    """`progress=True` prints the proof's progress to stderr; a callable gets the lines."""
+    lines = []
+    assert verify(_deep, X, spec=_deep_spec, progress=lines.append).verdict == "equivalent"
+    assert lines and all(isinstance(line, str) for line in lines)
+    assert verify(_deep, X, spec=_deep_spec, progress=True).verdict == "equivalent"
+    assert "stages" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
@@ -155,6 +176,7 @@ def test_no_spec_checks_the_partitioner():
         (lambda: verify(mlp, PARAMS, X, spec=3), "not callable"),
         (lambda: verify(mlp, PARAMS, spec=mlp), "lowered"),
         (lambda: verify(mlp, PARAMS, X, in_shardings=(P(), P())), "pass mesh="),
+        (lambda: verify(mlp, PARAMS, X, spec=mlp, progress="yes"), "progress must be"),
     ],
     ids=[
         "no-spec-unsharded",
@@ -165,6 +187,7 @@ def test_no_spec_checks_the_partitioner():
         "spec-not-callable",
         "missing-arg",
         "spec-without-mesh",
+        "progress-not-callable",
     ],
 )
 def test_bad_input_is_one_line(call, message):

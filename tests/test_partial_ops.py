@@ -310,3 +310,30 @@ def test_which_infinity_a_zero_correction_gives_is_not_assumed() -> None:
     args = (jax.ShapeDtypeStruct((4,), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
     r = verify(_inverse_root_negated_correction, *args, spec=_inverse_root_correction, timeout=20)
     assert r.verdict == "not_equivalent" and r.counterexample is not None, str(r)
+
+
+def test_a_cut_symbol_takes_a_sign_shown_one_op_below_it() -> None:
+    """torch_xla hands batch_norm_grad the variance as `(1 / rsqrt(var + eps))**2 - eps`;
+    the gradient's `variance + eps` is then positive, but only once the `- eps` under the
+    variance's cut symbol is seen. Without that sign every gradient behind a LayerNorm
+    carried `variance + eps != 0` per token (Hugging Face GPT-2's training step ran out
+    of memory building those conditions into its embedding gradient)."""
+    from tv_ir.prover.engine import _carry_definedness
+    from tv_ir.semantics import terms as T
+
+    r = T.symbol("rsqrt_of_var_eps")
+    T.note_sign(r, 2)  # a cut rsqrt: positive
+    t = T.div(T.ONE, r)
+    handed_back = T.sub(T.mul(t, t), T.const(1e-5))  # the variance's definition
+    variance = T.symbol("handed_back_variance")
+    plus_eps = np.array([T.add(variance, T.const(1e-5))], dtype=object)
+
+    blind = np.array([T.symbol("variance_eps_blind")], dtype=object)
+    _carry_definedness(blind, plus_eps)
+    assert T.sign(blind[0]) == 0  # one op deep, nothing shows
+
+    seen = np.array([T.symbol("variance_eps_seen")], dtype=object)
+    below = {T.as_atom(variance).id: handed_back}
+    _carry_definedness(seen, plus_eps, lambda d: T.substitute(d, below))
+    assert T.sign(seen[0]) == 2
+    assert T.compare("EQ", seen[0], T.ZERO) is T.FALSE  # a division by it needs no guard

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+from collections.abc import Callable
 
 from tv_ir.ir.importer import load
 from tv_ir.ir.program import Module, elements, walk
@@ -96,6 +98,18 @@ def _check_local_shapes(s, i, placement: Placement) -> None:
                 )
 
 
+def progress_callback(progress) -> Callable[[str], None] | None:
+    """`progress=` as users pass it: a callable taking one line, True (lines to stderr),
+    or None/False (quiet); anything else is bad input, not a traceback mid-proof."""
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    if callable(progress):
+        return progress
+    raise BadInput(f"progress must be a callable, True or False, not {type(progress).__name__}")
+
+
 def check(
     spec,
     impl,
@@ -123,6 +137,7 @@ def check(
     shard_map program on a smaller mesh when its structure allows it (docs/equivalence.md,
     "Mesh reduction"); False simulates every device of its mesh.
     """
+    progress = progress_callback(progress)
     with memory_budget(memory_limit):
         return run_deep(
             _bounded,
@@ -691,6 +706,7 @@ def partition_and_check(
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
     per-device output equal to the module's own (single-device) semantics. XLA partitions
     the module at its real sizes; shape reduction then shrinks the partitioned program."""
+    progress = progress_callback(progress)
     with memory_budget(memory_limit):
         return run_deep(
             _bounded,

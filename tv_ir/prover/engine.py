@@ -65,6 +65,7 @@ STAGE_MONOMIAL_LIMIT = 20_000  # the same, intermediate cut-points
 # gradient norm's covers every gradient element), and simplifying them for every element
 # of every value grew with the program (MaxText's clipped AdamW step: minutes per value)
 SETTLE_LIMIT = 500
+DEEPER_LIMIT = 64  # monomials: a sign looked for one op below a cut symbol
 
 
 @dataclass
@@ -268,7 +269,7 @@ class StageProver:
                     sym = T.symbol_array(name, v.type.shape)
                     for idx in np.ndindex(*v.type.shape):
                         self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
-                    _carry_definedness(sym, r)
+                    _carry_definedness(sym, r, self._one_level_deeper)
                     self.defs[v.id] = r
                     self.syms[v.id] = sym
                     by_definition[key] = v.id
@@ -294,6 +295,22 @@ class StageProver:
         interp.run(self.spec.main, inputs)
         self.spec_op = None
         return [v.id for v in self.spec.main.body.results]
+
+    def _one_level_deeper(self, d):
+        """`d` with its cut symbols replaced by their one-op definitions (equal to `d`
+        wherever `d` is defined, as each symbol equals its definition where defined), or
+        `d` when that grows past DEEPER_LIMIT monomials."""
+        mapping = {}
+        for a in d.syms:
+            o = self.owner.get(a)
+            if o is not None:
+                mapping[a] = T.lift(np.asarray(self.defs[o[0]])[o[1]])
+        if not mapping:
+            return d
+        try:
+            return T.substitute(d, mapping, {}, DEEPER_LIMIT)
+        except T.TermTooLarge:
+            return d
 
     def expr(self, vid: int) -> np.ndarray:
         """Spec value `vid` in terms of proved cut symbols and inputs."""
@@ -882,11 +899,14 @@ def _definition_key(v, definition) -> tuple:
     return (v.type.dtype, arr.shape, tuple(arr.reshape(-1).tolist()))
 
 
-def _carry_definedness(sym: np.ndarray, definition) -> None:
+def _carry_definedness(sym: np.ndarray, definition, deeper=None) -> None:
     """A cut symbol is defined where its definition is (where a division by zero made the
     spec value non-finite, so is the symbol standing for it), and has its definition's
     sign (a sum of squares stays >= 0 behind its symbol) and its conditions for being 0
-    or 1 (AdamW's two bias corrections vanish together behind their symbols)."""
+    or 1 (AdamW's two bias corrections vanish together behind their symbols). A sign the
+    definition does not show may show one op deeper (`deeper`): torch_xla hands
+    batch_norm_grad `(1 / rsqrt(var + eps))**2 - eps` as the variance, so the gradient's
+    `variance + eps` is a square only once the `- eps` below its symbol is seen."""
     definition = np.asarray(definition)
     if definition.dtype != object:
         return
@@ -895,7 +915,10 @@ def _carry_definedness(sym: np.ndarray, definition) -> None:
         if isinstance(d, T.Poly):
             if T.size(d.dom, SETTLE_LIMIT + 1) <= SETTLE_LIMIT:
                 d = T.settle(d)  # an equivalent condition, simpler; too costly when large
-            T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
+            s = T.sign(d)
+            if not s and deeper is not None:
+                s = T.sign(deeper(d))
+            T.note_sign(sym[idx], s)  # rsqrt(var + eps) stays defined past the cut
             T.note_levels(sym[idx], d)  # 1 - b1**t and 1 - b2**t: zero where t is, past cuts
             if d.dom is not T.TRUE:
                 sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)
