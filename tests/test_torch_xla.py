@@ -50,6 +50,23 @@ def test_hugging_face_gpt2_megatron_with_dropout_proved():
     assert report.stats.stages > 0
 
 
+def test_hugging_face_gpt2_training_step_bug_refuted_at_its_line():
+    """GPT2LMHeadModel's whole training step (loss, backward, SGD) under Megatron TP, its
+    loss function doubled in the sharded step: refuted at that line of the user's code."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("transformers")
+    import hf_gpt2
+
+    report = hf_gpt2.verify_step("sgd", bug=True, time_limit=600)
+    refuted(report, "hf_gpt2.py")
+    line = next(
+        n
+        for n, text in enumerate((EXAMPLES / "hf_gpt2.py").read_text().splitlines(), 1)
+        if "# BUG" in text
+    )
+    assert report.location.impl.line == line, str(report)
+
+
 def test_gpt_block_megatron_proved():
     report = gpt_block.verify_auto()
     assert report.verdict == "equivalent", str(report)

@@ -5,6 +5,11 @@ embedding, as GPT-2 has it. XLA partitions the model; tv proves the per-device p
 equal to the unsharded model.
 
     python examples/torch_xla/hf_gpt2.py [--eval] [--fsdp] [--time-limit S]
+    python examples/torch_xla/hf_gpt2.py --train sgd|adamw [--bug] [--time-limit S]
+
+`--train` verifies a whole training step instead (`tvx.TrainStep`: the loss, `backward()`
+and the optimizer's update, dropout off); `--bug` plants a doubled loss in the partitioned
+step's loss function and verifies it against the correct step (`spec=`).
 
 Needs the `hf` extra (`pip install 'tv-ir[torch,hf]'`, transformers 4.57.1).
 """
@@ -13,6 +18,7 @@ Needs the `hf` extra (`pip install 'tv-ir[torch,hf]'`, transformers 4.57.1).
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 
 import tv_ir.frontends.torch_xla as tvx  # sets torch_xla's CPU runtime first
@@ -74,14 +80,66 @@ def verify(dropout: float = 0.1, fsdp: bool = False, **options):
     )
 
 
+def language_model_loss(model, ids):
+    return model(input_ids=ids, labels=ids).loss
+
+
+def doubled_loss(model, ids):
+    return model(input_ids=ids, labels=ids).loss * 2.0  # BUG: the loss doubled
+
+
+def verify_step(optimizer: str = "sgd", bug: bool = False, **options):
+    """A training step of the model (loss, backward, `optimizer`'s update) under the same
+    Megatron shardings, against the unsharded step; with `bug`, the sharded step's loss
+    function is `doubled_loss` and the spec's the correct one."""
+    torch.manual_seed(0)
+    config = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=POSITIONS,
+        n_embd=DIM,
+        n_layer=1,
+        n_head=HEADS,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        loss_type="ForCausalLM",
+    )
+    model = GPT2LMHeadModel(config).train(False)
+    make = {
+        "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2),
+        "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+    }[optimizer]
+    step = tvx.TrainStep(model, doubled_loss if bug else language_model_loss, make)
+    spec = tvx.TrainStep(copy.deepcopy(model), language_model_loss, make) if bug else None
+    mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    shardings = {k.removeprefix("model."): v for k, v in megatron(False).items()}
+    return tvx.verify(
+        step,
+        ids,
+        mesh=mesh,
+        shardings=shardings,
+        input_shardings=[("data", None)],
+        spec=spec,
+        **options,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--eval", action="store_true", help="dropout off (eval mode)")
     ap.add_argument("--fsdp", action="store_true", help="weights also split over 'data'")
+    ap.add_argument("--train", choices=("sgd", "adamw"), help="verify a training step")
+    ap.add_argument("--bug", action="store_true", help="with --train: a doubled loss")
     ap.add_argument("--time-limit", type=float, default=300.0)
+    ap.add_argument("--memory-limit", type=float, default=None, help="MB")
     a = ap.parse_args()
     t0 = time.perf_counter()
-    report = verify(0.0 if a.eval else 0.1, a.fsdp, time_limit=a.time_limit)
+    limits = {"time_limit": a.time_limit, "memory_limit": a.memory_limit, "progress": True}
+    if a.train:
+        report = verify_step(a.train, a.bug, **limits)
+    else:
+        report = verify(0.0 if a.eval else 0.1, a.fsdp, **limits)
     print(report)
     print(f"verify: {time.perf_counter() - t0:.1f} s")
     raise SystemExit(report.exit_code)
