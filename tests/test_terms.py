@@ -156,3 +156,18 @@ def test_comparing_a_wrapped_index_is_the_unwrapped_comparison() -> None:
                         env = {T.as_atom(x).id: xv}
                         want = T.wrap_int(T.evaluate_int(q, env) + k, 8, signed) == target
                         assert _holds_exactly(b, env) == want, (dtype, k, target, xv, b)
+
+
+def test_a_count_of_booleans_plus_epsilon_is_never_zero() -> None:
+    """`select(c, 1, 0)` (a boolean converted to a number) is >= 0, so a count of them
+    plus a positive epsilon is > 0 and dividing by it is defined everywhere (MaxText's
+    `xent_sum / (total_weights + EPS)`); without the epsilon the count may be 0."""
+    flags = [T.lift(T.compare("NE", T.symbol(f"seg{i}"), T.ZERO)) for i in range(3)]
+    count = T.sum_of(flags)
+    assert T.sign(flags[0]) == 1 and T.sign(count) == 1
+    assert T.inverse(T.add(count, T.const(1e-8))).dom is T.TRUE
+    assert T.inverse(count).dom is not T.TRUE
+    # a branch of either sign says nothing
+    mixed = T.select(T.compare("GT", x, T.ZERO), T.const(1), T.const(-1))
+    assert T.sign(mixed) == 0
+    assert T.sign(T.select(T.compare("GT", x, T.ZERO), T.ZERO, T.const(-2))) == -1

@@ -1204,14 +1204,25 @@ def _atom_sign(aid: int) -> int:
             elif all(x >= 1 for x in signs):
                 s = 1
     elif k == "select":
-        x, y = sign(args[1]), sign(args[2])
-        if x > 0 and y > 0:
-            s = min(x, y)
-        elif x < 0 and y < 0:
-            s = max(x, y)
+        s = _select_sign(args[1], args[2])
     if k != "sym":
         _ATOM_SIGN[aid] = s
     return s
+
+
+def _select_sign(x: Poly, y: Poly) -> int:
+    """The sign both branches of a select share; a zero branch is both >= 0 and <= 0, so a
+    boolean converted to a number (`select(c, 1, 0)`) is >= 0 and a count of them plus a
+    positive epsilon is > 0 (MaxText's `total_weights + EPS`)."""
+    signs = [None if p == ZERO else sign(p) for p in (x, y)]
+    known = [s for s in signs if s is not None]
+    if not known:
+        return 0
+    if all(s > 0 for s in known):
+        return min(known) if len(known) == 2 else 1
+    if all(s < 0 for s in known):
+        return max(known) if len(known) == 2 else -1
+    return 0
 
 
 def _is_abs(args) -> bool:
