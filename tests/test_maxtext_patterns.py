@@ -438,6 +438,40 @@ def test_division_by_a_norm_guarded_in_one_program_only_is_refuted(monkeypatch):
     assert report.verdict != EQUIVALENT, report
 
 
+def test_global_norm_clipping_after_maxtexts_softmax():
+    """MaxText's attention takes the softmax's max without stop_gradient
+    (`attention_op.compute_local_attention`), so jax differentiates it as
+    `sum(g * (x == max)) / sum(x == max)`. That count is at least 1; before that was known,
+    every gradient behind the attention carried `count != 0`, and the clip's division by
+    the global norm (each program's own value where the norm may be infinite) was never
+    proved."""
+
+    def loss(params, x):
+        logits = (x @ params["wq"]) @ (x @ params["wk"]).T
+        top = jnp.max(logits, axis=-1, keepdims=True)
+        exps = jnp.exp(logits - top)
+        out = (exps @ (x @ params["wv"])) / jnp.sum(exps, axis=-1, keepdims=True)
+        return jnp.mean(out * out)
+
+    step = _clipped_step(lambda params, x, _: loss(params, x))
+    width = 8
+    params = {k: jax.ShapeDtypeStruct((width, width), F32) for k in ("wq", "wk", "wv")}
+    specs = {"wq": P(None, "tensor"), "wk": P(None, "tensor"), "wv": P("tensor", None)}
+    x = jax.ShapeDtypeStruct((8, width), F32)
+    report = verify(
+        step,
+        params,
+        x,
+        x,
+        mesh={"fsdp": 4, "tensor": 2},
+        in_shardings=(specs, P("fsdp"), P("fsdp")),
+        out_shardings=(specs, P()),
+        time_limit=120,
+        memory_limit=1500,
+    )
+    assert report.verdict == EQUIVALENT, report
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="unknown: where the count is 0 the programs agree only because the norm is NaN "

@@ -171,3 +171,32 @@ def test_a_count_of_booleans_plus_epsilon_is_never_zero() -> None:
     mixed = T.select(T.compare("GT", x, T.ZERO), T.const(1), T.const(-1))
     assert T.sign(mixed) == 0
     assert T.sign(T.select(T.compare("GT", x, T.ZERO), T.ZERO, T.const(-2))) == -1
+
+
+def _cut(name: str, definition: T.Poly) -> T.Poly:
+    """A cut symbol standing for `definition`, with the facts the prover notes for it."""
+    sym = T.symbol(name)
+    T.note_sign(sym, T.sign(definition))
+    T.note_extremum(sym, definition)
+    return sym
+
+
+def test_the_count_of_positions_attaining_a_max_is_positive() -> None:
+    """jax differentiates `max(x)` as `sum(g * (x == max)) / sum(x == max)`; the count is at
+    least 1 (a max of finitely many reals is one of them), so the division is defined
+    everywhere, behind cut-points too. A count over some of the positions may be 0."""
+    xs = [T.symbol(f"logit{i}") for i in range(3)]
+    top = _cut("top", T.maximum(xs))
+    flags = [_cut(f"at_top{i}", T.lift(T.compare("EQ", x, top))) for i, x in enumerate(xs)]
+    count = _cut("count", T.sum_of(flags))
+    assert T.sign(count) == 2
+    assert T.inverse(count).dom is T.TRUE
+    partial = T.sum_of(flags[:2])
+    assert T.sign(partial) == 1 and T.inverse(partial).dom is not T.TRUE
+    # a max of terms that may be non-finite: x == max may fail everywhere (NaN)
+    ys = [T.div(T.ONE, T.symbol(f"den{i}")) for i in range(2)]
+    top_nan = _cut("top_nan", T.maximum(ys))
+    flags_nan = [
+        _cut(f"at_top_nan{i}", T.lift(T.compare("EQ", y, top_nan))) for i, y in enumerate(ys)
+    ]
+    assert T.sign(T.sum_of(flags_nan)) != 2

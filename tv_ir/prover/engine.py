@@ -897,6 +897,7 @@ def _carry_definedness(sym: np.ndarray, definition) -> None:
                 d = T.settle(d)  # an equivalent condition, simpler; too costly when large
             T.note_sign(sym[idx], T.sign(d))  # rsqrt(var + eps) stays defined past the cut
             T.note_levels(sym[idx], d)  # 1 - b1**t and 1 - b2**t: zero where t is, past cuts
+            T.note_extremum(sym[idx], d)  # sum(x == max(x)) >= 1, past cuts
             if d.dom is not T.TRUE:
                 sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)
 

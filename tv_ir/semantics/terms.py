@@ -1030,6 +1030,68 @@ def note_levels(p: Poly, definition: Poly) -> None:
             _SYM_LEVEL[(a.id, k)] = fact
 
 
+# cut symbols standing for `max(args)` (defined everywhere): atom id -> args; and for
+# `select(c, 1, 0)`, an indicator of c: atom id -> c (`note_extremum`, `_attains_max`)
+_SYM_MAX: dict[int, frozenset] = {}
+_SYM_INDICATOR: dict[int, Bool] = {}
+
+
+def note_extremum(p: Poly, definition: Poly) -> None:
+    """Record what a symbol (a cut-point) needs for `_attains_max`: that it stands for a max
+    of finitely many terms, or for the indicator `select(c, 1, 0)` of a condition c. Only
+    definitions defined everywhere: where a term may be non-finite, `x == max(...)` may
+    fail for every x (NaN)."""
+    a = as_atom(p)
+    if a is None or a.kind != "sym" or definition.dom is not TRUE or definition.inf:
+        return
+    d = as_atom(definition)
+    if d is None:
+        return
+    if d.kind == "max":
+        _SYM_MAX[a.id] = d.args[0]
+    elif d.kind == "select" and d.args[1] == ONE and d.args[2] == ZERO:
+        _SYM_INDICATOR[a.id] = d.args[0]
+
+
+def _indicator(aid: int) -> Bool | None:
+    """c, when atom `aid` is `select(c, 1, 0)` or a cut symbol standing for one."""
+    a = ATOM_BY_ID[aid]
+    if a.kind == "select" and a.args[1] == ONE and a.args[2] == ZERO:
+        return a.args[0]
+    return _SYM_INDICATOR.get(aid)
+
+
+def _attains_max(p: Poly) -> bool:
+    """Is p a positive sum of indicators `x == m` (`select(x == m, 1, 0)`, or cut symbols
+    standing for them) covering every argument x of a max m (a symbol noted by
+    `note_extremum`)? Then p >= 1 wherever it is defined: a max of
+    finitely many reals is one of them (the count in the derivative of `reduce_max`,
+    `sum(x == max(x))`, that jax divides by)."""
+    conds = set()
+    for m, c in p.terms.items():
+        if not m:
+            if c < 0:
+                return False
+            continue
+        cond = _indicator(m[0][0]) if c > 0 and len(m) == 1 and m[0][1] == 1 else None
+        if cond is None:
+            return False
+        conds.add(cond)
+    if not conds:
+        return False
+    first = next(iter(conds))
+    if first.kind != "cmp":
+        return False
+    for mono in first.args[1].terms:
+        for aid, _ in mono:
+            args = _SYM_MAX.get(aid)
+            if args is not None:
+                top = atom_poly(ATOM_BY_ID[aid])
+                if all(compare("EQ", x, top) in conds for x in args):
+                    return True
+    return False
+
+
 # -- simplification under a term's own condition ----------------------------------------
 
 
@@ -1140,7 +1202,7 @@ def sign(p: Poly) -> int:
             return 0
         lo, hi = min(lo, s), max(hi, s)
     if lo > 0:  # every monomial >= 0
-        return 2 if hi == 2 else 1
+        return 2 if hi == 2 or _attains_max(p) else 1
     if hi < 0:
         return -2 if lo == -2 else -1
     return 0
