@@ -200,3 +200,18 @@ def test_the_count_of_positions_attaining_a_max_is_positive() -> None:
         _cut(f"at_top_nan{i}", T.lift(T.compare("EQ", y, top_nan))) for i, y in enumerate(ys)
     ]
     assert T.sign(T.sum_of(flags_nan)) != 2
+
+
+def test_a_clip_by_a_norm_is_defined_wherever_its_gradient_is() -> None:
+    """`where(n < 1, g, g / n)` divides only where n >= 1, so where n != 0: its condition
+    is g's. A divisor that may be 0 on the dividing branch keeps its condition."""
+    norm, g = T.symbol("clip_norm"), T.symbol("clip_g")
+    below = T.compare("LT", norm, T.ONE)
+    assert T.select(below, g, T.div(g, norm)).dom is T.TRUE
+    assert T.select(below, g, T.div(g, T.add(norm, T.const(-1)))).dom is not T.TRUE
+    at_or_above = T.compare("GE", norm, T.ONE)
+    assert T.logical_and(at_or_above, T.logical_not(T.compare("EQ", norm, T.ZERO))) is at_or_above
+    # -n >= 0 does not keep n away from 0
+    nonpositive = T.compare("LE", norm, T.ZERO)
+    nonzero = T.logical_not(T.compare("EQ", norm, T.ZERO))
+    assert T.logical_and(nonpositive, nonzero) is not nonpositive

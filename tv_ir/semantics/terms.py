@@ -1338,11 +1338,33 @@ def _junction(kind: str, a: Bool, b: Bool) -> Bool:
             items.add(x)
     if len(items) <= 8 and any(logical_not(x) in items for x in items):
         return absorb  # c and not c / c or not c
+    if kind == "and" and 1 < len(items) <= 8:
+        items = {x for x in items if not _implied_nonzero(x, items)}
     if not items:
         return unit
     if len(items) == 1:
         return next(iter(items))
     return Bool(kind, (frozenset(items),))
+
+
+def _implied_nonzero(x: Bool, items: set) -> bool:
+    """Is x `q != 0` for a q that another conjunct `p >= 0` (or `p > 0`) keeps away from 0,
+    q being +-(p + k) for a constant k > 0 (k >= 0)? The clip `where(n < 1, g, g / n)` is
+    defined where `n < 1` or where `n >= 1 and n != 0`: that is everywhere."""
+    if x.kind != "not" or x.args[0].kind != "cmp" or x.args[0].args[0] != "==":
+        return False
+    q = x.args[0].args[1]
+    for y in items:
+        if y is x or y.kind != "cmp" or y.args[0] == "==":
+            continue
+        p = y.args[1]
+        for sgn in (1, -1):
+            d = sub(scale(q, sgn), p)
+            if d.is_const():
+                k = d.const_value()
+                if k > 0 or (k == 0 and y.args[0] == ">"):
+                    return True
+    return False
 
 
 def logical_xor(a: Bool, b: Bool) -> Bool:
