@@ -156,3 +156,62 @@ def test_comparing_a_wrapped_index_is_the_unwrapped_comparison() -> None:
                         env = {T.as_atom(x).id: xv}
                         want = T.wrap_int(T.evaluate_int(q, env) + k, 8, signed) == target
                         assert _holds_exactly(b, env) == want, (dtype, k, target, xv, b)
+
+
+def test_a_count_of_booleans_plus_epsilon_is_never_zero() -> None:
+    """`select(c, 1, 0)` (a boolean converted to a number) is >= 0, so a count of them
+    plus a positive epsilon is > 0 and dividing by it is defined everywhere (MaxText's
+    `xent_sum / (total_weights + EPS)`); without the epsilon the count may be 0."""
+    flags = [T.lift(T.compare("NE", T.symbol(f"seg{i}"), T.ZERO)) for i in range(3)]
+    count = T.sum_of(flags)
+    assert T.sign(flags[0]) == 1 and T.sign(count) == 1
+    assert T.inverse(T.add(count, T.const(1e-8))).dom is T.TRUE
+    assert T.inverse(count).dom is not T.TRUE
+    # a branch of either sign says nothing
+    mixed = T.select(T.compare("GT", x, T.ZERO), T.const(1), T.const(-1))
+    assert T.sign(mixed) == 0
+    assert T.sign(T.select(T.compare("GT", x, T.ZERO), T.ZERO, T.const(-2))) == -1
+
+
+def _cut(name: str, definition: T.Poly) -> T.Poly:
+    """A cut symbol standing for `definition`, with the facts the prover notes for it."""
+    sym = T.symbol(name)
+    T.note_sign(sym, T.sign(definition))
+    T.note_extremum(sym, definition)
+    return sym
+
+
+def test_the_count_of_positions_attaining_a_max_is_positive() -> None:
+    """jax differentiates `max(x)` as `sum(g * (x == max)) / sum(x == max)`; the count is at
+    least 1 (a max of finitely many reals is one of them), so the division is defined
+    everywhere, behind cut-points too. A count over some of the positions may be 0."""
+    xs = [T.symbol(f"logit{i}") for i in range(3)]
+    top = _cut("top", T.maximum(xs))
+    flags = [_cut(f"at_top{i}", T.lift(T.compare("EQ", x, top))) for i, x in enumerate(xs)]
+    count = _cut("count", T.sum_of(flags))
+    assert T.sign(count) == 2
+    assert T.inverse(count).dom is T.TRUE
+    partial = T.sum_of(flags[:2])
+    assert T.sign(partial) == 1 and T.inverse(partial).dom is not T.TRUE
+    # a max of terms that may be non-finite: x == max may fail everywhere (NaN)
+    ys = [T.div(T.ONE, T.symbol(f"den{i}")) for i in range(2)]
+    top_nan = _cut("top_nan", T.maximum(ys))
+    flags_nan = [
+        _cut(f"at_top_nan{i}", T.lift(T.compare("EQ", y, top_nan))) for i, y in enumerate(ys)
+    ]
+    assert T.sign(T.sum_of(flags_nan)) != 2
+
+
+def test_a_clip_by_a_norm_is_defined_wherever_its_gradient_is() -> None:
+    """`where(n < 1, g, g / n)` divides only where n >= 1, so where n != 0: its condition
+    is g's. A divisor that may be 0 on the dividing branch keeps its condition."""
+    norm, g = T.symbol("clip_norm"), T.symbol("clip_g")
+    below = T.compare("LT", norm, T.ONE)
+    assert T.select(below, g, T.div(g, norm)).dom is T.TRUE
+    assert T.select(below, g, T.div(g, T.add(norm, T.const(-1)))).dom is not T.TRUE
+    at_or_above = T.compare("GE", norm, T.ONE)
+    assert T.logical_and(at_or_above, T.logical_not(T.compare("EQ", norm, T.ZERO))) is at_or_above
+    # -n >= 0 does not keep n away from 0
+    nonpositive = T.compare("LE", norm, T.ZERO)
+    nonzero = T.logical_not(T.compare("EQ", norm, T.ZERO))
+    assert T.logical_and(nonpositive, nonzero) is not nonpositive

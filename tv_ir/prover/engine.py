@@ -920,6 +920,7 @@ def _carry_definedness(sym: np.ndarray, definition, deeper=None) -> None:
                 s = T.sign(deeper(d))
             T.note_sign(sym[idx], s)  # rsqrt(var + eps) stays defined past the cut
             T.note_levels(sym[idx], d)  # 1 - b1**t and 1 - b2**t: zero where t is, past cuts
+            T.note_extremum(sym[idx], d)  # sum(x == max(x)) >= 1, past cuts
             if d.dom is not T.TRUE:
                 sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)
 

@@ -1030,6 +1030,68 @@ def note_levels(p: Poly, definition: Poly) -> None:
             _SYM_LEVEL[(a.id, k)] = fact
 
 
+# cut symbols standing for `max(args)` (defined everywhere): atom id -> args; and for
+# `select(c, 1, 0)`, an indicator of c: atom id -> c (`note_extremum`, `_attains_max`)
+_SYM_MAX: dict[int, frozenset] = {}
+_SYM_INDICATOR: dict[int, Bool] = {}
+
+
+def note_extremum(p: Poly, definition: Poly) -> None:
+    """Record what a symbol (a cut-point) needs for `_attains_max`: that it stands for a max
+    of finitely many terms, or for the indicator `select(c, 1, 0)` of a condition c. Only
+    definitions defined everywhere: where a term may be non-finite, `x == max(...)` may
+    fail for every x (NaN)."""
+    a = as_atom(p)
+    if a is None or a.kind != "sym" or definition.dom is not TRUE or definition.inf:
+        return
+    d = as_atom(definition)
+    if d is None:
+        return
+    if d.kind == "max":
+        _SYM_MAX[a.id] = d.args[0]
+    elif d.kind == "select" and d.args[1] == ONE and d.args[2] == ZERO:
+        _SYM_INDICATOR[a.id] = d.args[0]
+
+
+def _indicator(aid: int) -> Bool | None:
+    """c, when atom `aid` is `select(c, 1, 0)` or a cut symbol standing for one."""
+    a = ATOM_BY_ID[aid]
+    if a.kind == "select" and a.args[1] == ONE and a.args[2] == ZERO:
+        return a.args[0]
+    return _SYM_INDICATOR.get(aid)
+
+
+def _attains_max(p: Poly) -> bool:
+    """Is p a positive sum of indicators `x == m` (`select(x == m, 1, 0)`, or cut symbols
+    standing for them) covering every argument x of a max m (a symbol noted by
+    `note_extremum`)? Then p >= 1 wherever it is defined: a max of
+    finitely many reals is one of them (the count in the derivative of `reduce_max`,
+    `sum(x == max(x))`, that jax divides by)."""
+    conds = set()
+    for m, c in p.terms.items():
+        if not m:
+            if c < 0:
+                return False
+            continue
+        cond = _indicator(m[0][0]) if c > 0 and len(m) == 1 and m[0][1] == 1 else None
+        if cond is None:
+            return False
+        conds.add(cond)
+    if not conds:
+        return False
+    first = next(iter(conds))
+    if first.kind != "cmp":
+        return False
+    for mono in first.args[1].terms:
+        for aid, _ in mono:
+            args = _SYM_MAX.get(aid)
+            if args is not None:
+                top = atom_poly(ATOM_BY_ID[aid])
+                if all(compare("EQ", x, top) in conds for x in args):
+                    return True
+    return False
+
+
 # -- simplification under a term's own condition ----------------------------------------
 
 
@@ -1140,7 +1202,7 @@ def sign(p: Poly) -> int:
             return 0
         lo, hi = min(lo, s), max(hi, s)
     if lo > 0:  # every monomial >= 0
-        return 2 if hi == 2 else 1
+        return 2 if hi == 2 or _attains_max(p) else 1
     if hi < 0:
         return -2 if lo == -2 else -1
     return 0
@@ -1204,14 +1266,25 @@ def _atom_sign(aid: int) -> int:
             elif all(x >= 1 for x in signs):
                 s = 1
     elif k == "select":
-        x, y = sign(args[1]), sign(args[2])
-        if x > 0 and y > 0:
-            s = min(x, y)
-        elif x < 0 and y < 0:
-            s = max(x, y)
+        s = _select_sign(args[1], args[2])
     if k != "sym":
         _ATOM_SIGN[aid] = s
     return s
+
+
+def _select_sign(x: Poly, y: Poly) -> int:
+    """The sign both branches of a select share; a zero branch is both >= 0 and <= 0, so a
+    boolean converted to a number (`select(c, 1, 0)`) is >= 0 and a count of them plus a
+    positive epsilon is > 0 (MaxText's `total_weights + EPS`)."""
+    signs = [None if p == ZERO else sign(p) for p in (x, y)]
+    known = [s for s in signs if s is not None]
+    if not known:
+        return 0
+    if all(s > 0 for s in known):
+        return min(known) if len(known) == 2 else 1
+    if all(s < 0 for s in known):
+        return max(known) if len(known) == 2 else -1
+    return 0
 
 
 def _is_abs(args) -> bool:
@@ -1265,11 +1338,33 @@ def _junction(kind: str, a: Bool, b: Bool) -> Bool:
             items.add(x)
     if len(items) <= 8 and any(logical_not(x) in items for x in items):
         return absorb  # c and not c / c or not c
+    if kind == "and" and 1 < len(items) <= 8:
+        items = {x for x in items if not _implied_nonzero(x, items)}
     if not items:
         return unit
     if len(items) == 1:
         return next(iter(items))
     return Bool(kind, (frozenset(items),))
+
+
+def _implied_nonzero(x: Bool, items: set) -> bool:
+    """Is x `q != 0` for a q that another conjunct `p >= 0` (or `p > 0`) keeps away from 0,
+    q being +-(p + k) for a constant k > 0 (k >= 0)? The clip `where(n < 1, g, g / n)` is
+    defined where `n < 1` or where `n >= 1 and n != 0`: that is everywhere."""
+    if x.kind != "not" or x.args[0].kind != "cmp" or x.args[0].args[0] != "==":
+        return False
+    q = x.args[0].args[1]
+    for y in items:
+        if y is x or y.kind != "cmp" or y.args[0] == "==":
+            continue
+        p = y.args[1]
+        for sgn in (1, -1):
+            d = sub(scale(q, sgn), p)
+            if d.is_const():
+                k = d.const_value()
+                if k > 0 or (k == 0 and y.args[0] == ">"):
+                    return True
+    return False
 
 
 def logical_xor(a: Bool, b: Bool) -> Bool:
