@@ -25,6 +25,7 @@ from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, wal
 
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
+from .sorts import sort_rule
 
 ELEMENTWISE = {
     "stablehlo." + n
@@ -638,19 +639,7 @@ class ShapeRules:
         self.untrack(op.operands[0], f"reverse at {op.loc}")
 
     def rule_sort(self, op: Op) -> None:
-        """Each lane (all positions but the sorted dimension) is sorted on its own, by a
-        comparator of scalars: the other dimensions are size-generic and tie across the
-        operands and results; the sorted dimension keeps its size (which element lands
-        where depends on every element of the lane)."""
-        dim = op.attrs["dimension"]
-        first = op.operands[0]
-        for v in list(op.operands[1:]) + list(op.results):
-            self.tie_all(first, v)
-        kx = self.keys(first)
-        if kx:
-            self.d.keep(kx[dim], f"sorted dimension of sort at {op.loc}")
-        for v in op.operands:
-            self.untrack(v, f"sort at {op.loc}")
+        sort_rule(self, op)
 
     def rule_dynamic_slice(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
