@@ -16,10 +16,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tv_ir.frontends.jax import verify
+from tv_ir.passes import run_pipeline
 
 import tv_ir
 from tv_ir.ir.program import walk
-from tv_ir.passes import run_pipeline
 from tv_ir.semantics.comparator_order import strict_weak_order_violation
 from tv_ir.semantics.ops.lane_merge_sort import merge_sort_lanes
 
