@@ -54,6 +54,27 @@ def test_sorting_each_shard_alone_is_refuted() -> None:
     assert any("replayed at the real sizes" in n for n in r.notes), r.notes
 
 
+def argsort_rows(x):
+    return jnp.argsort(x, axis=1)
+
+
+def test_argsort_along_sharded_dimension_shrinks_and_is_proved() -> None:
+    """XLA sorts (x, iota) after an all_to_all: the indices stay positions of the sorted
+    dimension through its reshapes and per-device slices, so it shrinks."""
+    sh = NamedSharding(mesh(), P(None, "x"))
+    fn = jax.jit(argsort_rows, in_shardings=sh, out_shardings=sh)
+    r = verify(fn, S((16, 1024), jnp.float32), time_limit=LIMIT)
+    assert r.verdict == "equivalent", r
+    assert "spec argument 0 dim 1: 1024 -> " in str(r), r
+
+
+def test_argsort_of_each_shard_alone_is_refuted() -> None:
+    """Indices of each shard's own sort (BUG: neither merged nor offset) are refuted."""
+    local = jax.shard_map(argsort_rows, mesh=mesh(), in_specs=P(None, "x"), out_specs=P(None, "x"))
+    r = verify(local, S((16, 1024), jnp.float32), spec=argsort_rows, time_limit=LIMIT)
+    assert r.verdict == "not_equivalent", r
+
+
 def descending(x):
     return jnp.sort(x, axis=1)[:, ::-1]
 

@@ -534,7 +534,9 @@ class ShapeRules:
                     self.d.keep(k, f"reshape at {op.loc} regroups dimensions")
         key = self.pos.index.get(x.id)
         if key is not None:
-            self.untrack(x, f"reshape at {op.loc}")
+            # the elements are still positions of their class, whatever the shape (an
+            # argsort's indices regrouped around XLA's all_to_all)
+            self.pos.index[r.id] = key
         self._carry_sums(x, r)
         self._splat(op)
 
@@ -644,11 +646,17 @@ class ShapeRules:
     def rule_dynamic_slice(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
         kx, kr = self.keys(x), self.keys(r)
+        on_grid = True
         for a in range(len(kx)):
             self.d.tie(kx[a], kr[a])
             if r.type.shape[a] != x.type.shape[a]:
-                self.in_units(op, 1 + a, kx[a])
-        self.untrack(x, f"dynamic_slice at {op.loc}")
+                on_grid = self.in_units(op, 1 + a, kx[a]) and on_grid
+        if on_grid and x.id in self.pos.index:
+            # a window at offsets on the grid, as a static slice (rule_slice): its elements
+            # are still positions of their class (an argsort's iota sliced per device)
+            self.pos.index[r.id] = self.pos.index[x.id]
+        else:
+            self.untrack(x, f"dynamic_slice at {op.loc}")
         self.fold(op)
 
     def rule_dynamic_update_slice(self, op: Op) -> None:
