@@ -59,6 +59,9 @@ PROVED = [
     "PartitionConvWithFeatureGroupCount",
     "PartitionConvWithBathGroupCount",
     "ConvolutionFilterIFOFPartitionedInputPartialReplicate",
+    # a sort along its sharded dimension (all-gathered, then sorted with its iota): the
+    # sorted dimension shrinks (passes/shape_reduction/sorts.py)
+    "SortShardedOnSortDim_RankOne",
 ]
 # the same verdicts from the StableHLO form (XLA's proto dump) against the plain module
 STABLEHLO_FORM = [
@@ -159,6 +162,8 @@ MUTANTS = [
     ("PartialReplicatePad", "permuted pairs"),
     ("PartialReplicateSliceAlongPartitionedDimension", "permuted pairs"),
     ("MergedPadThenSliceShiftRight", "shifted offsets"),
+    # shards gathered in the wrong order: the sorted values agree, their indices do not
+    ("SortShardedOnSortDim_RankOne", "shifted offsets"),
 ]
 
 

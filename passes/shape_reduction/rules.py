@@ -26,6 +26,7 @@ from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, wal
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
+from .sorts import sort_rule
 
 ELEMENTWISE = {
     "stablehlo." + n
@@ -538,7 +539,9 @@ class ShapeRules:
                     self.d.keep(k, f"reshape at {op.loc} regroups dimensions")
         key = self.pos.index.get(x.id)
         if key is not None:
-            self.untrack(x, f"reshape at {op.loc}")
+            # the elements are still positions of their class, whatever the shape (an
+            # argsort's indices regrouped around XLA's all_to_all)
+            self.pos.index[r.id] = key
         self._carry_sums(x, r)
         self._splat(op)
 
@@ -643,30 +646,24 @@ class ShapeRules:
         self.untrack(op.operands[0], f"reverse at {op.loc}")
 
     def rule_sort(self, op: Op) -> None:
-        """Each lane (all positions but the sorted dimension) is sorted on its own, by a
-        comparator of scalars: the other dimensions are size-generic and tie across the
-        operands and results; the sorted dimension keeps its size (which element lands
-        where depends on every element of the lane)."""
-        dim = op.attrs["dimension"]
-        first = op.operands[0]
-        for v in list(op.operands[1:]) + list(op.results):
-            self.tie_all(first, v)
-        kx = self.keys(first)
-        if kx:
-            self.d.keep(kx[dim], f"sorted dimension of sort at {op.loc}")
-        for v in op.operands:
-            self.untrack(v, f"sort at {op.loc}")
+        sort_rule(self, op)
 
     def rule_dynamic_slice(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
         kx, kr = self.keys(x), self.keys(r)
+        on_grid = True
         for a in range(len(kx)):
             if a == 0 and self.layer_start(op.operands[1], kx[0]):
                 continue  # one layer of the stack
             self.d.tie(kx[a], kr[a])
             if r.type.shape[a] != x.type.shape[a]:
-                self.in_units(op, 1 + a, kx[a])
-        self.untrack(x, f"dynamic_slice at {op.loc}")
+                on_grid = self.in_units(op, 1 + a, kx[a]) and on_grid
+        if on_grid and x.id in self.pos.index:
+            # a window at offsets on the grid, as a static slice (rule_slice): its elements
+            # are still positions of their class (an argsort's iota sliced per device)
+            self.pos.index[r.id] = self.pos.index[x.id]
+        else:
+            self.untrack(x, f"dynamic_slice at {op.loc}")
         self.fold(op)
 
     def rule_dynamic_update_slice(self, op: Op) -> None:

@@ -17,6 +17,7 @@ from tv_ir.ir.program import Block, Function, Module, Op
 from tv_ir.limits import check_time
 from tv_ir.semantics.ops import OpContext, lookup
 from tv_ir.semantics.ops.complex_numbers import COMPLEX_AWARE
+from tv_ir.semantics.ops.registry import REGION_ON_ARRAYS
 
 Hook = Callable[[Op, list], list]
 
@@ -126,7 +127,7 @@ def _shaped(r, t):
     if isinstance(r, tuple) or not hasattr(t, "shape"):
         return r
     r = np.asarray(r)
-    if r.shape != tuple(t.shape):
+    if r.shape != tuple(t.shape) and not (t.shape == () and REGION_ON_ARRAYS.get()):
         raise InterpreterError(f"result shape {r.shape} does not match declared {t}")
     if r.dtype != object and r.dtype != np.dtype(t.numpy_dtype):
         r = r.astype(t.numpy_dtype)

@@ -8,8 +8,10 @@ import itertools
 import numpy as np
 
 from tv_ir.ir.program import TensorType
+from tv_ir.limits import OutOfMemoryBudget, OutOfTime
 from tv_ir.semantics.ops import complex_numbers
-from tv_ir.semantics.ops.registry import op
+from tv_ir.semantics.ops.lane_merge_sort import merge_sort_lanes
+from tv_ir.semantics.ops.registry import REGION_ON_ARRAYS, op
 from tv_ir.semantics.ops.shape import _pad_dim
 
 # reducer bodies recognised as one algebra call: body op name -> algebra reduction
@@ -244,6 +246,15 @@ def sort_with(ctx, operands, dim: int, less) -> list:
     outs = [m.copy() for m in moved]
     if any(ctx.alg.is_symbolic(a) for a in arrays):
         return [np.moveaxis(o, -1, dim) for o in _sort_network(ctx, outs, lanes, n, less)]
+    token = REGION_ON_ARRAYS.set(True)
+    try:  # the comparator on whole arrays: fast; a region that needs scalars falls back
+        return [np.moveaxis(o, -1, dim) for o in merge_sort_lanes(moved, less)]
+    except (OutOfTime, OutOfMemoryBudget, MemoryError):
+        raise
+    except Exception:  # noqa: BLE001 - a comparator that cannot run on arrays
+        pass
+    finally:
+        REGION_ON_ARRAYS.reset(token)
 
     for lane in np.ndindex(*lanes):
 

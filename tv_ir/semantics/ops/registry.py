@@ -8,11 +8,16 @@ which works for both float and object (term) arrays.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tv_ir.errors import Unsupported
+
+# True while a region runs on arrays standing for many scalars at once (a sort's comparator
+# over all lanes, lane_merge_sort): the region's scalar results may be such arrays
+REGION_ON_ARRAYS = contextvars.ContextVar("region_on_arrays", default=False)
 
 OPS: dict[str, Callable] = {}
 # ops that read the process's place in the grid (partition_id, replica_id): per-device
