@@ -58,8 +58,8 @@ def megatron(fsdp: bool = False) -> dict[str, tuple]:
     return specs
 
 
-def verify(dropout: float = 0.1, fsdp: bool = False, **options):
-    torch.manual_seed(0)
+def gpt2(dropout: float) -> GPT2LMHeadModel:
+    """A one-layer GPT-2 of the sizes above (weights from the current torch seed)."""
     config = GPT2Config(
         vocab_size=VOCAB,
         n_positions=POSITIONS,
@@ -71,7 +71,12 @@ def verify(dropout: float = 0.1, fsdp: bool = False, **options):
         attn_pdrop=dropout,
         loss_type="ForCausalLM",
     )
-    model = LanguageModelLoss(GPT2LMHeadModel(config))
+    return GPT2LMHeadModel(config)
+
+
+def verify(dropout: float = 0.1, fsdp: bool = False, **options):
+    torch.manual_seed(0)
+    model = LanguageModelLoss(gpt2(dropout))
     model.train(dropout > 0)
     mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
@@ -93,18 +98,7 @@ def verify_step(optimizer: str = "sgd", bug: bool = False, **options):
     Megatron shardings, against the unsharded step; with `bug`, the sharded step's loss
     function is `doubled_loss` and the spec's the correct one."""
     torch.manual_seed(0)
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=POSITIONS,
-        n_embd=DIM,
-        n_layer=1,
-        n_head=HEADS,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        loss_type="ForCausalLM",
-    )
-    model = GPT2LMHeadModel(config).train(False)
+    model = gpt2(0.0).train(False)
     make = {
         "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-2),
         "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2),
