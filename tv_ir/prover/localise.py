@@ -12,7 +12,9 @@ See `_Walk`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +43,22 @@ from .simulate import (
 # time spent, or a shown difference would end as `unknown`
 LOCATE_SHARE = 0.5
 
+# off while checking a pair whose refutation is never reported (see `without_location`)
+_LOCATING: ContextVar[bool] = ContextVar("tv_locating", default=True)
+
+
+@contextmanager
+def without_location() -> Iterator[None]:
+    """Refutations made inside are replayed (their counterexample shown concretely) but not
+    localised: for a check whose refutation is only a signal to check again (constant tables
+    standing for any values, then kept), where the walk would cost most of the refutation
+    and its answer be thrown away."""
+    token = _LOCATING.set(False)
+    try:
+        yield
+    finally:
+        _LOCATING.reset(token)
+
 
 def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
@@ -50,8 +68,10 @@ def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     return _first_difference(spec_tr, impl_tr, spec, impl, placement)[1] is not None
 
 
-def refutation(spec: Module, impl: Module, placement, inputs: list):
-    """(counterexample, location, per-output results) if `inputs` shows a difference."""
+def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool = True):
+    """(counterexample, location, per-output results) if `inputs` shows a difference. The
+    location is None when `locate` is False or inside `without_location` (callers that keep
+    only the counterexample: the walk costs more than the runs)."""
     spec_tr = run_traced(spec, inputs)
     impl_tr = _run_impl(impl, placement, inputs)
     outputs, found = _first_difference(spec_tr, impl_tr, spec, impl, placement)
@@ -83,6 +103,8 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
     )
     if ce.device is not None:
         ce.mesh_coords = mesh_coords(impl, ce.device, placement.num_partitions)
+    if not (locate and _LOCATING.get()):
+        return ce, None, outputs
     left = time_left()
     try:  # with a share of the time left: the rest is for replaying the difference elsewhere
         with deadline(None if left is None else max(left, 0.0) * LOCATE_SHARE):
