@@ -440,6 +440,7 @@ class _Walk:
                 self.constants.update(r.id for r in op.results)
         self.kinds: dict[int, Kind | None] = {}
         self.spec_seen: set[int] = set()
+        self._held: dict[int, set[int]] = {}  # value id -> `held(v)`
         # buffers being filled block by block (dynamic_update_slice / scatter of matched
         # pieces into a matched or partly filled buffer): judged when complete, not per write
         self.assembling: set[int] = set()
@@ -456,7 +457,16 @@ class _Walk:
     def note_spec_values(self, op) -> None:
         for r in op.results:
             if self.is_data(r):
-                self.spec_seen |= self.index.values_held([[x] for x in self.tr.values[r.id]])
+                self.spec_seen |= self.held(r)
+
+    def held(self, v) -> set[int]:
+        """The spec values a tile of which `v` is on every device: looked up once per value
+        (the spec side's note and the value's kind both ask; the look-up is most of the
+        walk's cost)."""
+        found = self._held.get(v.id)
+        if found is None:
+            found = self._held[v.id] = self.index.values_held([[x] for x in self.tr.values[v.id]])
+        return found
 
     def kind(self, v) -> Kind | None:
         if not self.is_data(v):
@@ -467,7 +477,7 @@ class _Walk:
 
     def _classify(self, v) -> Kind | None:
         vals = self.tr.values[v.id]
-        if self.index.values_held([[x] for x in vals]):  # (only whether there is one)
+        if self.held(v):
             return EXACT
         if np.asarray(vals[0]).dtype.kind != "f":
             return None
