@@ -481,7 +481,8 @@ def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair, give
     if short.verdict != NOT_EQUIVALENT or short.counterexample is None:
         return None
     try:
-        found = refutation(*given, list(short.counterexample.inputs.values()))
+        # located where the shortened programs part ways (below): only the difference here
+        found = refutation(*given, list(short.counterexample.inputs.values()), locate=False)
     except (OutOfTime, TooDeep, OutOfMemoryBudget, MemoryError, RecursionError):
         raise
     except Exception:  # e.g. a counterexample that stayed at reduced shapes
@@ -563,6 +564,13 @@ def _reduce_and_prove(
     if left is not None and left <= 0:
         raise OutOfTime(time_limit_reason("while importing"))
     options = dataclasses.replace(options, time_limit=left)
+    if reduction is not None and reduction.tables:
+        # a verdict other than `equivalent` is checked again with the tables kept (`_check`):
+        # a refutation here is replayed, but where it parts ways would be thrown away
+        from .prover.localise import without_location
+
+        with without_location():
+            return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
     return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
 
 

@@ -12,7 +12,9 @@ See `_Walk`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +43,22 @@ from .simulate import (
 # time spent, or a shown difference would end as `unknown`
 LOCATE_SHARE = 0.5
 
+# off while checking a pair whose refutation is never reported (see `without_location`)
+_LOCATING: ContextVar[bool] = ContextVar("tv_locating", default=True)
+
+
+@contextmanager
+def without_location() -> Iterator[None]:
+    """Refutations made inside are replayed (their counterexample shown concretely) but not
+    localised: for a check whose refutation is only a signal to check again (constant tables
+    standing for any values, then kept), where the walk would cost most of the refutation
+    and its answer be thrown away."""
+    token = _LOCATING.set(False)
+    try:
+        yield
+    finally:
+        _LOCATING.reset(token)
+
 
 def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
@@ -50,8 +68,10 @@ def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     return _first_difference(spec_tr, impl_tr, spec, impl, placement)[1] is not None
 
 
-def refutation(spec: Module, impl: Module, placement, inputs: list):
-    """(counterexample, location, per-output results) if `inputs` shows a difference."""
+def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool = True):
+    """(counterexample, location, per-output results) if `inputs` shows a difference. The
+    location is None when `locate` is False or inside `without_location` (callers that keep
+    only the counterexample: the walk costs more than the runs)."""
     spec_tr = run_traced(spec, inputs)
     impl_tr = _run_impl(impl, placement, inputs)
     outputs, found = _first_difference(spec_tr, impl_tr, spec, impl, placement)
@@ -83,6 +103,8 @@ def refutation(spec: Module, impl: Module, placement, inputs: list):
     )
     if ce.device is not None:
         ce.mesh_coords = mesh_coords(impl, ce.device, placement.num_partitions)
+    if not (locate and _LOCATING.get()):
+        return ce, None, outputs
     left = time_left()
     try:  # with a share of the time left: the rest is for replaying the difference elsewhere
         with deadline(None if left is None else max(left, 0.0) * LOCATE_SHARE):
@@ -418,6 +440,7 @@ class _Walk:
                 self.constants.update(r.id for r in op.results)
         self.kinds: dict[int, Kind | None] = {}
         self.spec_seen: set[int] = set()
+        self._held: dict[int, set[int]] = {}  # value id -> `held(v)`
         # buffers being filled block by block (dynamic_update_slice / scatter of matched
         # pieces into a matched or partly filled buffer): judged when complete, not per write
         self.assembling: set[int] = set()
@@ -434,7 +457,16 @@ class _Walk:
     def note_spec_values(self, op) -> None:
         for r in op.results:
             if self.is_data(r):
-                self.spec_seen |= self.index.values_held([[x] for x in self.tr.values[r.id]])
+                self.spec_seen |= self.held(r)
+
+    def held(self, v) -> set[int]:
+        """The spec values a tile of which `v` is on every device: looked up once per value
+        (the spec side's note and the value's kind both ask; the look-up is most of the
+        walk's cost)."""
+        found = self._held.get(v.id)
+        if found is None:
+            found = self._held[v.id] = self.index.values_held([[x] for x in self.tr.values[v.id]])
+        return found
 
     def kind(self, v) -> Kind | None:
         if not self.is_data(v):
@@ -445,7 +477,7 @@ class _Walk:
 
     def _classify(self, v) -> Kind | None:
         vals = self.tr.values[v.id]
-        if self.index.values_held([[x] for x in vals]):  # (only whether there is one)
+        if self.held(v):
             return EXACT
         if np.asarray(vals[0]).dtype.kind != "f":
             return None

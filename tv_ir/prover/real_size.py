@@ -43,8 +43,14 @@ def replay_at_real_size(
         )
         return True
     inputs = _blown_up(ce, reduction.arg_factors, spec)
+    reduced_location = report.location
     try:
-        found = refutation(spec, impl, placement, inputs) or _differs(spec, impl, placement, seed)
+        # the reduced counterexample blown up runs the same ops on the same numbers: where the
+        # reduced programs part ways stands, and the walk is not made again at the real sizes
+        found = refutation(spec, impl, placement, inputs, locate=_unlocated(reduced_location))
+        if found is not None and found[1] is None:
+            found = (found[0], reduced_location, found[2])
+        found = found or _differs(spec, impl, placement, seed)
     except (OutOfTime, OutOfMemoryBudget) as e:
         return (
             f"refuted at reduced shapes (output {ce.output} at {list(ce.index)}), but the "
@@ -52,12 +58,12 @@ def replay_at_real_size(
         )
     if found is None:
         return False
-    reduced_location = report.location
     report.counterexample, report.location, report.outputs = found
     if _unlocated(report.location) and not _unlocated(reduced_location):
         # the same ops and source lines: where the reduced programs part ways
         report.notes.append(
-            f"the diverging op is the reduced programs' ({report.location.note} at the real sizes)"
+            "the diverging op is the reduced programs' "
+            f"({getattr(report.location, 'note', None) or 'not found'} at the real sizes)"
         )
         report.location = reduced_location
     report.notes.append(
@@ -70,14 +76,16 @@ def replay_at_real_size(
 def replay_blown_up(report: Report, spec: Module, impl: Module, placement, reduced_types):
     """The refutation's counterexample, of a pair whose arguments had `reduced_types`, blown
     up to `spec`'s argument shapes (each element repeated over the positions it stands for)
-    and replayed on the pair: `refutation(...)`'s result, or None when they agree there."""
+    and replayed on the pair: `refutation(...)`'s result without a location (the caller
+    keeps the reduced pair's), or None when they agree there."""
     factors = [
         [a // b for a, b in zip(t.shape, r.shape, strict=True)]
         if isinstance(t, TensorType) and isinstance(r, TensorType)
         else []
         for t, r in zip(spec.main.arg_types, reduced_types, strict=True)
     ]
-    return refutation(spec, impl, placement, _blown_up(report.counterexample, factors, spec))
+    inputs = _blown_up(report.counterexample, factors, spec)
+    return refutation(spec, impl, placement, inputs, locate=False)
 
 
 def _unlocated(location) -> bool:
