@@ -1215,3 +1215,35 @@ def test_uncalled_private_function_past_2_31_is_not_refused() -> None:
     # 2^32 elements: only a function main no longer calls (after inlining) holds them whole
     report = verify(big_dp, f32(1 << 16, 1 << 16), spec=big_spec)
     assert report.verdict == "equivalent", str(report)
+
+
+# -- a batch split over every device, each device's rows split again into micro-batches ------
+
+MICRO, ROWS, WIDTH = 2, 96, 24  # 12 rows per device: 2 micro-batches of 6
+
+
+def micro_spec(x, w):
+    return jnp.mean(jnp.sum(jnp.tanh(x @ w) ** 2, axis=-1))
+
+
+def micro_dp(x, w, bug=False):
+    def body(x, w):
+        xs = x.reshape(MICRO, -1, x.shape[-1])
+        total = sum(jnp.mean(jnp.sum(jnp.tanh(xs[m] @ w) ** 2, axis=-1)) for m in range(MICRO))
+        share = total / (8 if bug else MICRO * 8)  # BUG: the micro-batch means not averaged
+        return jax.lax.psum(share, ("data", "model"))
+
+    return smap(body, (P(("data", "model")), P()), P(), check_vma=False)(x, w)
+
+
+def test_micro_batches_of_a_tile_shrink_with_the_batch() -> None:
+    # the batch's shard boundaries (multiples of the 12-row tile) are every device's row 0:
+    # they put no offset inside the tile's (micro-batch, row) split, so the batch shrinks
+    # (it was kept: "the merged dimensions it is a part of allow no factor")
+    args = (f32(ROWS, D), f32(D, WIDTH))
+    reduced, _ = both(micro_dp, *args, spec=micro_spec, expect="equivalent")
+    assert "spec argument 0 dim 0" in shrunk(reduced), reduced.reduction["summary"]
+    assert not kept(reduced), reduced.reduction["summary"]
+    bug = functools.partial(micro_dp, bug=True)
+    reduced, _ = both(bug, *args, spec=micro_spec, expect="not_equivalent")
+    assert "spec argument 0 dim 0" in shrunk(reduced), reduced.reduction["summary"]

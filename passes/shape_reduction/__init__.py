@@ -494,6 +494,8 @@ def _digits(d: DimClasses) -> None:
             radix = [d.real[p] for p in parts]
             for m in with_offsets.get(d.find(whole), ()):
                 for o in list(d.offsets[m]):
+                    if real < d.real[m] and d.real[m] % real == 0 and o % real == 0:
+                        continue  # a boundary of real-sized blocks (a shard's): digits all 0
                     scaled = o * real
                     if scaled % d.real[m]:
                         d.keep(whole, "an offset inside a merged dimension is off its grid")
