@@ -119,11 +119,30 @@ def test_output_obligation_named(monkeypatch):
     assert "while proving output 0: impl " in r.reason, r.reason
 
 
-def test_tiny_budget_is_unknown_before_the_proof():
+def test_the_budget_is_what_the_check_adds_to_the_process():
+    # this process already holds more than the budget (jax, XLA, the tests before): the
+    # check still gets its 200 MB (a whole-process bound would stop it at once)
+    assert limits.rss_mb() > 200
     text = jax.jit(mlp).lower(X, W1, W2).as_text()
-    r = tv_ir.check(text, text, memory_limit=1)
+    r = tv_ir.check(text, text, memory_limit=200)
+    assert r.verdict == "equivalent", str(r)
+
+
+def test_over_the_budget_the_reason_says_what_the_run_used(monkeypatch):
+    real_rss = limits.rss_mb
+    grown = [0.0]
+
+    def rss() -> float:  # the run grows the process by 50 MB per poll
+        grown[0] += 50
+        return real_rss() + grown[0]
+
+    monkeypatch.setattr(limits, "rss_mb", rss)
+    monkeypatch.setattr(limits, "MEMORY_POLL_SECONDS", 0.0)
+    text = jax.jit(mlp).lower(X, W1, W2).as_text()
+    r = tv_ir.check(text, text, memory_limit=120)
     assert r.verdict == "unknown", str(r)
-    assert r.reason.startswith("memory limit of 1 MB reached"), r.reason
+    assert r.reason.startswith("memory limit of 120 MB reached ("), r.reason
+    assert "MB used by this run)" in r.reason, r.reason
 
 
 def test_bad_budget_is_bad_input():
@@ -183,8 +202,7 @@ def test_simulation_that_cannot_fit_is_unknown_before_it_starts():
   return %0 : {big}
 }}"""
     impl = spec.replace("stablehlo.add %x, %x", "stablehlo.multiply %x, %x")
-    # a limit above what this (test) process already holds, far below the ~17 GB needed
-    limit = limits.rss_mb() + 1000
+    limit = 1000  # MB the check may add, far below the ~17 GB needed
     r = tv_ir.check(spec, impl, memory_limit=limit, reduce_shapes=False)
     assert r.verdict == "unknown"
     assert "simulating the programs at their real sizes would take about" in r.reason

@@ -8,12 +8,15 @@ and nesting depth.
 - **Time** (`deadline`, `check_time`): `--time-limit S` bounds the whole run (import, loop
   unrolling, simulation, proof). Long loops check the clock and raise `OutOfTime`, which
   the pipeline turns into the verdict `unknown`.
-- **Memory** (`memory_budget`, `check_memory`): `--memory-limit MB` bounds the process's
-  resident memory. It is polled (at most every `MEMORY_POLL_SECONDS`) wherever the clock is
-  checked, i.e. between steps of import, simulation and proof, and running over raises
-  `OutOfMemoryBudget` (verdict `unknown`). Not `setrlimit(RLIMIT_AS)`: XLA and tv's deep
-  thread reserve far more address space than they use, so an address-space cap breaks them
-  (threads fail to start) long before memory is short, and it would outlive the call.
+- **Memory** (`memory_budget`, `check_memory`): `--memory-limit MB` bounds the memory the
+  run adds to the process: its resident memory may grow by at most MB over what it held
+  when the run started (a notebook or a test session already holding gigabytes gets the
+  same budget for a check as a fresh `tv` process). It is polled (at most every
+  `MEMORY_POLL_SECONDS`) wherever the clock is checked, i.e. between steps of import,
+  simulation and proof, and running over raises `OutOfMemoryBudget` (verdict `unknown`).
+  Not `setrlimit(RLIMIT_AS)`: XLA and tv's deep thread reserve far more address space than
+  they use, so an address-space cap breaks them (threads fail to start) long before memory
+  is short, and it would outlive the call.
 - **Enforced** (`enforced_limits`): the polls above are cooperative, and one long step
   between two polls (a symbolic scatter over input-dependent indices, a library call) ran
   a check to 13 GB under a 3 GB limit. A watchdog thread watches the clock and resident
@@ -40,6 +43,7 @@ import ctypes
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -170,31 +174,45 @@ class OutOfMemoryBudget(TvError):
     exit_code = 2
 
 
-_memory_mb: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "tv_memory_mb", default=None
-)
+@dataclass(frozen=True)
+class _Budget:
+    mb: float  # what the user allowed the run
+    ceiling: float  # resident MB the process may reach: its memory at the start, plus mb
+
+    def used(self, rss: float) -> float:
+        """MB the run has added to the process."""
+        return rss - (self.ceiling - self.mb)
+
+
+_budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("tv_memory", default=None)
 _memory_polled = [0.0]
 
 
 @contextlib.contextmanager
 def memory_budget(mb: float | None):
-    """Bound the resident memory of the process to `mb` megabytes (2^20 bytes) during the
-    enclosed work (None: no bound; nested bounds keep the smallest)."""
+    """Let the enclosed work grow the process's resident memory by at most `mb` megabytes
+    (2^20 bytes) over what it holds now (None: no bound; nested bounds keep the lower
+    ceiling)."""
     if mb is None:
         yield
         return
     if not mb > 0:
         raise BadInput(f"memory limit must be a positive number of MB, not {mb!r}")
-    outer = _memory_mb.get()
-    token = _memory_mb.set(mb if outer is None else min(outer, mb))
+    outer = _budget.get()
+    budget = _Budget(mb, rss_mb() + mb)
+    if outer is not None and outer.ceiling <= budget.ceiling:
+        budget = outer
+    token = _budget.set(budget)
     try:
         yield
     finally:
-        _memory_mb.reset(token)
+        _budget.reset(token)
 
 
 def memory_limit() -> float | None:
-    return _memory_mb.get()
+    """The MB the current run may add to the process (None: no limit)."""
+    budget = _budget.get()
+    return None if budget is None else budget.mb
 
 
 def rss_mb(pid: int | None = None) -> float:
@@ -231,23 +249,23 @@ _PAGE_SIZE = _page_size()
 
 def memory_left_mb() -> float | None:
     """MB left under the memory limit (None: no limit; may be negative)."""
-    mb = _memory_mb.get()
-    return None if mb is None else mb - rss_mb()
+    budget = _budget.get()
+    return None if budget is None else budget.ceiling - rss_mb()
 
 
 def check_memory(force: bool = False) -> None:
-    """Raise OutOfMemoryBudget when the process's resident memory is over the limit (polled
-    at most every MEMORY_POLL_SECONDS unless `force`)."""
-    mb = _memory_mb.get()
-    if mb is None:
+    """Raise OutOfMemoryBudget when the run has grown the process's resident memory past
+    its limit (polled at most every MEMORY_POLL_SECONDS unless `force`)."""
+    budget = _budget.get()
+    if budget is None:
         return
     now = time.perf_counter()
     if not force and now - _memory_polled[0] < MEMORY_POLL_SECONDS:
         return
     _memory_polled[0] = now
-    used = rss_mb()
-    if used > mb:
-        raise OutOfMemoryBudget(memory_limit_reason(used))
+    rss = rss_mb()
+    if rss > budget.ceiling:
+        raise OutOfMemoryBudget(memory_limit_reason(budget.used(rss)))
 
 
 def physical_memory_mb() -> float | None:
@@ -264,7 +282,7 @@ def refuse_unaffordable(need_mb: float, what: str) -> None:
     """OutOfMemoryBudget (verdict unknown) before work that would need `need_mb` MB: more
     than the memory limit, or than the machine has. A step that allocates gigabytes at once
     runs past the polled limit (or is killed by the OS) before a poll can see it."""
-    mb = _memory_mb.get()
+    mb = memory_limit()
     have = mb if mb is not None else physical_memory_mb()
     if have is not None and need_mb > have:
         kind = "memory limit" if mb is not None else "machine's memory"
@@ -275,10 +293,11 @@ def refuse_unaffordable(need_mb: float, what: str) -> None:
 
 
 def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
-    mb = _memory_mb.get()
+    """`used`: the MB the run has added to the process."""
+    mb = memory_limit()
     what = f"memory limit of {mb:g} MB reached" if mb is not None else "memory limit reached"
     if used is not None:
-        what += f" ({used:.0f} MB resident)"
+        what += f" ({used:.0f} MB used by this run)"
     return f"{what}{' ' + detail if detail else ''}"
 
 
@@ -298,8 +317,8 @@ def enforced_limits():
     """Make the current time and memory limits hold in the enclosed work even where no poll
     is reached (see the module docstring): a watchdog raises the limit's error in this
     thread."""
-    end, mb = _deadline.get(), _memory_mb.get()
-    if end is None and mb is None:
+    end, budget = _deadline.get(), _budget.get()
+    if end is None and budget is None:
         yield
         return
     target = threading.get_ident()
@@ -329,9 +348,9 @@ def enforced_limits():
                 interrupt(OutOfTime, limit_reason)
                 fired = now
                 continue
-            used = rss_mb() if mb is not None else 0.0
-            if mb is not None and used > mb * ENFORCE_MEMORY_SLACK:
-                what = f"memory limit of {mb:g} MB reached ({used:.0f} MB resident)"
+            used = budget.used(rss_mb()) if budget is not None else 0.0
+            if budget is not None and used > budget.mb * ENFORCE_MEMORY_SLACK:
+                what = f"memory limit of {budget.mb:g} MB reached ({used:.0f} MB used by this run)"
                 interrupt(OutOfMemoryBudget, what)
                 fired = now
 
