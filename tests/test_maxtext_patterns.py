@@ -389,7 +389,7 @@ def _verify_clipped_step(step, spec=None, time_limit=120):
         in_shardings=(CLIP_SPECS, P("fsdp"), P("fsdp")),
         out_shardings=(CLIP_SPECS, P()),
         time_limit=time_limit,
-        memory_limit=6000,
+        memory_limit=1500,
     )
 
 
@@ -467,7 +467,7 @@ def test_global_norm_clipping_after_maxtexts_softmax():
         in_shardings=(specs, P("fsdp"), P("fsdp")),
         out_shardings=(specs, P()),
         time_limit=120,
-        memory_limit=6000,
+        memory_limit=1500,
     )
     assert report.verdict == EQUIVALENT, report
 
