@@ -23,6 +23,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from test_shape_reduction import both, f32, kept, shrunk, smap
 
+import tv_ir
+
 # -- RMSNorm over a micro-batch of one ---------------------------------------------------------
 
 B, T, D = 2, 16, 64  # batch (one row per "data" shard), sequence, hidden
@@ -343,3 +345,89 @@ def test_count_equal_to_devices_times_a_fixed_size_is_no_device_share() -> None:
         "summary"
     ]
     assert not any("did not carry over" in n for n in reduced.notes), str(reduced)
+
+
+# -- LayerNorm's backward as torch_xla emits it (batch_norm_grad over a unit batch) ------------
+#
+# torch_xla lowers `nn.LayerNorm` over (tokens, hidden) to batch_norm_training/_grad on a
+# (1, tokens, hidden) view with the tokens as features: the sums run over the unit dimension
+# and the hidden one, and the count N is the hidden size. The spec's batch_norm_grad writes
+# `(scale * inv / N) * (N * g - sum(g) - ...)`: N scales values that are no sums, so read
+# as written it is a constant equal to a size, and the hidden size stayed at its real size
+# (passes/expand_batch_norm.py now takes 1/N into the sums: means, read at the reduced count).
+
+LN_T, LN_D = 6, 64  # tokens (the feature dimension), hidden (the count N)
+LN_X, LN_F = f"tensor<1x{LN_T}x{LN_D}xf32>", f"tensor<{LN_T}xf32>"
+LN_EPS = 1e-5
+
+
+def layer_norm_grad_torch_xla() -> str:
+    """batch_norm_training then batch_norm_grad, as torch_xla emits a LayerNorm's backward."""
+    three = f"({LN_X}, {LN_F}, {LN_F})"
+    five = f"({LN_X}, {LN_F}, {LN_F}, {LN_F}, {LN_X})"
+    attrs = "{epsilon = 9.99999974E-6 : f32, feature_index = 1 : i64}"
+    return f"""module {{
+  func.func public @main(%x: {LN_X}, %s: {LN_F}, %o: {LN_F}, %g: {LN_X}) -> {three} {{
+    %y:3 = "stablehlo.batch_norm_training"(%x, %s, %o) {attrs} : {three} -> {three}
+    %d:3 = "stablehlo.batch_norm_grad"(%x, %s, %y#1, %y#2, %g) {attrs} : {five} -> {three}
+    return %d#0, %d#1, %d#2 : {LN_X}, {LN_F}, {LN_F}
+  }}
+}}"""
+
+
+def _hand_layer_norm_grad(grad_operand) -> str:
+    """The same three results written by hand in JAX; `grad_operand(g, c, inv, ve)` gives
+    the operand's gradient from the centred input c, rsqrt(var + eps) and var + eps."""
+
+    def f(x, s, o, g):
+        m = x.mean(axis=(0, 2))
+        c = x - m[None, :, None]
+        ve = (c * c).mean(axis=(0, 2))[None, :, None] + np.float32(LN_EPS)
+        inv = jax.lax.rsqrt(ve)
+        dx = s[None, :, None] * inv * grad_operand(g, c, ve)
+        return dx, (g * c * inv).sum(axis=(0, 2)), g.sum(axis=(0, 2))
+
+    x, v = np.zeros((1, LN_T, LN_D), np.float32), np.zeros((LN_T,), np.float32)
+    return jax.jit(f, keep_unused=True).lower(x, v, v, x).as_text()
+
+
+def _means(g, c, ve):
+    return (
+        g - g.mean(axis=(0, 2), keepdims=True) - (g * c).mean(axis=(0, 2), keepdims=True) * c / ve
+    )
+
+
+def _means_missing_a_term(g, c, ve):
+    return g - (g * c).mean(axis=(0, 2), keepdims=True) * c / ve  # BUG: no - mean(g)
+
+
+def _count_folded(g, c, ve):
+    n = np.float32(LN_D)  # the hidden size, written as a number: no mean's count
+    return (
+        g * n - g.sum(axis=(0, 2), keepdims=True) - (g * c).sum(axis=(0, 2), keepdims=True) * c / ve
+    ) / n
+
+
+def _check(impl: str, **options):
+    return tv_ir.check(layer_norm_grad_torch_xla(), impl, time_limit=300, **options)
+
+
+def test_layer_norm_backward_over_a_unit_batch_shrinks_the_hidden_size() -> None:
+    report = _check(_hand_layer_norm_grad(_means))
+    assert report.verdict == "equivalent", report
+    assert shrunk(report).get("spec argument 0 dim 2") == (LN_D, 4), report.reduction["summary"]
+
+
+def test_layer_norm_backward_bug_refuted_at_reduced_shapes() -> None:
+    report = _check(_hand_layer_norm_grad(_means_missing_a_term))
+    assert report.verdict == "not_equivalent", report
+    assert "spec argument 0 dim 2" in shrunk(report), report.reduction["summary"]
+
+
+def test_hidden_size_written_as_a_number_is_no_normaliser_and_keeps_its_class() -> None:
+    # `g * 64` and `... / 64` scale values that are no sums: 64 may be the hidden size in a
+    # way shape reduction cannot follow (a count folded by hand), so the class keeps it
+    report = _check(_hand_layer_norm_grad(_count_folded))
+    assert report.verdict == "equivalent", report
+    why = kept(report).get("spec argument 0 dim 2", "")
+    assert "may be its size" in why, report.reduction["summary"]

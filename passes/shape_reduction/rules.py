@@ -23,6 +23,7 @@ import numpy as np
 
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, walk
 
+from ..expand_batch_norm import NORMALISED_LANE
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
@@ -593,10 +594,12 @@ class ShapeRules:
             kx = self.keys(op.operands[0])
             before = self.pos.summed.get(op.operands[0].id, ())
             self.pos.summed[op.results[0].id] = before + tuple(kx[a] for a in axes)
+        # a batch_norm's lane keeps 3 positions: at 2 it normalises to +-1 (NORMALISED_LANE)
+        least = 3 if op.attrs.get(NORMALISED_LANE) else 2
         for x in op.operands[:n]:
             kx = self.keys(x)
             for a in axes:
-                self.d.at_least(kx[a], 2)
+                self.d.at_least(kx[a], least)
                 if x.id in self.pos.independent:
                     self.d.keep(kx[a], f"reduce at {op.loc} reduces values that read no input")
                     self.pos.counts.append((x.type.shape[a], op.loc))

@@ -36,7 +36,7 @@ from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
 from . import smt
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
-from .obligation_cache import ObligationCache
+from .obligation_cache import ObligationCache, renaming_classes
 from .placement import Placement
 from .simulate import (
     close,
@@ -66,6 +66,10 @@ STAGE_MONOMIAL_LIMIT = 20_000  # the same, intermediate cut-points
 # of every value grew with the program (MaxText's clipped AdamW step: minutes per value)
 SETTLE_LIMIT = 500
 DEEPER_LIMIT = 64  # monomials: a sign looked for one op below a cut symbol
+# most renaming classes of a stage's residues decided one representative at a time
+# (`_by_representatives`): each is a solver call, so a stage of many distinct elements is
+# decided whole instead
+REPRESENTATIVES = 32
 
 
 @dataclass
@@ -651,9 +655,15 @@ class StageProver:
             # a non-zero constant difference wherever both are defined: not this candidate
             return _Outcome("unknown", reason="the values differ by a constant")
         pairs = [_as_pair(w) for w in work]
+        timeout = self.opt.timeout if final else min(STAGE_SMT_SECONDS, self.opt.timeout)
+        if not final:
+            by_element = self._by_representatives(pairs, timeout)
+            if by_element is not None:
+                if by_element.status == "proved" and probe is not None:
+                    probe.record(expanded, "z3")
+                return by_element
         if not final and sum(_size(x) + _size(y) for x, y in pairs) > STAGE_SMT_SIZE:
             return _Outcome("unknown", reason="stage too large for the solver")
-        timeout = self.opt.timeout if final else min(STAGE_SMT_SECONDS, self.opt.timeout)
         left = self._check_time()
         timeout = timeout if left is None else min(timeout, left)
         res = smt.check_equal(pairs, timeout_s=timeout)
@@ -681,6 +691,29 @@ class StageProver:
             if res.status == "sat":
                 return _Outcome("sat", model=res.model, reason="the solver found a difference")
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
+
+    def _by_representatives(self, pairs: list, timeout: float) -> _Outcome | None:
+        """A stage's residues decided one renaming class at a time (`renaming_classes`):
+        the solver proves one member of each class, which proves its renamings. None when
+        that saves less than half the residues, when there are more than REPRESENTATIVES
+        classes, when one is too large for the solver or when one is not proved: the
+        obligation is then decided whole, as before (a model for one element is no
+        refutation of a stage: it is only a candidate that did not match)."""
+        if len(pairs) < 2:
+            return None
+        groups = renaming_classes(pairs)
+        if groups is None or len(groups) * 2 > len(pairs) or len(groups) > REPRESENTATIVES:
+            return None
+        firsts = [pairs[g[0]] for g in groups]
+        if any(_size(x) + _size(y) > STAGE_SMT_SIZE for x, y in firsts):
+            return None
+        for pair in firsts:
+            left = self._check_time()
+            res = smt.check_equal([pair], timeout_s=timeout if left is None else min(timeout, left))
+            if res.status != "unsat":
+                return None  # decided whole, as before (one element alone proves less)
+        self.stats.proved_by_z3 += 1
+        return _Outcome("proved", "z3")
 
     def _cut_definition(self, atom_id: int):
         """A cut symbol's definition over proved cut symbols and inputs (None: no cut

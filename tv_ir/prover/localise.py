@@ -335,14 +335,17 @@ def _impl_site(impl: Module, walk: _Walk, output: int):
                 site, used_at = walk.blame(op), op
             elif healed is None:
                 healed = op
-    if site is None and healed is not None:  # no divergence reaches the output on its own
-        site, used_at = walk.blame(healed), healed
-    if site is None:  # every value has a counterpart, but the output is not the spec's
+    if site is None:
         kind = walk.kind(result)
         if kind is not None and kind.suspicious:  # off by a factor: where it was scaled
+            # before a divergence that heals: that one does not reach the output, the
+            # factor does (HF GPT-2's doubled loss, at reduced shapes, beside a piece of
+            # the fused QKV split that matches no spec tile there)
             site = walk.introducer(result)
-        else:  # e.g. a partial sum returned as whole: the op that returns it
-            site = _assembled_by(result, walk) or result.owner
+    if site is None and healed is not None:  # no divergence reaches the output on its own
+        site, used_at = walk.blame(healed), healed
+    if site is None:  # every value has a counterpart, but the output is not the spec's:
+        site = _assembled_by(result, walk) or result.owner  # e.g. a partial sum as whole
     return (_site(site) if site is not None else None), walk.spec_seen, site, used_at
 
 

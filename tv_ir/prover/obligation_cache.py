@@ -220,3 +220,22 @@ class ObligationCache:
         except _Uncacheable:
             return Probe(self, None, None, definition)
         return Probe(self, (forms, tuple(canon.descriptors)), canon, definition)
+
+
+def renaming_classes(work: list) -> list[list[int]] | None:
+    """The residues of one obligation grouped by canonical form: each group's members are
+    one another's images under a bijective renaming of symbols (kinds, element types and
+    signs kept), so a proof of one member proves the rest. A stage over a tile holds the
+    same identity once per element (an embedding row looked up by each token id, in each
+    column): its elements prove one at a time where all of them at once overwhelm the
+    solver. Positions into `work`, the groups in order of first member; None when a
+    residue has no canonical form (or one too large)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, w in enumerate(work):
+        canon = CanonicalForm()
+        try:
+            key = (canon.of(w), tuple(canon.descriptors))
+        except _Uncacheable:
+            return None
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
