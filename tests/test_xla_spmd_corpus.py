@@ -62,6 +62,11 @@ PROVED = [
     # a sort along its sharded dimension (all-gathered, then sorted with its iota): the
     # sorted dimension shrinks (passes/shape_reduction/sorts.py)
     "SortShardedOnSortDim_RankOne",
+    # manual values at the boundary, stacked by instance (tv_ir/prover/manual_boundary.py):
+    # {manual} with a shard_map region, a device's own id, a partially manual all-reduce
+    "MixWithManualPartitioning",
+    "ManualPartitionId",
+    "SubgroupManualAllReduce",
 ]
 # the same verdicts from the StableHLO form (XLA's proto dump) against the plain module
 STABLEHLO_FORM = [
@@ -197,6 +202,9 @@ HARNESS_MUTANTS = [
     ("ConvolutionLhsTiledRhsTiled_UnevenDilatedRHSPartitioned", "wrong groups"),
     # device 0 reads its buffer of a value that lives on device 1 (maximal): meaningless
     ("GetTupleElementSwapDevice", "swapped operands"),
+    # manual boundary values: XLA confirms against its own partitioning (no single-device run)
+    ("SubgroupManualAllReduce", "wrong groups"),
+    ("SubgroupManualReduce", "dropped collective"),
 ]
 
 
@@ -214,7 +222,8 @@ def test_harness_mutant_is_refuted_and_xla_confirms_it(name: str, kind: str) -> 
     r = tv_ir.check(case.path, m.text, time_limit=TIME_LIMIT, layouts=xla_layouts(parted))
     assert r.verdict == "not_equivalent", f"{name} ({m.site}): {r.verdict}: {r.reason}"
     inputs = list(r.counterexample.inputs.values())
-    replay = replay_on_xla(before, dataclasses.replace(parted, per_device_hlo=m.text), inputs)
+    mutated = dataclasses.replace(parted, per_device_hlo=m.text)
+    replay = replay_on_xla(before, mutated, inputs, reference_hlo=parted.per_device_hlo)
     assert replay["differs"], f"{name} ({m.site}): XLA does not confirm the counterexample"
 
 

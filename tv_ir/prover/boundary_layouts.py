@@ -60,6 +60,15 @@ def says_per_device(spec: Module, impl: Module, given: GivenLayouts | None) -> b
 
 def boundary_placement(spec: Module, impl: Module, given: GivenLayouts | None = None) -> Placement:
     """The placement of a per-device `impl` checked against `spec` (see the module doc)."""
+    args, results, n = boundary_shardings(spec, impl, given)
+    return Placement.from_shardings(spec.main, args, results, n)
+
+
+def boundary_shardings(
+    spec: Module, impl: Module, given: GivenLayouts | None = None
+) -> tuple[list[str], list[str], int]:
+    """(argument shardings, result shardings, device count) of a per-device `impl` checked
+    against `spec`, each from the first place that has it (see the module doc)."""
     given = given or GivenLayouts()
     main = impl.main
     n_args, n_results = len(main.arg_types), len(main.result_types)
@@ -100,9 +109,7 @@ def boundary_placement(spec: Module, impl: Module, given: GivenLayouts | None = 
                         f"spec's {what} (a pre-partition module), and no {where[1]}"
                     )
     fill = "{replicated}"
-    return Placement.from_shardings(
-        spec.main, [s or fill for s in args], [s or fill for s in results], n
-    )
+    return [s or fill for s in args], [s or fill for s in results], n
 
 
 def split_tuple_sharding(text, count: int, what: str) -> list[str | None]:
