@@ -199,3 +199,73 @@ def test_lifted_layouts_stack_one_row_per_instance() -> None:
         ((1, 2), (1, 2), (0, 2)),
     ]
     assert [tuple(t.shape) for t in lifted_impl.main.arg_types] == [(1, 1, 2)]
+
+
+# a GSPMD manual region over two instances of two devices (XLA's PartitionCollectivePermute):
+# instance m takes elements [2m, 2m+2) of p, cuts them over its devices, squares them; back
+# in the global view each device d's tile is its instance's element d % 2: p * p
+PARTIAL_REGION = """HloModule m, num_partitions=4
+ENTRY e {
+  p = s32[4] parameter(0), sharding={devices=[4]<=[4]}
+  c = s32[4] copy(p), sharding={devices=[2,2]<=[4] last_tile_dim_replicate}
+  s = s32[2] custom-call(c), custom_call_target="SPMDFullToShardShape",
+    sharding={devices=[1,2,2]<=[4] last_tile_dims={manual, replicated}}
+  t = s32[2] copy(s), sharding={devices=[2,2]<=[2,2]T(1,0) last_tile_dims={manual}}
+  m = s32[2] multiply(t, t), sharding={devices=[2,2]<=[2,2]T(1,0) last_tile_dims={manual}}
+  ROOT f = s32[4] custom-call(m), custom_call_target="SPMDShardToFullShape",
+    sharding={devices=[4]<=[4]}
+}
+"""
+
+
+def partial_region_impl(neighbour: bool) -> str:
+    x = "q" if neighbour else "p"
+    permute = (
+        "  q = s32[1] collective-permute(p), channel_id=1,\n"
+        "    source_target_pairs={{0,1},{1,0},{2,3},{3,2}}\n"
+        if neighbour
+        else ""
+    )
+    return f"""HloModule m_spmd, num_partitions=4
+ENTRY e_spmd {{
+  p = s32[1] parameter(0), sharding={{devices=[4]<=[4]}}
+{permute}  ROOT m = s32[1] multiply({x}, {x})
+}}
+"""
+
+
+def test_a_partially_manual_gspmd_region_is_read_per_instance() -> None:
+    r = tv_ir.check(PARTIAL_REGION, partial_region_impl(False), time_limit=60)
+    assert r.verdict == "equivalent", r
+    r = tv_ir.check(PARTIAL_REGION, partial_region_impl(True), time_limit=60)
+    assert r.verdict == "not_equivalent", r
+
+
+def test_a_collective_outside_manual_values_is_unsupported() -> None:
+    before = """HloModule m, num_partitions=2
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT add = f32[] add(a, b)
+}
+ENTRY e {
+  p = f32[2] parameter(0), sharding={manual}
+  ROOT r = f32[2] all-reduce(p), to_apply=sum, replica_groups={{0,1}}, channel_id=1,
+    use_global_device_ids=true, sharding={replicated}
+}
+"""
+    after = """HloModule m_spmd, num_partitions=2
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT add = f32[] add(a, b)
+}
+ENTRY e_spmd {
+  p = f32[2] parameter(0), sharding={manual}
+  ROOT r = f32[2] all-reduce(p), to_apply=sum, replica_groups={{0,1}}, channel_id=1,
+    use_global_device_ids=true
+}
+"""
+    r = tv_ir.check(before, after, time_limit=60)
+    assert r.verdict == "unknown"
+    assert "only in a manual region" in r.reason

@@ -63,10 +63,13 @@ PROVED = [
     # sorted dimension shrinks (passes/shape_reduction/sorts.py)
     "SortShardedOnSortDim_RankOne",
     # manual values at the boundary, stacked by instance (tv_ir/prover/manual_boundary.py):
-    # {manual} with a shard_map region, a device's own id, a partially manual all-reduce
+    # {manual} with a shard_map region, a device's own id, a partially manual all-reduce;
+    # GSPMD manual regions, nested and partially manual, run on every device
     "MixWithManualPartitioning",
     "ManualPartitionId",
     "SubgroupManualAllReduce",
+    "NestedManual",
+    "PartitionCollectivePermute",
 ]
 # the same verdicts from the StableHLO form (XLA's proto dump) against the plain module
 STABLEHLO_FORM = [

@@ -94,18 +94,20 @@ def unpartitioned(before: str) -> str:
         return m.operation.get_asm(enable_debug_info=True)
 
 
-def manual_boundary(parted) -> bool:
-    """Whether some argument or result of the module is manual (fully or in part): the
-    module is then itself per-device and has no run on one device."""
+def per_device_only(before: str, parted) -> bool:
+    """Whether the module runs only on devices: some argument or result is manual (fully
+    or in part), or it holds GSPMD manual regions (`@SPMDFullToShardShape`); it has no run
+    on one device."""
     from tv_ir.prover.manual_boundary import is_manual
 
-    return any(is_manual(s) for s in list(parted.arg_shardings) + list(parted.out_shardings))
+    shardings = list(parted.arg_shardings) + list(parted.out_shardings)
+    return any(is_manual(s) for s in shardings) or "SPMDFullToShardShape" in before
 
 
 def argument_shapes(before: str, parted) -> list[tuple]:
     """The shapes of tv's counterexample inputs at the real sizes: the module's arguments,
     manual ones stacked one row per instance (tv_ir.prover.manual_boundary)."""
-    if not manual_boundary(parted):
+    if not per_device_only(before, parted):
         return [tuple(t.shape) for t in _argument_types(before)]
     return [lay.global_shape for lay in _stacked_placement(before, parted).args]
 
@@ -133,15 +135,14 @@ def replay_on_xla(
     order). `differs` is True when some device's piece of some result differs from its
     block of the single-device result (unreduced results: the sum over each group).
 
-    A module with manual boundary values has no run on one device: its inputs are stacked
-    by instance, and the reference is another per-device program on the same pieces
-    (`reference_hlo`: XLA's own partitioning, which tv proved equal to the module, against
-    a planted bug); without one this is an error, not a confirmation."""
-    if manual_boundary(parted):
+    A module with manual boundary values or GSPMD manual regions has no run on one device:
+    its manual inputs are stacked by instance, and the reference is another per-device
+    program on the same pieces (`reference_hlo`: XLA's own partitioning, which tv proved
+    equal to the module, against a planted bug); without one this is an error, not a
+    confirmation."""
+    if per_device_only(before, parted):
         if reference_hlo is None:
-            raise ValueError(
-                "a module with manual boundary values has no run on one device: no reference"
-            )
+            raise ValueError("a module that runs only on devices has no single-device reference")
         return _replay_per_device(before, parted, inputs, reference_hlo)
     import jax
     from jax._src import compiler

@@ -667,14 +667,15 @@ def _boundary_placement(spec: Module, impl: Module, layouts) -> Placement:
 
 def _manual_boundary(spec: Module, impl: Module, layouts):
     """(spec, impl, placement) lifted to global values when a boundary value of a per-device
-    `impl` is manual (`tv_ir.prover.manual_boundary`), else None."""
+    `impl` is manual, or the spec holds GSPMD manual regions (`@SPMDFullToShardShape`), which
+    only run on devices (`tv_ir.prover.manual_boundary`); else None."""
     from tv_ir.prover.boundary_layouts import boundary_shardings, says_per_device
-    from tv_ir.prover.manual_boundary import is_manual, lift_manual_boundary
+    from tv_ir.prover.manual_boundary import has_gspmd_regions, is_manual, lift_manual_boundary
 
     if not says_per_device(spec, impl, layouts):
         return None
     args, results, n = boundary_shardings(spec, impl, layouts)
-    if not any(is_manual(s) for s in args + results):
+    if not any(is_manual(s) for s in args + results) and not has_gspmd_regions(spec):
         return None
     return lift_manual_boundary(spec, impl, args, results, n)
 

@@ -47,6 +47,17 @@ from tv_ir.semantics.layout import Layout
 MESH_AXES = ("i", "r")  # instance, device within the instance
 ELEMENTWISE_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.collective_permute")
 DEVICE_IDS = ("stablehlo.partition_id", "stablehlo.replica_id")
+GSPMD_MANUAL = ("SPMDFullToShardShape", "SPMDShardToFullShape")
+
+
+def has_gspmd_regions(module: Module) -> bool:
+    """Whether `module` holds GSPMD manual regions (`@SPMDFullToShardShape` /
+    `@SPMDShardToFullShape`): it has a meaning only on devices."""
+    return any(
+        op.name == "stablehlo.custom_call" and op.attrs.get("call_target_name") in GSPMD_MANUAL
+        for fn in module.functions.values()
+        for op in walk(fn.body)
+    )
 
 
 def is_manual(sharding: str | None) -> bool:
@@ -62,10 +73,9 @@ def lift_manual_boundary(
     s_main = spec.main
     arg_lays = [_layout(s, t, n) for s, t in zip(arg_shardings, s_main.arg_types, strict=True)]
     res_lays = [_layout(s, t, n) for s, t in zip(out_shardings, s_main.result_types, strict=True)]
-    instances = _instances([lay for lay in arg_lays + res_lays if lay.manual])
+    instances = _instances([lay for lay in arg_lays + res_lays if lay.manual], n)
     per_instance = len(instances[0])
-    if per_instance > 1:
-        _refuse_cross_instance(spec, instances, n)
+    _refuse_unreadable(spec, arg_shardings + out_shardings, n)
     ids = tuple(d for inst in instances for d in inst)
     mesh = SdyMesh(
         ((MESH_AXES[0], len(instances)), (MESH_AXES[1], per_instance)),
@@ -85,7 +95,7 @@ def stacked_placement(
     checked with, and what a replay on XLA cuts the stacked inputs by."""
     arg_lays = [_layout(s, t, n) for s, t in zip(arg_shardings, arg_types, strict=True)]
     res_lays = [_layout(s, t, n) for s, t in zip(out_shardings, result_types, strict=True)]
-    instances = _instances([lay for lay in arg_lays + res_lays if lay.manual])
+    instances = _instances([lay for lay in arg_lays + res_lays if lay.manual], n)
     return _stacked_placement(arg_lays, res_lays, instances, n)
 
 
@@ -109,9 +119,11 @@ def _layout(sharding: str, t, n: int) -> Layout:
     return lay
 
 
-def _instances(manual: list[Layout]) -> tuple[tuple[int, ...], ...]:
+def _instances(manual: list[Layout], n: int) -> tuple[tuple[int, ...], ...]:
     """The manual instances (device groups) every manual boundary value shares, ordered by
-    first device."""
+    first device; one instance of every device when no boundary value is manual."""
+    if not manual:
+        return (tuple(range(n)),)
     found = {tuple(sorted(tuple(sorted(g)) for g in lay.manual)) for lay in manual}
     if len(found) != 1:
         shown = "; ".join(lay.desc for lay in manual)
@@ -135,21 +147,29 @@ def _stacked(lay: Layout, row_of: dict[int, int], rows: int) -> Layout:
     )
 
 
-def _refuse_cross_instance(spec: Module, instances, n: int) -> None:
-    """Where instances have several devices: only collectives that join devices of distinct
-    instances at the same place in them, and no device ids (module docstring)."""
-    instance_of = {d: i for i, inst in enumerate(instances) for d in inst}
-    for fn in spec.functions.values():
-        for op in walk(fn.body):
-            if op.name in DEVICE_IDS:
-                raise Unsupported(
-                    f"{op.name} where manual instances have several devices (a device's id "
-                    "is no instance's value)",
-                    op=op.name,
-                    loc=op.loc,
-                )
-            if op.name.startswith("stablehlo.") and _is_collective(op):
-                _check_groups(op, instance_of, n)
+def _refuse_unreadable(spec: Module, boundary: list[str], n: int) -> None:
+    """What the whole-instance reading does not cover (module docstring): device ids where
+    some value is partially manual, collectives outside manual values, and collectives on
+    partially manual values other than all_reduce / collective_permute joining devices of
+    distinct instances at the same place in them."""
+    ops = [op for fn in spec.functions.values() for op in walk(fn.body)]
+    texts = boundary + [op.attrs.get("mhlo.sharding") for op in ops]
+    partial = any(isinstance(t, str) and is_partially_manual(t) for t in texts)
+    for op in ops:
+        if op.name in DEVICE_IDS and partial:
+            raise Unsupported(
+                f"{op.name} in a module with partially manual values (a device's id is no "
+                "instance's value)",
+                op=op.name,
+                loc=op.loc,
+            )
+        if _is_collective(op):
+            _check_collective(op, n)
+
+
+def is_partially_manual(sharding: str) -> bool:
+    """Manual over some tile dimensions only (`last_tile_dims={manual}`)."""
+    return is_manual(sharding) and "last_tile_dim" in sharding
 
 
 def _is_collective(op: Op) -> bool:
@@ -158,26 +178,33 @@ def _is_collective(op: Op) -> bool:
     return op.name in COLLECTIVES
 
 
-def _check_groups(op: Op, instance_of: dict[int, int], n: int) -> None:
-    if op.name not in ELEMENTWISE_COLLECTIVES:
+def _check_collective(op: Op, n: int) -> None:
+    sharding = op.attrs.get("mhlo.sharding")
+    t = op.results[0].type if op.results else None
+    if not isinstance(sharding, str) or not is_manual(sharding) or not isinstance(t, TensorType):
         raise Unsupported(
-            f"{op.name} where manual instances have several devices (only all_reduce and "
-            "collective_permute keep each instance's value whole)",
+            f"{op.name} on a value that is not manual (sharding {sharding}): a collective "
+            "before partitioning has a meaning only in a manual region",
             op=op.name,
             loc=op.loc,
         )
-    sharding = op.attrs.get("mhlo.sharding")
-    t = op.results[0].type if op.results else None
-    if not isinstance(sharding, str) or not isinstance(t, TensorType):
-        raise Unsupported(f"{op.name} without a sharding on a manual instance", op=op.name)
+    if not is_partially_manual(sharding):
+        return  # every device its own value: the collective as it runs
     lay = Layout.from_hlo_sharding(sharding, t, n)
     if isinstance(lay, list):
-        raise Unsupported(f"{op.name} with a tuple sharding", op=op.name)
+        raise Unsupported(f"{op.name} with a tuple sharding", op=op.name, loc=op.loc)
+    if op.name not in ELEMENTWISE_COLLECTIVES:
+        raise Unsupported(
+            f"{op.name} on a partially manual value (only all_reduce and collective_permute "
+            "keep each instance's value whole)",
+            op=op.name,
+            loc=op.loc,
+        )
+    instance_of = {d: i for i, g in enumerate(lay.instances()) for d in g}
     if op.name == "stablehlo.all_reduce":
-        groups = np.asarray(op.attrs.get("replica_groups")).reshape(-1).size
-        if not groups or not op.attrs.get("use_global_device_ids"):
-            raise Unsupported(f"{op.name} without global device ids in a manual instance")
-        members = [list(g) for g in np.asarray(op.attrs["replica_groups"]) if len(g)]
+        if not op.attrs.get("use_global_device_ids"):
+            raise Unsupported(f"{op.name} on a partially manual value without global device ids")
+        members = [list(g) for g in np.asarray(op.attrs.get("replica_groups"))]
     else:
         members = [list(p) for p in np.asarray(op.attrs.get("source_target_pairs"))]
     for group in members:
