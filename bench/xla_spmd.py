@@ -100,18 +100,24 @@ FORMS = ("pair", "hlo", "stablehlo")
 
 def form_inputs(form: str, case, before: str, parted) -> tuple:
     """(spec, impl, layouts) for `tv_ir.check` in one of FORMS."""
-    from xla_spmd_corpus import unpartitioned, xla_layouts
+    from xla_spmd_corpus import per_device_only, unpartitioned, xla_layouts
 
     from tv_ir.prover.boundary_layouts import GivenLayouts
 
     if form == "pair":
         return case.path, parted.per_device_hlo, xla_layouts(parted)
+    if per_device_only(before, parted):
+        # a module with manual values has no single-device form: its annotations are its
+        # meaning (and its partition count, which jaxlib's StableHLO drops)
+        spec = before
+    else:
+        spec = unpartitioned(before)
     if form == "hlo":
         given = GivenLayouts(
             in_shardings=list(parted.arg_shardings), out_shardings=list(parted.out_shardings)
         )
-        return unpartitioned(before), parted.per_device_hlo, given
-    return unpartitioned(before), parted.per_device_stablehlo, None
+        return spec, parted.per_device_hlo, given
+    return spec, parted.per_device_stablehlo, None
 
 
 def compare_forms(files: list[str]) -> str:

@@ -87,7 +87,9 @@ def boundary_shardings(
         _first(sources)
         for sources in zip(own_results, module_results, spec_results, given_results, strict=True)
     ]
-    n = device_count(impl, [s for s in args + results if s], given.num_partitions)
+    n = device_count(
+        impl, [s for s in args + results if s], given.num_partitions or _spec_partitions(spec)
+    )
     if n > 1:
         for what, strings, types, attrs, where in (
             ("argument", args, main.arg_types, main.arg_attrs, (PARAMETERS_ATTR, "--in-shardings")),
@@ -245,6 +247,13 @@ def _spec_annotations(spec: Module, n_args: int, n_results: int):
         [a.get("mhlo.sharding") for a in main.arg_attrs],
         [r.get("mhlo.sharding") for r in main.res_attrs],
     )
+
+
+def _spec_partitions(spec: Module) -> int | None:
+    """The partition count of a pre-partition spec (an SPMD module itself when it holds
+    manual values: jaxlib's conversion of the per-device program drops the count)."""
+    n = int(spec.attrs.get("mhlo.num_partitions", 0) or 0)
+    return n if n > 1 else None
 
 
 def _list_attr(value, count: int, what: str) -> list[str | None]:
