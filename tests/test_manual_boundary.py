@@ -199,6 +199,15 @@ def test_lifted_layouts_stack_one_row_per_instance() -> None:
         ((1, 2), (1, 2), (0, 2)),
     ]
     assert [tuple(t.shape) for t in lifted_impl.main.arg_types] == [(1, 1, 2)]
+    # the modules given stay as they were (a caller may check them again)
+    assert all(v.owner is None for v in spec.main.args + impl.main.args)
+    assert [tuple(t.shape) for t in impl.main.arg_types] == [(1, 2)]
+
+
+def test_the_same_modules_check_twice() -> None:
+    spec, impl = load(MIX), load(mix_impl())
+    assert tv_ir.check(spec, impl, time_limit=60).verdict == "equivalent"
+    assert tv_ir.check(spec, impl, time_limit=60).verdict == "equivalent"
 
 
 # a GSPMD manual region over two instances of two devices (XLA's PartitionCollectivePermute):

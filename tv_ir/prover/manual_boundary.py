@@ -41,6 +41,7 @@ import numpy as np
 from tv_ir.errors import Unsupported
 from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
 from tv_ir.ir.program import Block, Function, Module, Op, Region, TensorType, Value, walk
+from tv_ir.passes.inline_calls import clone_block
 from tv_ir.prover.placement import Placement
 from tv_ir.semantics.layout import Layout
 
@@ -69,7 +70,7 @@ def lift_manual_boundary(
     spec: Module, impl: Module, arg_shardings: list[str], out_shardings: list[str], n: int
 ) -> tuple[Module, Module, Placement]:
     """(spec, impl, placement) with every manual boundary value stacked by instance (module
-    docstring). `spec` and `impl` are consumed: their bodies move into the new modules."""
+    docstring). `spec` and `impl` are not changed."""
     s_main = spec.main
     arg_lays = [_layout(s, t, n) for s, t in zip(arg_shardings, s_main.arg_types, strict=True)]
     res_lays = [_layout(s, t, n) for s, t in zip(out_shardings, s_main.result_types, strict=True)]
@@ -228,25 +229,28 @@ def _sharding(mesh: SdyMesh, rank: int, stacked: bool) -> SdySharding:
 
 def _lift_spec(spec: Module, arg_lays, res_lays, arg_shardings, mesh: SdyMesh, rows: int):
     main = spec.main
-    outer_args, inner_args, body_ops = [], [], []
+    outer_args, inner_args, body_ops, mapping = [], [], [], {}
     in_shardings, out_shardings = [], []
     for v, lay, s in zip(main.args, arg_lays, arg_shardings, strict=True):
         t = v.type
         if lay.manual:
             outer_args.append(Value(TensorType((rows, *t.shape), t.dtype), v.name))
             inner = Value(TensorType((1, *t.shape), t.dtype), v.name)
-            body_ops.append(_produce(v, "stablehlo.reshape", inner, {}))
+            op = _produce(v, "stablehlo.reshape", inner, {})
             in_shardings.append(_sharding(mesh, len(t.shape) + 1, True))
         else:
             outer_args.append(Value(t, v.name))
             inner = Value(t, v.name)
             attrs = {"call_target_name": "Sharding", "mhlo.sharding": s}
-            body_ops.append(_produce(v, "stablehlo.custom_call", inner, attrs))
+            op = _produce(v, "stablehlo.custom_call", inner, attrs)
             in_shardings.append(_sharding(mesh, len(getattr(t, "shape", ())), False))
         inner_args.append(inner)
-    body_ops += main.body.ops
+        body_ops.append(op)
+        mapping[v.id] = op.results[0]
+    body = clone_block(main.body, mapping)  # the spec as given stays as it was
+    body_ops += body.ops
     inner_results, outer_results = [], []
-    for r, lay in zip(main.body.results, res_lays, strict=True):
+    for r, lay in zip(body.results, res_lays, strict=True):
         t = r.type
         if lay.manual:
             row = Value(TensorType((1, *t.shape), t.dtype))
@@ -282,22 +286,27 @@ def _lift_spec(spec: Module, arg_lays, res_lays, arg_shardings, mesh: SdyMesh, r
         list(main.arg_names),
         main.visibility,
     )
-    return _with_main(spec, lifted, "spec")
+    return _with_main(spec, lifted)
 
 
 def _lift_impl(impl: Module, stacked_args: list[bool], res_lays) -> Module:
     main = impl.main
-    args, ops = [], []
+    args, ops, mapping = [], [], {}
     for v, stacked in zip(main.args, stacked_args, strict=True):
         if not stacked:
-            args.append(v)
+            slot = Value(v.type, v.name)
+            mapping[v.id] = slot
+            args.append(slot)
             continue
         slot = Value(TensorType((1, *v.type.shape), v.type.dtype), v.name)
-        ops.append(_produce(v, "stablehlo.reshape", slot, {}))
+        op = _produce(v, "stablehlo.reshape", slot, {})
+        ops.append(op)
+        mapping[v.id] = op.results[0]
         args.append(slot)
-    ops += main.body.ops
+    body = clone_block(main.body, mapping)  # the program as given stays as it was
+    ops += body.ops
     results = []
-    for r, lay in zip(main.body.results, res_lays, strict=True):
+    for r, lay in zip(body.results, res_lays, strict=True):
         if not lay.manual:
             results.append(r)
             continue
@@ -314,13 +323,13 @@ def _lift_impl(impl: Module, stacked_args: list[bool], res_lays) -> Module:
         list(main.arg_names),
         main.visibility,
     )
-    return _with_main(impl, lifted, "impl")
+    return _with_main(impl, lifted)
 
 
 def _produce(v: Value, name: str, operand: Value, attrs: dict) -> Op:
-    """An op computing the former block argument `v` from `operand` (v keeps its uses)."""
-    op = Op(name, [operand], [v], dict(attrs))
-    v.owner, v.index = op, 0
+    """An op computing (a new value standing for) block argument `v` from `operand`."""
+    op = Op(name, [operand], [], dict(attrs))
+    op.results.append(Value(v.type, v.name, op, 0))
     return op
 
 
@@ -330,7 +339,7 @@ def _loc(v: Value):
     return v.owner.loc if v.owner is not None else UNKNOWN_LOC
 
 
-def _with_main(module: Module, main: Function, role: str) -> Module:
+def _with_main(module: Module, main: Function) -> Module:
     functions = dict(module.functions)
     functions[module.main.name] = main
     note = "manual boundary values stacked by instance"
