@@ -259,7 +259,11 @@ REASON_CLASSES = [
     (r"time limit", "time limit (large tensors tv cannot shrink, sorts, windows)"),
     (r"memory limit", "memory limit (large tensors tv cannot shrink)"),
     (r"after_all|infeed|outfeed|stablehlo\.rng|custom_call @(?!SPMD)", "opaque op: {op}"),
-    (r"manual\b.*at the boundary|\{manual\}|SPMDFullToShardShape", "manual sharding (boundary)"),
+    (
+        r"manual instance|manual boundary|partially manual|not manual|manual\b.*at the boundary",
+        "manual values the whole-instance reading does not cover",
+    ),
+    (r"loop predicate diverges across devices", "a loop whose trip count differs by device"),
     (r"depends on the inputs", "input-dependent index or branch with collectives"),
     (r"needs SPMD execution", "collective in the pre-partition module"),
     (r"not encodable in SMT", "not encodable in SMT (infinities)"),
