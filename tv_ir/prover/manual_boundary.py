@@ -112,7 +112,8 @@ def _stacked_placement(arg_lays, res_lays, instances, n: int) -> Placement:
 
 
 def _layout(sharding: str, t, n: int) -> Layout:
-    lay = Layout.from_hlo_sharding(sharding, t, n)
+    shape = tuple(t.shape) if isinstance(t, TensorType) else ()  # a token: no elements
+    lay = Layout.from_hlo_sharding(sharding, shape, n)
     if isinstance(lay, list):
         raise Unsupported(f"tuple sharding {sharding} at the boundary")
     if lay.manual and (lay.unreduced or lay.maximal is not None):
@@ -238,12 +239,20 @@ def _lift_spec(spec: Module, arg_lays, res_lays, arg_shardings, mesh: SdyMesh, r
             inner = Value(TensorType((1, *t.shape), t.dtype), v.name)
             op = _produce(v, "stablehlo.reshape", inner, {})
             in_shardings.append(_sharding(mesh, len(t.shape) + 1, True))
+        elif not isinstance(t, TensorType):  # a token: each device its own
+            outer_args.append(Value(t, v.name))
+            inner = Value(t, v.name)
+            in_shardings.append(_sharding(mesh, 0, False))
+            inner_args.append(inner)
+            mapping[v.id] = inner
+            continue
         else:
             outer_args.append(Value(t, v.name))
             inner = Value(t, v.name)
+            # the argument's sharding, where @SPMDFullToShardShape reads it
             attrs = {"call_target_name": "Sharding", "mhlo.sharding": s}
             op = _produce(v, "stablehlo.custom_call", inner, attrs)
-            in_shardings.append(_sharding(mesh, len(getattr(t, "shape", ())), False))
+            in_shardings.append(_sharding(mesh, len(t.shape), False))
         inner_args.append(inner)
         body_ops.append(op)
         mapping[v.id] = op.results[0]
