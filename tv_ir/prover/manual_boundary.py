@@ -74,6 +74,10 @@ def lift_manual_boundary(
     s_main = spec.main
     arg_lays = [_layout(s, t, n) for s, t in zip(arg_shardings, s_main.arg_types, strict=True)]
     res_lays = [_layout(s, t, n) for s, t in zip(out_shardings, s_main.result_types, strict=True)]
+    types = list(s_main.arg_types) + list(s_main.result_types)
+    for lay, t in zip(arg_lays + res_lays, types, strict=True):
+        if lay.manual and not isinstance(t, TensorType):
+            raise Unsupported(f"a manual {t} at the boundary (only tensors stack by instance)")
     instances = _instances([lay for lay in arg_lays + res_lays if lay.manual], n)
     per_instance = len(instances[0])
     _refuse_unreadable(spec, arg_shardings + out_shardings, n)
