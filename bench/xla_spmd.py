@@ -2,6 +2,7 @@
 
     python bench/xla_spmd.py [--jobs 2] [--json] [--only NAME ...] [--time-limit S]
     python bench/xla_spmd.py --why results.jsonl     # what keeps the limit-bound ones big
+    python bench/xla_spmd.py --table results.jsonl rerun.jsonl  # the table, reruns merged
 
 For every module of ../shared/corpus/xla_spmd (or TV_XLA_SPMD_CORPUS; read in place): XLA
 partitions it on CPU as its unit test does (sharding propagation off, `num_devices`
@@ -118,6 +119,17 @@ def form_inputs(form: str, case, before: str, parted) -> tuple:
         )
         return spec, parted.per_device_hlo, given
     return spec, parted.per_device_stablehlo, None
+
+
+def merged_results(files: list[str]) -> list[dict]:
+    """The modules of results files, each from the last file that has it."""
+    by_name: dict[str, dict] = {}
+    for f in files:
+        for line in Path(f).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                by_name[r["name"]] = r
+    return list(by_name.values())
 
 
 def compare_forms(files: list[str]) -> str:
@@ -355,6 +367,12 @@ def main() -> None:
         "--form", choices=FORMS, default="pair", help="how the partitioning is handed to tv"
     )
     ap.add_argument("--compare", nargs="+", help="results files of different forms: differences")
+    ap.add_argument(
+        "--table",
+        nargs="+",
+        help="print the table of these results files (a module in a later file replaces it "
+        "in an earlier one: a rerun of some modules) and stop",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--why-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -366,6 +384,9 @@ def main() -> None:
         return
     if a.compare:
         print(compare_forms(a.compare))
+        return
+    if a.table:
+        print(table(merged_results(a.table)))
         return
     from xla_spmd_corpus import CORPUS, cases
 
