@@ -30,6 +30,10 @@ PREFIX = "bitcast_"
 
 def bitcast_terms(x, src: TensorType, dst: TensorType) -> np.ndarray:
     """The cast of an object array of terms (`src`'s shape) to `dst`."""
+    if src.is_complex or dst.is_complex or src.is_bool or dst.is_bool:
+        raise Unsupported(
+            f"bitcast_convert of {src.dtype} to {dst.dtype} values that depend on the inputs"
+        )
     x = np.asarray(x, dtype=object)
     ws, wd = _width(src), _width(dst)
     if ws == wd:
