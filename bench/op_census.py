@@ -67,7 +67,9 @@ SUPPORTED_NOTE = {
     "cholesky": "XLA:CPU's choices: the other triangle zero, NaN everywhere if a pivot fails",
     "dynamic_gather": "slice sizes known",
     "rng_bit_generator": "XLA's generators bit for bit; a known state, unsigned results",
-    "bitcast_convert": "values that do not depend on the inputs; XLA's float total-order "
+    "bitcast_convert": "values that depend on the inputs: an opaque function of each "
+    "element's bits, the same on both sides, its values known concretely (from integers to "
+    "a wider type; from floats only to the same or a narrower width); XLA's float total-order "
     "comparison through bit casts (`select(bits < 0, 0x7fffffff - bits, bits)` on both sides "
     "of a signed compare) is read as `compare ..., TOTALORDER` (`passes/total_order_compare.py`)",
     "real": "complex operands too (see complex)",

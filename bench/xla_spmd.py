@@ -2,6 +2,7 @@
 
     python bench/xla_spmd.py [--jobs 2] [--json] [--only NAME ...] [--time-limit S]
     python bench/xla_spmd.py --why results.jsonl     # what keeps the limit-bound ones big
+    python bench/xla_spmd.py --table results.jsonl rerun.jsonl  # the table, reruns merged
 
 For every module of ../shared/corpus/xla_spmd (or TV_XLA_SPMD_CORPUS; read in place): XLA
 partitions it on CPU as its unit test does (sharding propagation off, `num_devices`
@@ -100,18 +101,35 @@ FORMS = ("pair", "hlo", "stablehlo")
 
 def form_inputs(form: str, case, before: str, parted) -> tuple:
     """(spec, impl, layouts) for `tv_ir.check` in one of FORMS."""
-    from xla_spmd_corpus import unpartitioned, xla_layouts
+    from xla_spmd_corpus import per_device_only, unpartitioned, xla_layouts
 
     from tv_ir.prover.boundary_layouts import GivenLayouts
 
     if form == "pair":
         return case.path, parted.per_device_hlo, xla_layouts(parted)
+    if per_device_only(before, parted):
+        # a module with manual values has no single-device form: its annotations are its
+        # meaning (and its partition count, which jaxlib's StableHLO drops)
+        spec = before
+    else:
+        spec = unpartitioned(before)
     if form == "hlo":
         given = GivenLayouts(
             in_shardings=list(parted.arg_shardings), out_shardings=list(parted.out_shardings)
         )
-        return unpartitioned(before), parted.per_device_hlo, given
-    return unpartitioned(before), parted.per_device_stablehlo, None
+        return spec, parted.per_device_hlo, given
+    return spec, parted.per_device_stablehlo, None
+
+
+def merged_results(files: list[str]) -> list[dict]:
+    """The modules of results files, each from the last file that has it."""
+    by_name: dict[str, dict] = {}
+    for f in files:
+        for line in Path(f).read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                by_name[r["name"]] = r
+    return list(by_name.values())
 
 
 def compare_forms(files: list[str]) -> str:
@@ -253,7 +271,11 @@ REASON_CLASSES = [
     (r"time limit", "time limit (large tensors tv cannot shrink, sorts, windows)"),
     (r"memory limit", "memory limit (large tensors tv cannot shrink)"),
     (r"after_all|infeed|outfeed|stablehlo\.rng|custom_call @(?!SPMD)", "opaque op: {op}"),
-    (r"manual\b.*at the boundary|\{manual\}|SPMDFullToShardShape", "manual sharding (boundary)"),
+    (
+        r"manual instance|manual boundary|partially manual|not manual|manual\b.*at the boundary",
+        "manual values the whole-instance reading does not cover",
+    ),
+    (r"loop predicate diverges across devices", "a loop whose trip count differs by device"),
     (r"depends on the inputs", "input-dependent index or branch with collectives"),
     (r"needs SPMD execution", "collective in the pre-partition module"),
     (r"not encodable in SMT", "not encodable in SMT (infinities)"),
@@ -345,6 +367,12 @@ def main() -> None:
         "--form", choices=FORMS, default="pair", help="how the partitioning is handed to tv"
     )
     ap.add_argument("--compare", nargs="+", help="results files of different forms: differences")
+    ap.add_argument(
+        "--table",
+        nargs="+",
+        help="print the table of these results files (a module in a later file replaces it "
+        "in an earlier one: a rerun of some modules) and stop",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--why-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -356,6 +384,9 @@ def main() -> None:
         return
     if a.compare:
         print(compare_forms(a.compare))
+        return
+    if a.table:
+        print(table(merged_results(a.table)))
         return
     from xla_spmd_corpus import CORPUS, cases
 

@@ -41,10 +41,10 @@ RANDOM_RUNS = 3  # random inputs a proved mutant is run on with XLA
 
 def worker(name: str, time_limit: float, memory_limit: float, check_original: bool) -> dict:
     """Child process: partition one module, prove it, then check and replay each mutant."""
-    from xla_spmd_corpus import cases, partition_case, xla_layouts
+    from xla_spmd_corpus import argument_shapes, cases, partition_case, xla_layouts
     from xla_spmd_mutations import mutants
 
-    from tv_ir.pipeline import check, prepare
+    from tv_ir.pipeline import check
 
     case = next(c for c in cases() if c.name == name)
     out: dict = {"name": name}
@@ -66,7 +66,7 @@ def worker(name: str, time_limit: float, memory_limit: float, check_original: bo
             return out | {"skipped": f"original not checked: {_one_line(e, 120)}"}
         if r.verdict != "equivalent":
             return out | {"skipped": f"original {r.verdict}"}
-    real = [tuple(t.shape) for t in prepare(before, "module").main.arg_types]
+    real = argument_shapes(before, parted)
     results = []
     for m in mutants(parted.per_device_hlo):
         t0 = time.perf_counter()
@@ -84,42 +84,47 @@ def worker(name: str, time_limit: float, memory_limit: float, check_original: bo
         if res["verdict"] == "not_equivalent":
             inputs = list(r.counterexample.inputs.values())
             if [x.shape for x in inputs] == real:
-                res["xla_confirms"] = _replay(before, mutated, inputs)
+                res["xla_confirms"] = _replay(before, mutated, inputs, parted.per_device_hlo)
             else:
                 res["xla_confirms"] = "reduced shapes (replayed by tv)"
         elif res["verdict"] == "equivalent":
-            res["xla_differs"] = _random_replays(before, mutated)
+            res["xla_differs"] = _random_replays(before, mutated, parted.per_device_hlo)
         results.append(res)
     return out | {"mutants": results}
 
 
-def _replay(before, parted, inputs):
+def _replay(before, parted, inputs, original: str):
+    """Whether XLA computes the mutant differently: from the module on one device, or, for a
+    module with manual boundary values (no run on one device), from XLA's original
+    partitioning, which tv proved equal to the module."""
     from xla_spmd_corpus import replay_on_xla
 
     try:
-        return replay_on_xla(before, parted, inputs)["differs"]
+        return replay_on_xla(before, parted, inputs, original)["differs"]
     except Exception as e:
         return f"replay failed: {_one_line(e, 100)}"
 
 
-def _random_replays(before, parted):
+def _random_replays(before, parted, original: str):
     """Whether XLA's run of the mutant differs from the module on some random input."""
     import numpy as np
+    from xla_spmd_corpus import argument_shapes
 
     from tv_ir.pipeline import prepare
 
     rng = np.random.default_rng(0)
     types = prepare(before, "module").main.arg_types
+    shapes = argument_shapes(before, parted)  # manual values stacked by instance
     for _ in range(RANDOM_RUNS):
         inputs = []
-        for t in types:
+        for t, shape in zip(types, shapes, strict=True):
             if t.is_float:
-                inputs.append(rng.standard_normal(t.shape))
+                inputs.append(rng.standard_normal(shape))
             elif t.is_bool:
-                inputs.append(rng.integers(0, 2, t.shape).astype(bool))
+                inputs.append(rng.integers(0, 2, shape).astype(bool))
             else:
-                inputs.append(rng.integers(0, 4, t.shape))
-        differs = _replay(before, parted, inputs)
+                inputs.append(rng.integers(0, 4, shape))
+        differs = _replay(before, parted, inputs, original)
         if differs is not False:
             return differs
     return False

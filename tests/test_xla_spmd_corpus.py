@@ -20,6 +20,7 @@ from xla_spmd_corpus import (
     ROOT,
     cases,
     partition_case,
+    per_device_only,
     replay_on_xla,
     unpartitioned,
     xla_layouts,
@@ -62,6 +63,17 @@ PROVED = [
     # a sort along its sharded dimension (all-gathered, then sorted with its iota): the
     # sorted dimension shrinks (passes/shape_reduction/sorts.py)
     "SortShardedOnSortDim_RankOne",
+    # manual values at the boundary, stacked by instance (tv_ir/prover/manual_boundary.py):
+    # {manual} with a shard_map region, a device's own id, a partially manual all-reduce;
+    # GSPMD manual regions, nested and partially manual, run on every device
+    "MixWithManualPartitioning",
+    "ManualPartitionId",
+    "SubgroupManualAllReduce",
+    "NestedManual",
+    "PartitionCollectivePermute",
+    # bit casts of inputs: an opaque function of the bits (tv_ir/semantics/bit_casts.py)
+    "BitcastConvertSameRank",
+    "BitcastConvertInputRankGreaterThanOutputRank",
 ]
 # the same verdicts from the StableHLO form (XLA's proto dump) against the plain module
 STABLEHLO_FORM = [
@@ -69,6 +81,10 @@ STABLEHLO_FORM = [
     "GetTupleElementTiled",
     "PartitionConditionalMismatchedBranches",
     "ReduceWindowTiledOneSideHaloBeyondNeighbor",
+    # manual values: the module's own annotations are its meaning (and its device count)
+    "MixWithManualPartitioning",
+    "SubgroupManualAllReduce",
+    "ManualPartitionId",
 ]
 # partitionings jaxlib 0.10.2's XLA gets wrong: refuted by tv, confirmed by XLA itself
 MISCOMPILES = {
@@ -113,7 +129,9 @@ def test_stablehlo_form_with_spmd_attributes_is_proved(name: str) -> None:
     before, parted = partition_case(case, as_stablehlo=True)
     impl = parted.per_device_stablehlo
     assert "mhlo.spmd_output_sharding" in impl and "mhlo.num_partitions" not in impl
-    r = tv_ir.check(unpartitioned(before), impl, time_limit=TIME_LIMIT)
+    # a module with manual values has no single-device form: it is the spec as it is
+    spec = before if per_device_only(before, parted) else unpartitioned(before)
+    r = tv_ir.check(spec, impl, time_limit=TIME_LIMIT)
     assert r.verdict == "equivalent", f"{name}: {r.verdict}: {r.reason}"
 
 
@@ -197,6 +215,9 @@ HARNESS_MUTANTS = [
     ("ConvolutionLhsTiledRhsTiled_UnevenDilatedRHSPartitioned", "wrong groups"),
     # device 0 reads its buffer of a value that lives on device 1 (maximal): meaningless
     ("GetTupleElementSwapDevice", "swapped operands"),
+    # manual boundary values: XLA confirms against its own partitioning (no single-device run)
+    ("SubgroupManualAllReduce", "wrong groups"),
+    ("SubgroupManualReduce", "dropped collective"),
 ]
 
 
@@ -214,7 +235,8 @@ def test_harness_mutant_is_refuted_and_xla_confirms_it(name: str, kind: str) -> 
     r = tv_ir.check(case.path, m.text, time_limit=TIME_LIMIT, layouts=xla_layouts(parted))
     assert r.verdict == "not_equivalent", f"{name} ({m.site}): {r.verdict}: {r.reason}"
     inputs = list(r.counterexample.inputs.values())
-    replay = replay_on_xla(before, dataclasses.replace(parted, per_device_hlo=m.text), inputs)
+    mutated = dataclasses.replace(parted, per_device_hlo=m.text)
+    replay = replay_on_xla(before, mutated, inputs, reference_hlo=parted.per_device_hlo)
     assert replay["differs"], f"{name} ({m.site}): XLA does not confirm the counterexample"
 
 

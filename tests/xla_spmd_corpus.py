@@ -94,13 +94,56 @@ def unpartitioned(before: str) -> str:
         return m.operation.get_asm(enable_debug_info=True)
 
 
-def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
+def per_device_only(before: str, parted) -> bool:
+    """Whether the module runs only on devices: some argument or result is manual (fully
+    or in part), or it holds GSPMD manual regions (`@SPMDFullToShardShape`); it has no run
+    on one device."""
+    from tv_ir.prover.manual_boundary import is_manual
+
+    shardings = list(parted.arg_shardings) + list(parted.out_shardings)
+    return any(is_manual(s) for s in shardings) or "SPMDFullToShardShape" in before
+
+
+def argument_shapes(before: str, parted) -> list[tuple]:
+    """The shapes of tv's counterexample inputs at the real sizes: the module's arguments,
+    manual ones stacked one row per instance (tv_ir.prover.manual_boundary)."""
+    if not per_device_only(before, parted):
+        return [tuple(t.shape) for t in _argument_types(before)]
+    return [lay.global_shape for lay in _stacked_placement(before, parted).args]
+
+
+def _stacked_placement(before: str, parted):
+    from tv_ir.prover.manual_boundary import stacked_placement
+
+    main = _module(before).main
+    return stacked_placement(
+        list(main.arg_types),
+        list(main.result_types),
+        list(parted.arg_shardings),
+        list(parted.out_shardings),
+        parted.num_partitions,
+    )
+
+
+def replay_on_xla(
+    before: str, parted, inputs: list[np.ndarray], reference_hlo: str | None = None
+) -> dict:
     """Run the per-device program XLA dumped after partitioning on its devices (each device
     its piece of each input, padded as XLA pads, zeros off a maximal layout's device;
     `{manual}` shardings so XLA leaves it as it
     is) and the unpartitioned module on one device, on `inputs` (global values, argument
     order). `differs` is True when some device's piece of some result differs from its
-    block of the single-device result (unreduced results: the sum over each group)."""
+    block of the single-device result (unreduced results: the sum over each group).
+
+    A module with manual boundary values or GSPMD manual regions has no run on one device:
+    its manual inputs are stacked by instance, and the reference is another per-device
+    program on the same pieces (`reference_hlo`: XLA's own partitioning, which tv proved
+    equal to the module, against a planted bug); without one this is an error, not a
+    confirmation."""
+    if per_device_only(before, parted):
+        if reference_hlo is None:
+            raise ValueError("a module that runs only on devices has no single-device reference")
+        return _replay_per_device(before, parted, inputs, reference_hlo)
     import jax
     from jax._src import compiler
     from jax._src.lib import xla_client as xc
@@ -134,6 +177,38 @@ def replay_on_xla(before: str, parted, inputs: list[np.ndarray]) -> dict:
             if lay.unreduced:
                 mine = held[box]
             if mine.shape != want[k][box].shape or not _close(mine, want[k][box]):
+                return {"differs": True, "output": k, "device": d}
+    return {"differs": False}
+
+
+def _replay_per_device(before: str, parted, inputs: list[np.ndarray], reference_hlo: str) -> dict:
+    """`parted`'s per-device program against `reference_hlo` on every device, each device
+    its piece of the stacked inputs; `differs` when some device's result differs within the
+    box it holds."""
+    n = parted.num_partitions
+    placement = _stacked_placement(before, parted)
+    types = _argument_types(before)
+    pieces = []
+    for d in range(n):
+        args = []
+        for lay, x, t in zip(placement.args, inputs, types, strict=True):
+            x = _as_parameter(x, t)
+            piece = _piece(lay, x, d)
+            stacked = len(lay.global_shape) == len(t.shape) + 1  # one row per instance
+            args.append(piece.reshape(piece.shape[1:]) if stacked else piece)
+        pieces.append(args)
+    got = run_per_device(_manual_program(parted.per_device_hlo, n), pieces, n)
+    want = run_per_device(_manual_program(reference_hlo, n), pieces, n)
+    for k, lay in enumerate(placement.results):
+        if lay.unreduced:  # partial sums: only their sums mean something
+            mine = lay.assemble([np.asarray(got[d][k]) for d in range(n)])
+            if not _close(mine, lay.assemble([np.asarray(want[d][k]) for d in range(n)])):
+                return {"differs": True, "output": k, "device": None}
+            continue
+        for d in lay.holders:
+            local = lay.local_shape(d)[-np.ndim(want[d][k]) :] if np.ndim(want[d][k]) else ()
+            box = tuple(slice(0, m) for m in local)
+            if not _close(np.asarray(got[d][k])[box], np.asarray(want[d][k])[box]):
                 return {"differs": True, "output": k, "device": d}
     return {"differs": False}
 

@@ -198,8 +198,21 @@ def _check(
         meshes = impl_m.attrs.get("sdy.meshes")
         impl_m, placement = _partitioned(impl, spec_m, unroll=False)
         _name_mesh(impl_m, meshes)
+    lifted = None
     if placement is None:
-        placement = _boundary_placement(spec_m, impl_m, layouts)
+        try:
+            lifted = _manual_boundary(spec_m, impl_m, layouts)
+        except Unsupported as e:
+            report = Report(UNKNOWN, unsupported=[e.op] if e.op else [], reason=str(e))
+            report.stats.seconds["total"] = time.perf_counter() - t0
+            return report
+        if lifted is not None:
+            spec_m, impl_m, placement = lifted
+            # checked at the real sizes and on every device: shape and mesh reduction do
+            # not read the lifted spec (one manual computation over a mesh of its own)
+            reduce_shapes = reduce_mesh = False
+        else:
+            placement = _boundary_placement(spec_m, impl_m, layouts)
     check_signatures(spec_m, impl_m, placement)
     induction_note = None
     if induction:
@@ -650,6 +663,21 @@ def _boundary_placement(spec: Module, impl: Module, layouts) -> Placement:
     if says_per_device(spec, impl, layouts):
         return boundary_placement(spec, impl, layouts)
     return Placement.from_module(spec.main, impl)
+
+
+def _manual_boundary(spec: Module, impl: Module, layouts):
+    """(spec, impl, placement) lifted to global values when a boundary value of a per-device
+    `impl` is manual, or the spec holds GSPMD manual regions (`@SPMDFullToShardShape`), which
+    only run on devices (`tv_ir.prover.manual_boundary`); else None."""
+    from tv_ir.prover.boundary_layouts import boundary_shardings, says_per_device
+    from tv_ir.prover.manual_boundary import has_gspmd_regions, is_manual, lift_manual_boundary
+
+    if not says_per_device(spec, impl, layouts):
+        return None
+    args, results, n = boundary_shardings(spec, impl, layouts)
+    if not any(is_manual(s) for s in args + results) and not has_gspmd_regions(spec):
+        return None
+    return lift_manual_boundary(spec, impl, args, results, n)
 
 
 def _prove(spec: Module, impl: Module, placement, options: Options) -> Report:

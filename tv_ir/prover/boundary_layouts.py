@@ -60,6 +60,15 @@ def says_per_device(spec: Module, impl: Module, given: GivenLayouts | None) -> b
 
 def boundary_placement(spec: Module, impl: Module, given: GivenLayouts | None = None) -> Placement:
     """The placement of a per-device `impl` checked against `spec` (see the module doc)."""
+    args, results, n = boundary_shardings(spec, impl, given)
+    return Placement.from_shardings(spec.main, args, results, n)
+
+
+def boundary_shardings(
+    spec: Module, impl: Module, given: GivenLayouts | None = None
+) -> tuple[list[str], list[str], int]:
+    """(argument shardings, result shardings, device count) of a per-device `impl` checked
+    against `spec`, each from the first place that has it (see the module doc)."""
     given = given or GivenLayouts()
     main = impl.main
     n_args, n_results = len(main.arg_types), len(main.result_types)
@@ -78,7 +87,9 @@ def boundary_placement(spec: Module, impl: Module, given: GivenLayouts | None = 
         _first(sources)
         for sources in zip(own_results, module_results, spec_results, given_results, strict=True)
     ]
-    n = device_count(impl, [s for s in args + results if s], given.num_partitions)
+    n = device_count(
+        impl, [s for s in args + results if s], given.num_partitions or _spec_partitions(spec)
+    )
     if n > 1:
         for what, strings, types, attrs, where in (
             ("argument", args, main.arg_types, main.arg_attrs, (PARAMETERS_ATTR, "--in-shardings")),
@@ -100,9 +111,7 @@ def boundary_placement(spec: Module, impl: Module, given: GivenLayouts | None = 
                         f"spec's {what} (a pre-partition module), and no {where[1]}"
                     )
     fill = "{replicated}"
-    return Placement.from_shardings(
-        spec.main, [s or fill for s in args], [s or fill for s in results], n
-    )
+    return [s or fill for s in args], [s or fill for s in results], n
 
 
 def split_tuple_sharding(text, count: int, what: str) -> list[str | None]:
@@ -238,6 +247,13 @@ def _spec_annotations(spec: Module, n_args: int, n_results: int):
         [a.get("mhlo.sharding") for a in main.arg_attrs],
         [r.get("mhlo.sharding") for r in main.res_attrs],
     )
+
+
+def _spec_partitions(spec: Module) -> int | None:
+    """The partition count of a pre-partition spec (an SPMD module itself when it holds
+    manual values: jaxlib's conversion of the per-device program drops the count)."""
+    n = int(spec.attrs.get("mhlo.num_partitions", 0) or 0)
+    return n if n > 1 else None
 
 
 def _list_attr(value, count: int, what: str) -> list[str | None]:

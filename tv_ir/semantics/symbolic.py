@@ -295,6 +295,13 @@ class SymbolicAlgebra(NumpyAlgebra):
         minus_one = -1 if r is None or r[0] < 0 else r[1]
         return _ufunc(lambda a, v: _int_pow(a, v, minus_one), 2)(x, e)
 
+    def bitcast(self, x, src: TensorType, dst: TensorType):
+        if not _sym(x):
+            return super().bitcast(x, src, dst)
+        from tv_ir.semantics.bit_casts import bitcast_terms
+
+        return bitcast_terms(x, src, dst)
+
     def unary(self, fn: str, x):
         if not _sym(x):
             return super().unary(fn, x)

@@ -664,8 +664,17 @@ _STRICT = frozenset(
 )
 
 
+def _cast_to_float(name: str) -> bool:
+    """A bit cast to floats (`bitcast_SRC_DST[_j]`, semantics/bit_casts.py): some bit
+    patterns are infinities or NaNs."""
+    parts = name.split("_")
+    return parts[0] == "bitcast" and len(parts) > 2 and parts[2].startswith(("f", "bf"))
+
+
 def _fn_domain(name: str, v: Poly) -> Bool:
     """Where a math function of a finite real argument is finite."""
+    if _cast_to_float(name):
+        return Bool("finite_at", (name, v))
     if name == "log":
         return _cmp(">", v)  # log(0) = -inf, log(-1) = NaN
     if name == "log1p":
@@ -759,7 +768,7 @@ def _fn_infs(name: str, p: Poly, v: Poly) -> Bool:
         return logical_or(keeps, _cmp("==", v))
     if name == "log1p":
         return logical_or(keeps, _cmp("==", add(v, ONE)))
-    if name in ("erf_inv", "lgamma", "digamma"):
+    if name in ("erf_inv", "lgamma", "digamma") or _cast_to_float(name):
         return logical_or(keeps, logical_not(_fn_domain(name, v)))
     return keeps
 

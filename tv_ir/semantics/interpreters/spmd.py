@@ -327,7 +327,13 @@ class SpmdInterpreter:
     def _gspmd_manual(self, op: Op, operands: PerDevice) -> PerDevice:
         """`@SPMDFullToShardShape`: each device's piece of the global operand, by the sharding
         of the `@Sharding` annotation that produces it; `@SPMDShardToFullShape`: the global
-        value assembled from the devices' pieces by the op's own sharding."""
+        value assembled from the devices' pieces by the op's own sharding.
+
+        Partially manual shardings (`last_tile_dims={manual}`): each device holds its manual
+        instance's whole value. Into such a region, an instance's value is the part of the
+        operand its devices hold together; out of it, each device's piece is its tile of
+        its instance's value (by the operand's own sharding), and a partially manual result
+        is assembled per instance."""
         target = op.attrs.get("call_target_name")
         if self.grid.num_replicas != 1 or len(op.operands) != 1 or len(op.results) != 1:
             raise Unsupported(f"custom_call @{target} (several replicas or values)", op=op.name)
@@ -336,15 +342,33 @@ class SpmdInterpreter:
         text = annotated.attrs.get("mhlo.sharding") if annotated is not None else None
         if not isinstance(text, str) or not isinstance(full.type, TensorType):
             raise Unsupported(f"custom_call @{target} without a tensor sharding", op=op.name)
-        lay = Layout.from_hlo_sharding(text, tuple(full.type.shape), self.grid.num_partitions)
-        if isinstance(lay, list) or lay.manual or lay.unreduced or lay.maximal is not None:
+        n = self.grid.num_partitions
+        lay = Layout.from_hlo_sharding(text, tuple(full.type.shape), n)
+        if isinstance(lay, list) or lay.unreduced or lay.maximal is not None:
             raise Unsupported(f"custom_call @{target} with sharding {text}", op=op.name)
         pids = [proc.device.partition_id for proc in self.procs]
         if target == "SPMDFullToShardShape":
+            if lay.manual:
+                raise Unsupported(f"custom_call @{target} of a manual value ({text})", op=op.name)
+            inner = _partially_manual(op, op.attrs.get("mhlo.sharding"), op.results[0], n)
+            if inner is not None:
+                return [
+                    [_instance_part(op, lay, inner, args[0], pid)]
+                    for pid, args in zip(pids, operands, strict=True)
+                ]
             return [[lay.shard(args[0], pid)] for pid, args in zip(pids, operands, strict=True)]
+        source = op.operands[0].owner
+        tiles = _partially_manual(
+            op, source.attrs.get("mhlo.sharding") if source else None, op.operands[0], n
+        )
         by_pid = [None] * lay.num_devices
         for pid, args in zip(pids, operands, strict=True):
-            by_pid[pid] = args[0]
+            piece = args[0]
+            if tiles is not None:  # the device's tile of its instance's value
+                piece = np.asarray(piece)[_slices(tiles.box(pid))]
+            by_pid[pid] = piece
+        if lay.manual:  # a partially manual result: each device its instance's value
+            return [[value] for value in _per_instance(op, lay, by_pid, pids)]
         return [[value] for value in self._assemble(op, 0, lay, by_pid, pids)]
 
     def _assemble(self, op: Op, k: int, lay: Layout, by_pid: list, pids: list[int]) -> list:
@@ -371,6 +395,57 @@ class SpmdInterpreter:
                     own[_slices(box)] = x
                     views[p] = own
         return [views.get(pid, base) for pid in pids]
+
+
+def _partially_manual(op: Op, text, value, n: int) -> Layout | None:
+    """The layout of a partially manual `value` (instances of several devices, each value
+    cut over its instance's devices), None when it is not one."""
+    if not isinstance(text, str) or "manual" not in text or not isinstance(value.type, TensorType):
+        return None
+    lay = Layout.from_hlo_sharding(text, tuple(value.type.shape), n)
+    if isinstance(lay, list) or lay.unreduced or lay.maximal is not None:
+        raise Unsupported(f"custom_call with sharding {text}", op=op.name, loc=op.loc)
+    if not lay.manual or all(len(g) == 1 for g in lay.manual):
+        return None
+    return lay
+
+
+def _instance_part(op: Op, outer: Layout, inner: Layout, x, pid: int):
+    """The part of global `x` that the devices of `pid`'s instance hold together (by the
+    operand's layout `outer`): the instance's value, of the shape the region takes."""
+    group = next(g for g in inner.manual if pid in g)
+    boxes = [outer.box(d) for d in group]
+    box = tuple(
+        (min(b[i][0] for b in boxes), max(b[i][1] for b in boxes)) for i in range(len(boxes[0]))
+    )
+    shape = tuple(b - a for a, b in box)
+    covered = np.zeros(shape, dtype=bool)
+    for bx in boxes:
+        covered[tuple(slice(a - o, b - o) for (a, b), (o, _) in zip(bx, box, strict=True))] = True
+    if shape != tuple(inner.global_shape) or not covered.all():
+        raise Unsupported(
+            f"custom_call @{op.attrs.get('call_target_name')}: instance {list(group)} holds "
+            f"{[list(b) for b in boxes]} of the operand, not one value of shape "
+            f"{list(inner.global_shape)}",
+            op=op.name,
+            loc=op.loc,
+        )
+    return np.asarray(x)[_slices(box)]
+
+
+def _per_instance(op: Op, lay: Layout, by_pid: list, pids: list[int]) -> list:
+    """Each device's value of a partially manual result: its instance's value, assembled
+    from the instance's pieces; copies of a box within an instance must be the same value."""
+    if not lay.replicas_agree(by_pid, _identical):
+        raise Unsupported(
+            f"custom_call @{op.attrs.get('call_target_name')}: copies within a manual instance "
+            "are not the same value",
+            op=op.name,
+            loc=op.loc,
+        )
+    values = lay.assemble_instances(by_pid)
+    index = {d: k for k, group in enumerate(lay.instances()) for d in group}
+    return [values[index[pid]] for pid in pids]
 
 
 def _local(lay: Layout, value, pid: int):

@@ -219,10 +219,9 @@ def get_tuple_element(ctx, t):
 
 @op("stablehlo.bitcast_convert")
 def bitcast_convert(ctx, x):
-    """Reinterpret the bits (concrete values only: a term has no bit pattern). To the same
-    type (a quantized type and its storage type, at import) it is the identity."""
+    """Reinterpret the bits: numbers concretely; terms through an opaque function of them
+    (tv_ir.semantics.bit_casts: a term has no bit pattern). To the same type (a quantized
+    type and its storage type, at import) it is the identity."""
     if ctx.operand_types[0] == ctx.result_type:
         return x
-    if ctx.alg.is_symbolic(x):
-        raise ctx.unsupported("bit casts of values that depend on the inputs")
     return ctx.alg.bitcast(x, ctx.operand_types[0], ctx.result_type)
