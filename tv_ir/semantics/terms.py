@@ -189,10 +189,10 @@ class Poly:
     @property
     def syms(self) -> frozenset:
         if self._syms is None:
-            s = frozenset()
-            for m in self.terms:
-                for aid, _ in m:
-                    s |= ATOM_BY_ID[aid].syms
+            # one union over the distinct atoms: `s |= atom.syms` per occurrence copies the
+            # growing set each time, quadratic in a residue of thousands of monomials
+            atoms = {aid for m in self.terms for aid, _ in m}
+            s = frozenset().union(*(ATOM_BY_ID[aid].syms for aid in atoms))
             if self.dom is not TRUE:
                 s |= self.dom.syms | self.infs.syms
             self._syms = s
@@ -1600,6 +1600,64 @@ def evaluate_with_scale(p: Poly, env, memo: dict | None = None) -> tuple[float, 
             total += v
             scale += abs(v)
     return float(total), float(scale)
+
+
+class Perturbations:
+    """`evaluate_with_scale` of one polynomial at a base point and then at points that move
+    a few symbols each: only the monomials that depend on the moved symbols are evaluated
+    again (the prover's culprit search moves each group of cut symbols of a residue in turn;
+    evaluating the whole residue per group was quadratic in its size)."""
+
+    def __init__(self, p: Poly, env: dict[int, float]):
+        self.p, self.env = p, env
+        self.monomials = list(p.terms.items())
+        self.values: list[float] = []
+        self.by_sym: dict[int, list[int]] = {}
+        memo: dict = {}
+        self.atom_values: dict[int, float] = {}
+        with np.errstate(all="ignore"):
+            for i, (m, c) in enumerate(self.monomials):
+                v = np.float64(float(c))
+                for aid, e in m:
+                    x = self.atom_values.get(aid)
+                    if x is None:
+                        x = self.atom_values[aid] = _eval_atom(ATOM_BY_ID[aid], env, memo)
+                    v *= np.float64(x) ** e
+                    for sym in ATOM_BY_ID[aid].syms:
+                        self.by_sym.setdefault(sym, []).append(i)
+                self.values.append(float(v))
+        self.total = math.fsum(self.values)
+        self.scale = math.fsum(abs(v) for v in self.values)
+        # where the domain is partial, or a base value is not finite, every point is
+        # evaluated whole (an infinity moved away does not cancel by subtraction)
+        self.whole = p.dom is not TRUE or bool(p.inf) or not math.isfinite(self.total + self.scale)
+
+    def at(self, moved: dict[int, float]) -> tuple[float, float]:
+        """Value and scale of the polynomial with the symbols in `moved` at their new values."""
+        env = dict(self.env)
+        env.update(moved)
+        if self.whole:
+            return evaluate_with_scale(self.p, env)
+        touched = sorted({i for sym in moved for i in self.by_sym.get(sym, ())})
+        if not touched:
+            return self.total, self.scale
+        memo: dict = {}
+        new: list[float] = []
+        with np.errstate(all="ignore"):
+            for i in touched:
+                m, c = self.monomials[i]
+                v = np.float64(float(c))
+                for aid, e in m:
+                    a = ATOM_BY_ID[aid]
+                    x = self.atom_values[aid] if a.syms.isdisjoint(moved) else None
+                    if x is None:
+                        x = _eval_atom(a, env, memo)
+                    v *= np.float64(x) ** e
+                new.append(float(v))
+        old = [self.values[i] for i in touched]
+        total = math.fsum([self.total, *new, *(-v for v in old)])
+        scale = math.fsum([self.scale, *(abs(v) for v in new), *(-abs(v) for v in old)])
+        return total, scale
 
 
 def _eval_atom(a: Atom, env, memo) -> float:
