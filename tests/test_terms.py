@@ -260,3 +260,13 @@ def test_symbols_of_a_large_polynomial() -> None:
     xs = [T.symbol(f"s{i}") for i in range(300)]
     p = T.sum_of([T.mul(u, v) for u, v in zip(xs, xs[1:], strict=False)])
     assert p.syms == frozenset(_atom_id(s) for s in xs)
+
+
+def test_perturbations_evaluate_quietly(recwarn) -> None:
+    # a square root of a negative value is nan, as in the whole evaluation: no warning
+    a = T.symbol("a")
+    p = T.add(T.fn("sqrt", a), T.const(1.0))
+    env = {_atom_id(a): -4.0}
+    val, _ = T.Perturbations(p, env).at({_atom_id(a): -1.0})
+    assert math.isnan(val)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

@@ -1629,10 +1629,11 @@ class Perturbations:
                 self.index[i, j], self.power[i, j] = slots[aid], e
         self.coef = np.array([float(c) for _, c in monomials], dtype=np.float64)
         memo: dict = {}
-        self.atom_values = np.array(
-            [_eval_atom(ATOM_BY_ID[aid], env, memo) for aid in self.atoms] + [1.0],
-            dtype=np.float64,
-        )
+        with np.errstate(all="ignore"):  # as evaluate_with_scale: sqrt(-1) is nan, silently
+            self.atom_values = np.array(
+                [_eval_atom(ATOM_BY_ID[aid], env, memo) for aid in self.atoms] + [1.0],
+                dtype=np.float64,
+            )
         self.slots_of_sym: dict[int, list[int]] = {}
         for k, aid in enumerate(self.atoms):
             for sym in ATOM_BY_ID[aid].syms:
@@ -1657,8 +1658,9 @@ class Perturbations:
             return self.total, self.scale
         values = self.atom_values.copy()
         memo: dict = {}
-        for k in hit:
-            values[k] = _eval_atom(ATOM_BY_ID[self.atoms[k]], env, memo)
+        with np.errstate(all="ignore"):
+            for k in hit:
+                values[k] = _eval_atom(ATOM_BY_ID[self.atoms[k]], env, memo)
         return self._sum(values)
 
 
