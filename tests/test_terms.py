@@ -270,3 +270,15 @@ def test_perturbations_evaluate_quietly(recwarn) -> None:
     val, _ = T.Perturbations(p, env).at({_atom_id(a): -1.0})
     assert math.isnan(val)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_perturbations_with_high_powers() -> None:
+    # powers above 4 are raised with np.power, smaller ones multiplied out: both as whole
+    a, b = T.symbol("a"), T.symbol("b")
+    for p in (T.add(T.power_int(a, 6), T.mul(a, b)), T.add(T.power_int(a, 3), T.mul(a, b))):
+        env = {_atom_id(a): 1.1, _atom_id(b): -0.7}
+        points = T.Perturbations(p, env)
+        moved = {_atom_id(a): 0.3}
+        assert points.at(moved) == pytest.approx(T.evaluate_with_scale(p, env | moved))
+    assert T.Perturbations(T.power_int(a, 6), {_atom_id(a): 1.0}).factors is None
+    assert T.Perturbations(T.power_int(a, 3), {_atom_id(a): 1.0}).factors is not None
