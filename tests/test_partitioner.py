@@ -33,3 +33,25 @@ def test_megatron_mlp_is_partitioned_with_its_layouts() -> None:
     per_device = tv_ir.load(p.per_device_hlo)
     assert [t.shape for t in per_device.main.arg_types] == [(4, 16), (16, 8), (8, 16)]
     assert any(op.name == "stablehlo.all_reduce" for op in per_device.main.body.ops)
+
+
+def test_entry_shardings_read_from_the_module_before_partitioning(tmp_path) -> None:
+    # when XLA:CPU cannot compile the partitioned program (ragged_all_to_all), the layouts
+    # are read from the partitioner's input; they are the executable's, tuple results too
+    from tv_ir.xla.partitioner import entry_shardings
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("a", "b"))
+
+    def s(*spec):
+        return NamedSharding(mesh, P(*spec))
+
+    f = jax.jit(
+        lambda x, y: ((x @ y).sum(0), x * 2, y.T),
+        in_shardings=(s("a", "b"), s("b", None)),
+        out_shardings=(s("a"), s(None, "b"), s()),
+    )
+    args = [np.ones((8, 4), np.float32), np.ones((4, 8), np.float32)]
+    p = partition(f.lower(*args).as_text(), pass_dumps=str(tmp_path))
+    (before,) = tmp_path.glob("*before_spmd-partitioning*.txt")
+    assert entry_shardings(before.read_text()) == (p.arg_shardings, p.out_shardings)
+    assert len(p.out_shardings) == 3

@@ -96,3 +96,29 @@ def test_a_single_device_reading_needs_spmd_execution() -> None:
     ragged = next(op for op in body.regions[0].block.ops if op.name == "mhlo.ragged_all_to_all")
     with pytest.raises(Unsupported, match="needs SPMD execution"):
         tv_ir.semantics.ops.lookup(ragged.name)
+
+
+def test_xla_partitions_a_step_the_cpu_backend_cannot_compile() -> None:
+    # XLA:CPU partitions a jit holding a ragged_all_to_all, then fails to emit code for it:
+    # tv proves the partitioned program from the partitioner's output (was BadInput)
+    from jax.sharding import NamedSharding
+    from tv_ir.frontends.jax import verify
+
+    sharded = NamedSharding(MESH, P("x"))
+
+    @partial(jax.shard_map, mesh=MESH, in_specs=SPECS[:2], out_specs=P("x"))
+    def exchange(operand, output):
+        me = jax.lax.axis_index("x")
+        pick = [
+            jax.numpy.asarray(v, np.int32)[me]
+            for v in ([[0, 1], [0, 1]], [[1, 2], [1, 1]], [[0, 0], [1, 2]], [[1, 1], [2, 1]])
+        ]
+        return jax.lax.ragged_all_to_all(operand, output, *pick, axis_name="x")
+
+    step = jax.jit(
+        lambda a, b: exchange(a * 2, b) + 1,
+        in_shardings=(sharded, sharded),
+        out_shardings=sharded,
+    )
+    r = verify(step, np.zeros(6, np.float32), np.zeros(8, np.float32), time_limit=120)
+    assert r.verdict == "equivalent", r

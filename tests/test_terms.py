@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,3 +216,69 @@ def test_a_clip_by_a_norm_is_defined_wherever_its_gradient_is() -> None:
     nonpositive = T.compare("LE", norm, T.ZERO)
     nonzero = T.logical_not(T.compare("EQ", norm, T.ZERO))
     assert T.logical_and(nonpositive, nonzero) is not nonpositive
+
+
+def _atom_id(p: T.Poly) -> int:
+    return T.as_atom(p).id
+
+
+def test_perturbations_agree_with_evaluating_whole() -> None:
+    # the culprit search moves one group of symbols at a time; re-evaluating only the
+    # monomials that depend on the moved symbols gives the whole evaluation's value and scale
+    a, b, c, d = (T.symbol(n) for n in "abcd")
+    p = T.sum_of(
+        [
+            T.mul(a, b),
+            T.scale(T.mul(c, c), 3),
+            T.fn("exp", T.add(a, d)),  # a nested atom that depends on a
+            T.mul(T.maximum([b, d]), c),
+            T.const(2.5),
+        ]
+    )
+    env = {_atom_id(s): v for s, v in zip((a, b, c, d), (0.5, -1.25, 2.0, 0.75), strict=True)}
+    points = T.Perturbations(p, env)
+    assert not points.whole
+    assert points.at({}) == pytest.approx(T.evaluate_with_scale(p, env))
+    for moved in ({_atom_id(a): 3.0}, {_atom_id(d): -2.0}, {_atom_id(b): 1.5, _atom_id(c): 0.1}):
+        whole = T.evaluate_with_scale(p, env | moved)
+        assert points.at(moved) == pytest.approx(whole, rel=1e-12)
+    # a symbol no monomial reads moves nothing
+    assert points.at({_atom_id(T.symbol("unused")): 9.0}) == (points.total, points.scale)
+
+
+def test_perturbations_of_a_partial_polynomial_are_evaluated_whole() -> None:
+    a, b = T.symbol("a"), T.symbol("b")
+    p = T.div(a, b)  # defined where b != 0
+    env = {_atom_id(a): 1.0, _atom_id(b): 2.0}
+    points = T.Perturbations(p, env)
+    assert points.whole
+    val, scale = points.at({_atom_id(b): 0.0})
+    assert math.isnan(val) and scale == math.inf
+
+
+def test_symbols_of_a_large_polynomial() -> None:
+    xs = [T.symbol(f"s{i}") for i in range(300)]
+    p = T.sum_of([T.mul(u, v) for u, v in zip(xs, xs[1:], strict=False)])
+    assert p.syms == frozenset(_atom_id(s) for s in xs)
+
+
+def test_perturbations_evaluate_quietly(recwarn) -> None:
+    # a square root of a negative value is nan, as in the whole evaluation: no warning
+    a = T.symbol("a")
+    p = T.add(T.fn("sqrt", a), T.const(1.0))
+    env = {_atom_id(a): -4.0}
+    val, _ = T.Perturbations(p, env).at({_atom_id(a): -1.0})
+    assert math.isnan(val)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_perturbations_with_high_powers() -> None:
+    # powers above 4 are raised with np.power, smaller ones multiplied out: both as whole
+    a, b = T.symbol("a"), T.symbol("b")
+    for p in (T.add(T.power_int(a, 6), T.mul(a, b)), T.add(T.power_int(a, 3), T.mul(a, b))):
+        env = {_atom_id(a): 1.1, _atom_id(b): -0.7}
+        points = T.Perturbations(p, env)
+        moved = {_atom_id(a): 0.3}
+        assert points.at(moved) == pytest.approx(T.evaluate_with_scale(p, env | moved))
+    assert T.Perturbations(T.power_int(a, 6), {_atom_id(a): 1.0}).factors is None
+    assert T.Perturbations(T.power_int(a, 3), {_atom_id(a): 1.0}).factors is not None

@@ -825,12 +825,17 @@ class StageProver:
                 flagged.update(pending)
                 continue
             base = {aid: self._sim_value(aid) for aid in syms}
+            try:
+                points = T.Perturbations(w, base)
+            except (ValueError, ZeroDivisionError, OverflowError, TvError):
+                points = None  # the base point itself fails: every group is evaluated whole
             for g in pending:
-                env = dict(base)
-                for aid in groups[g]:
-                    env[aid] = base[aid] * 1.7 + float(rng.standard_normal())
+                moved = {aid: base[aid] * 1.7 + float(rng.standard_normal()) for aid in groups[g]}
                 try:
-                    val, scale = T.evaluate_with_scale(w, env)
+                    if points is None:
+                        val, scale = T.evaluate_with_scale(w, base | moved)
+                    else:
+                        val, scale = points.at(moved)
                 except (ValueError, ZeroDivisionError, OverflowError, TvError):
                     flagged.add(g)
                     continue

@@ -105,6 +105,8 @@ def partition(
             env_options_overrides={
                 "xla_dump_to": dump,
                 "xla_dump_hlo_pass_re": ".*" if pass_dumps else "spmd-partitioning",
+                # the module before partitioning carries the argument and result
+                # shardings, read from it when the CPU backend cannot compile the program
                 # without it XLA prints constants of more than a few elements as `{...}`
                 "xla_dump_large_constants": True,
                 **({} if propagate else {"xla_disable_hlo_passes": "sharding-propagation"}),
@@ -118,16 +120,26 @@ def partition(
         if "sdy." not in text:
             opts.executable_build_options.use_shardy_partitioner = False
         t0 = time.perf_counter()
+        exe, failure = None, None
         try:
             exe = devs[0].client.compile_and_load(text, xc.DeviceList(tuple(devs)), opts)
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise BadInput(f"XLA could not partition the module: {first}") from None
+            failure = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         seconds = time.perf_counter() - t0
         files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
+        if failure is not None and (pass_dumps or not files):
+            raise BadInput(f"XLA could not partition the module: {failure}")
         if not files and not pass_dumps:
             raise BadInput("XLA ran no SPMD partitioning on this module (no shardings?)")
         hlo = open(files[0]).read() if files else ""
+        if exe is None:
+            # partitioned, then the CPU backend failed (ops it cannot run, such as
+            # ragged_all_to_all): the layouts are the partitioner input's annotations
+            before = glob.glob(os.path.join(dump, "*before_spmd-partitioning*.txt"))
+            if not before:
+                raise BadInput(f"XLA could not partition the module: {failure}")
+            args, outs = entry_shardings(open(before[0]).read())
+            return Partitioned(hlo, n, 1, args, outs, seconds, None, None)
         stablehlo = None
         if as_stablehlo:
             with open(files[0].removesuffix(".txt") + ".hlo.pb", "rb") as f:
@@ -135,6 +147,52 @@ def partition(
     args = [str(xc.HloSharding.from_proto(s)) for s in exe.get_parameter_shardings()]
     outs = [str(xc.HloSharding.from_proto(s)) for s in exe.get_output_shardings()]
     return Partitioned(hlo, n, 1, args, outs, seconds, exe, stablehlo)
+
+
+def entry_shardings(hlo_text: str) -> tuple[list[str], list[str]]:
+    """The `sharding=` of each entry parameter and of each result (a tuple root's elements)
+    in an HLO module's text, as `HloSharding` strings."""
+    entry = hlo_text[hlo_text.index("\nENTRY ") :]
+    params: dict[int, str] = {}
+    outs: list[str] = []
+    for line in entry.splitlines()[1:]:
+        line = line.strip()
+        if line == "}":
+            break
+        m = re.search(r"\bparameter\((\d+)\)", line)
+        root = line.startswith("ROOT ")
+        if not (m or root):
+            continue
+        at = line.find("sharding={")
+        if at < 0:
+            raise BadInput(f"entry {'result' if root else 'parameter'} without a sharding")
+        sharding = _braced(line, at + len("sharding="))
+        if m:
+            params[int(m.group(1))] = sharding
+        else:
+            inner = sharding[1:-1].strip()
+            outs = _top_level_items(inner) if inner.startswith("{") else [sharding]
+    return [params[i] for i in range(len(params))], outs
+
+
+def _braced(text: str, start: int) -> str:
+    """The balanced `{...}` starting at `text[start]`."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start : i + 1]
+    raise BadInput("unbalanced braces in a sharding")
+
+
+def _top_level_items(inner: str) -> list[str]:
+    """The `{...}` items of a tuple sharding's body, `{a}, {b}` -> [`{a}`, `{b}`]."""
+    items, at = [], inner.find("{")
+    while at >= 0:
+        item = _braced(inner, at)
+        items.append(item)
+        at = inner.find("{", at + len(item))
+    return items
 
 
 def _stablehlo_of_hlo_proto_dump(data: bytes) -> str:
