@@ -406,13 +406,15 @@ def _unrolled(module: Module) -> Module:
     """`module` with its fixed-trip loops unrolled (what `prepare` does by default)."""
     from tv_ir.passes import run_pipeline
 
+    from .passes import stack_writes
     from .passes.unroll import unroll_static_loops
 
     if not any(op.name == "stablehlo.while" for op in walk(module.main.body)):
         return module
     module = unroll_static_loops(module)
     check_time()
-    return run_pipeline(module)  # unrolled loop bodies bring their calls to the top level
+    module = run_pipeline(module)  # unrolled loop bodies bring their calls to the top level
+    return stack_writes.run(module)  # a stack written layer by layer: no copy per layer
 
 
 def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes):
