@@ -316,8 +316,8 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
 
     from .passes.inline_calls import run_in_loops
     from .prover.real_size import (
+        LAYER_WITNESS_LIMIT,
         REPLAY_LIMIT,
-        WITNESS_LIMIT,
         differs_on_random_inputs,
         replay_blown_up,
     )
@@ -358,7 +358,7 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
                 w_spec, w_impl, w_place = w.build()
             except Exception as e:  # shapes an op forbids: this check cannot be made
                 return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
-            if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
+            if elements(w_spec) + elements(w_impl) > LAYER_WITNESS_LIMIT:
                 return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
             # one run: random inputs show a difference of these small programs, or none is
             # there to show (the real layer count unrolled costs what depth costs)
