@@ -332,7 +332,7 @@ def pipeline_loss(params, batch, cfg: Config, bug: str | None):
         x, i = carry
         y = scanned_layer(x, p)
         hit = (stage == bug_stage) & (i == bug_local)
-        y = jnp.where(hit, 2 * y - x, y)  # BUG: one_layer: layer K's update added twice
+        y = jnp.where(hit, y + (y - x), y)  # BUG: one_layer: layer K's update added twice
         return (y, i + 1), None
 
     def stage_layers(x):

@@ -237,10 +237,13 @@ def _check(
         # tables stood for any values: a difference may need the table's own values
         note = "with constant tables standing for any values the verdict was "
         note += f"{report.verdict}; checked again with the tables kept"
+        generalised = (reduction, report)
+        walk_below = LOCATE_GROWTH * reduction.reduced_elements if reduction.reduced else None
         reduction, report, _, mesh = _reduce_and_prove(
-            real, True, False, t0, Options(timeout, seed, progress, None), plan
+            real, True, False, t0, Options(timeout, seed, progress, None), plan, walk_below
         )
         report.notes.append(note)
+        _locate_on_generalised(report, *generalised)
     whole_mesh = real
     if mesh is not None:  # the real sizes on the reduced mesh: what replays and confirms
         real = (mesh.spec, mesh.impl, _replicated(mesh))
@@ -296,6 +299,31 @@ def _check(
     report.spec_name = spec_m.source
     report.impl_name = impl_m.source
     return report
+
+
+def _locate_on_generalised(report: Report, reduction, first: Report) -> None:
+    """A refutation with the tables kept whose diverging op was not found (the walk ran out
+    of time or memory on the larger pair, or was not made: LOCATE_GROWTH) gets the op where
+    the pair with tables standing for any values parts ways on its own counterexample: the
+    same ops and source lines, a smaller pair. Said in a note: that difference may need
+    table values the real programs do not hold, so the op is a lead, not a proof."""
+    loc = report.location
+    if report.verdict != NOT_EQUIVALENT or (loc is not None and loc.impl is not None):
+        return
+    if first.verdict != NOT_EQUIVALENT or first.counterexample is None or not reduction.reduced:
+        return
+    from .prover.localise import refutation
+
+    why = loc.note if loc is not None else "not searched"
+    inputs = list(first.counterexample.inputs.values())
+    found = refutation(reduction.spec, reduction.impl, reduction.placement, inputs)
+    if found is None or found[1] is None or found[1].impl is None:
+        return
+    report.location = found[1]
+    report.notes.append(
+        "the diverging op was found on the pair with the constant tables standing for any "
+        f"values, on its counterexample (same ops and source lines); with the tables kept: {why}"
+    )
 
 
 def _has_loops(*modules: Module) -> bool:
@@ -525,11 +553,19 @@ def _replicated(mesh):
 
 
 def _reduce_and_prove(
-    real, reduce_shapes: bool, tables: bool, t0: float, options: Options, mesh=None
+    real,
+    reduce_shapes: bool,
+    tables: bool,
+    t0: float,
+    options: Options,
+    mesh=None,
+    walk_below: int | None = None,
 ):
     """(reduction or None, report at the reduced shapes, seconds from t0 to the proof, the
     mesh reduction used or None). Shapes shrink first, on the real mesh; the shape-reduced
-    pair then shrinks its mesh to `mesh`'s sizes (constants unchanged both times)."""
+    pair then shrinks its mesh to `mesh`'s sizes (constants unchanged both times). A reduced
+    pair of `walk_below` elements or more is not walked to localise a refutation (the
+    caller looks on a smaller pair)."""
     spec_m, impl_m, placement = real
     reduction = None
     if reduce_shapes:
@@ -569,14 +605,24 @@ def _reduce_and_prove(
     if left is not None and left <= 0:
         raise OutOfTime(time_limit_reason("while importing"))
     options = dataclasses.replace(options, time_limit=left)
-    if reduction is not None and reduction.tables:
+    too_large = walk_below is not None and reduction is not None and reduction.reduced
+    too_large = too_large and reduction.reduced_elements >= walk_below
+    if reduction is not None and (reduction.tables or too_large):
         # a verdict other than `equivalent` is checked again with the tables kept (`_check`):
-        # a refutation here is replayed, but where it parts ways would be thrown away
+        # a refutation here is replayed, but where it parts ways would be thrown away; or the
+        # pair with tables kept is too large to walk (looked for on the other, `_check`)
         from .prover.localise import without_location
 
         with without_location():
             return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
     return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
+
+
+# a pair with its constant tables kept more than this many times larger than with them
+# standing for any values is not walked for the diverging op (its walk would hold an index
+# of every tile of every value: the 405B-shaped step at 126 layers, 17.5 million elements
+# against 0.85 million, ran out of memory there); the smaller pair's walk names it
+LOCATE_GROWTH = 10
 
 
 def _simulated(spec: Module, impl: Module, devices: int) -> int:
