@@ -318,6 +318,12 @@ def _locate_on_generalised(report: Report, reduction, first: Report) -> None:
     inputs = list(first.counterexample.inputs.values())
     found = refutation(reduction.spec, reduction.impl, reduction.placement, inputs)
     if found is None or found[1] is None or found[1].impl is None:
+        note = found[1].note if found is not None and found[1] is not None else ""
+        report.notes.append(
+            "the diverging op was looked for on the pair with the constant tables standing "
+            f"for any values too, and not found there either{': ' + note if note else ''} "
+            f"(with the tables kept: {why})"
+        )
         return
     report.location = found[1]
     report.notes.append(
