@@ -2,7 +2,8 @@
 with Megatron sequence parallelism, as one `jax.shard_map` (issue #10's last done-when row).
 
     python bench/llama405b.py [--layers 2] [--toy] [--optimizer sgd] [--batch B] [--bug NAME]
-                              [--time-limit S] [--memory-limit MB] [--witness-per-class]
+                              [--stack scan] [--bug-layer K] [--time-limit S]
+                              [--memory-limit MB] [--witness-per-class]
 
 The model is bench/llama3.py's decoder (RMSNorm, RoPE, causal softmax attention, SwiGLU, a
 cross-entropy head on one-hot targets) with Llama 3 405B's sizes: hidden 16384, 128 query
@@ -61,6 +62,8 @@ BUGS = {
     "sp_gather": "attention's sequence all-gather over 'model' is skipped on the last layer "
     "of each stage: each rank attends within its own sequence shard",
     "adam_bias": "AdamW's second-moment bias correction uses beta1",
+    "one_layer": "one layer (global layer `bug_layer`, 17 by default) adds its update to the "
+    "residual twice (`--stack scan`: the scanned layer carries its index)",
 }
 
 
@@ -87,6 +90,10 @@ class Config:
     eps: float = 1e-5  # RMSNorm
     optimizer: str = "adamw"  # or "sgd" (no state used)
     rope_theta: float = 500000.0
+    # how the layers are written (bench/llama3.py STACKS): a Python for over `w[i]`, or
+    # `jax.lax.scan` over the stacked weights (spec and each pipeline stage alike)
+    stack: str = "for"
+    bug_layer: int = 17  # the global layer the "one_layer" bug is planted in (if it exists)
 
     @property
     def head_dim(self) -> int:
@@ -108,6 +115,8 @@ class Config:
         assert self.hidden % self.fsdp == 0 and self.ffn % self.fsdp == 0, "FSDP split"
         assert self.layers % self.pp == 0, "layers split evenly over the stages"
         assert self.batch % (self.dp * self.fsdp * self.micro) == 0, "micro-batches"
+        assert self.stack in base.STACKS, f"stack: one of {sorted(base.STACKS)}"
+        assert 0 <= self.bug_layer, "the one_layer bug's layer"
         return self
 
     @property
@@ -119,6 +128,7 @@ class Config:
             f"L{self.layers} h{self.hidden} H{self.heads}/{self.kv_heads} f{self.ffn} "
             f"v{self.vocab} s{self.seq} b{self.batch} "
             f"dp{self.dp}fsdp{self.fsdp}pp{self.pp}tp{self.tp}m{self.micro}"
+            + ("" if self.stack == "for" else f" {self.stack}")
         )
 
 
@@ -207,8 +217,11 @@ def block(x, p, tables, cfg: Config, enter=base._same, leave=base._same, bug=Non
 def loss_fn(params, batch, cfg: Config, bug=None):
     tables = (*base.rope_tables(cfg), base.causal_mask(cfg))
     x = batch["x"]
-    for i in range(cfg.layers):
-        x = block(x, base.layer(params, i), tables, cfg, bug=bug)
+    if cfg.stack == "scan":
+        x = base.scanned(x, params["layers"], lambda h, p: block(h, p, tables, cfg, bug=bug))
+    else:
+        for i in range(cfg.layers):
+            x = block(x, base.layer(params, i), tables, cfg, bug=bug)
     return base.cross_entropy(params, x, batch["targets"], cfg)
 
 
@@ -309,7 +322,26 @@ def pipeline_loss(params, batch, cfg: Config, bug: str | None):
     layer_specs = {k: P(*s[1:]) for k, s in specs.items()}
     head = gather_fsdp(params["head"], param_specs(cfg)["head"])
 
+    def scanned_layer(x, p):
+        p = {k: gather_fsdp(w, layer_specs[k]) for k, w in p.items()}  # FSDP: per layer
+        return block(x, p, tables, cfg, sp_enter, sp_leave, bug)
+
+    bug_stage, bug_local = divmod(cfg.bug_layer, per_stage)
+
+    def counted_layer(carry, p):  # the scanned layer with its index i in this stage
+        x, i = carry
+        y = scanned_layer(x, p)
+        hit = (stage == bug_stage) & (i == bug_local)
+        y = jnp.where(hit, y + (y - x), y)  # BUG: one_layer: layer K's update added twice
+        return (y, i + 1), None
+
     def stage_layers(x):
+        if cfg.stack == "scan":  # this stage's layers (the local slice of the stack)
+            if bug == "one_layer":
+                (x, _), _ = jax.lax.scan(counted_layer, (x, 0), params["layers"])
+                return x
+            return base.scanned(x, params["layers"], scanned_layer)
+        assert bug != "one_layer", "one_layer: with --stack scan"
         for i in range(per_stage):
             p = base.layer(params, i)
             p = {k: gather_fsdp(w, layer_specs[k]) for k, w in p.items()}
@@ -389,6 +421,10 @@ def main() -> None:
     ap.add_argument("--bug", choices=sorted(BUGS))
     ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     ap.add_argument("--batch", type=int, help="global batch (default 8)")
+    ap.add_argument("--bug-layer", type=int, default=17, help="the one_layer bug's layer")
+    ap.add_argument(
+        "--stack", choices=sorted(base.STACKS), default="for", help="how the layers are written"
+    )
     ap.add_argument("--time-limit", type=float, default=600)
     ap.add_argument("--memory-limit", type=float, default=6000)
     ap.add_argument("--no-reduce", action="store_true")
@@ -404,7 +440,8 @@ def main() -> None:
         shape_reduction.WITNESS_GROUPS = False
     from tv_ir.frontends.jax import verify
 
-    cfg = with_(TOY if a.toy else LLAMA_405B, layers=a.layers, optimizer=a.optimizer)
+    cfg = with_(TOY if a.toy else LLAMA_405B, layers=a.layers, optimizer=a.optimizer, stack=a.stack)
+    cfg = with_(cfg, bug_layer=min(a.bug_layer, cfg.layers - 1))
     if a.batch:
         cfg = with_(cfg, batch=a.batch)
     t0 = time.perf_counter()

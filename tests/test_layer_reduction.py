@@ -5,6 +5,8 @@ real count too."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -67,14 +69,57 @@ def test_scan_layers_shrink_with_their_stack():
     assert [(n, k) for _, n, k in loops] == [(8, 2)] * 4
 
 
-def test_a_layer_dependent_branch_keeps_the_count():
-    def branchy(c, wi, w):
-        return c, None
+def singled_out_loss(w, x):
+    def body(carry, wi):
+        c, i = carry
+        c = jnp.where(i == 3, -c, c) @ wi  # layer 3 differs
+        return (c, i + 1), None
 
+    (y, _), _ = jax.lax.scan(body, (x, 0), w)
+    return jnp.sum(y)
+
+
+def test_a_singled_out_layer_shrinks_but_is_not_proved_from_fewer_layers():
+    """`where(i == 3, ...)` on a carried counter: the count shrinks (for refutations), the
+    layers are said not to be one function repeated, and the pair is proved unrolled."""
+    text = lower(singled_out_loss, sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    spec = run_in_loops(prepare(text, "spec", unroll=False))
+    impl = run_in_loops(prepare(text, "impl", unroll=False))
+    red = reduce_pair(spec, impl, Placement.from_module(spec.main, impl))
+    assert [(n, k) for _, n, k in red.layer_loops] == [(8, 2)] * 2
+    assert red.singled_out and "compares its layer index with 3" in red.singled_out[0]
+
+
+def residual_at_layer(k: int):
+    """`scanned(dense)` with a residual added at layer k (the layer counted in the carry)."""
+
+    def f(w, x):
+        def body(carry, wi):
+            c, i = carry
+            y = dense(c, wi, w)
+            return (jnp.where(i == k, y + c, y), i + 1), None
+
+        (y, _), _ = jax.lax.scan(body, (x, 0), w)
+        return y
+
+    return f
+
+
+def test_equal_pipelines_singling_out_a_layer_are_proved_unrolled():
+    """Spec and pipeline both add a residual at layer 5 of 8: proved at fewer layers, which
+    says nothing here, so the proof is made with the loops unrolled."""
+    args = (sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    spec, impl = lower(residual_at_layer(5), *args), lower(one_layer_bug(1, 1), *args)
+    report = tv_ir.check(spec, impl, **LIMITS)
+    assert report.verdict == "equivalent", report.reason
+    assert "proved at fewer layers, but not used" in str(report.notes), report.notes
+
+
+def test_a_counter_compared_by_order_keeps_the_count():
     def loss(w, x):
         def body(carry, wi):
             c, i = carry
-            c = jnp.where(i == 3, -c, c) @ wi  # layer 3 differs: the counter is data here
+            c = jnp.where(i < 3, -c, c) @ wi  # the first 3 layers differ: not one layer
             return (c, i + 1), None
 
         (y, _), _ = jax.lax.scan(body, (x, 0), w)
@@ -236,3 +281,46 @@ def test_scanned_stack_reading_its_first_layer_everywhere_is_refuted():
     report = tv_ir.check(spec, impl, **LIMITS)
     assert report.verdict == "not_equivalent", report.reason
     assert "refuted with the layer loops at fewer layers" in str(report.notes), report.notes
+
+
+def one_layer_bug(bad_stage: int, bad_local: int):
+    """`pipelined(dense)` with one layer (local layer `bad_local` of stage `bad_stage`)
+    adding a residual: the scanned layer carries its index."""
+    mesh = Mesh(np.array(jax.devices()[:STAGES]), ("stage",))
+
+    def body(w_local, x):
+        stage = jax.lax.axis_index("stage")
+
+        def layer(carry, wi):
+            c, i = carry
+            y = dense(c, wi, w_local)
+            y = jnp.where((stage == bad_stage) & (i == bad_local), y + c, y)  # BUG: one layer
+            return (y, i + 1), None
+
+        (h0, _), _ = jax.lax.scan(layer, (x, 0), w_local)
+        h = jax.lax.ppermute(h0, "stage", [(0, 1)])
+        (h1, _), _ = jax.lax.scan(layer, (h, 0), w_local)
+        return jax.lax.psum(jnp.where(stage == STAGES - 1, h1, 0.0), "stage")
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P("stage"), P()), out_specs=P(), check_vma=False
+    )
+
+
+@pytest.mark.parametrize("at_scale", [False, True])
+def test_a_bug_in_one_pipelined_layer_is_refuted_at_fewer_layers(at_scale, monkeypatch):
+    """Layer 13 of 16 (stage 1's local layer 5 of 8): refuted with 2 layers per stage (the
+    marker `i == 5` read as 5 // 4 = 1, the reduced layer standing for layers 4-7), replayed
+    at the real layer count, and located at the `where`. At scale (the real programs
+    treated as too large to run) the run at the real layer count shows it."""
+    if at_scale:
+        monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
+    args = (sds(16, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    report = tv_ir.check(lower(scanned(dense), *args), lower(one_layer_bug(1, 5), *args), **LIMITS)
+    assert report.verdict == "not_equivalent", report.reason
+    assert "refuted with the layer loops at fewer layers" in str(report.notes), report.notes
+    trips = {(d["real"], d["reduced"]) for d in report.reduction["layer_loops"]}
+    assert trips == {(16, 4), (8, 2)}
+    lines = Path(__file__).read_text().splitlines()
+    bug_line = next(n for n, t in enumerate(lines, 1) if t.rstrip().endswith("# BUG: one layer"))
+    assert (report.location.file, report.location.line) == (__file__, bug_line), report.location

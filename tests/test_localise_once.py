@@ -74,3 +74,24 @@ def test_refutation_without_location_keeps_the_counterexample(walks) -> None:
     ce, loc, _ = localise.refutation(s, i, place, inputs)
     assert loc is not None and loc.impl is not None
     assert len(walks) == 1
+
+
+def test_a_tables_kept_pair_too_large_to_walk_is_located_on_the_generalised_one(
+    walks, monkeypatch
+) -> None:
+    """With tables kept the pair is larger (here any growth is too much): it is not walked,
+    and the op comes from the walk of the pair with tables standing for any values, on its
+    own counterexample, said in a note (the 405B-shaped step at 126 layers: 17.5 million
+    elements against 0.85 million, the walk out of memory)."""
+    import tv_ir.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "LOCATE_GROWTH", 0)
+    x = jax.ShapeDtypeStruct((T, D), jnp.float32)
+    report = verify(buggy, x, spec=spec)
+    assert report.verdict == "not_equivalent", str(report)
+    assert any("found on the pair with the constant tables" in n for n in report.notes), str(report)
+    site = report.location.impl
+    lines = Path(__file__).read_text().splitlines()
+    line = next(k for k, s in enumerate(lines, 1) if "# BUG:" in s)
+    assert (Path(site.file).name, site.line) == (Path(__file__).name, line), str(report)
+    assert len(walks) == 1  # the generalised pair's only

@@ -250,10 +250,13 @@ def _check(
         # tables stood for any values: a difference may need the table's own values
         note = "with constant tables standing for any values the verdict was "
         note += f"{report.verdict}; checked again with the tables kept"
+        generalised = (reduction, report)
+        walk_below = LOCATE_GROWTH * reduction.reduced_elements if reduction.reduced else None
         reduction, report, _, mesh = _reduce_and_prove(
-            real, True, False, t0, Options(timeout, seed, progress, None), plan
+            real, True, False, t0, Options(timeout, seed, progress, None), plan, walk_below
         )
         report.notes.append(note)
+        _locate_on_generalised(report, *generalised)
     whole_mesh = real
     if mesh is not None:  # the real sizes on the reduced mesh: what replays and confirms
         real = (mesh.spec, mesh.impl, _replicated(mesh))
@@ -311,6 +314,37 @@ def _check(
     return report
 
 
+def _locate_on_generalised(report: Report, reduction, first: Report) -> None:
+    """A refutation with the tables kept whose diverging op was not found (the walk ran out
+    of time or memory on the larger pair, or was not made: LOCATE_GROWTH) gets the op where
+    the pair with tables standing for any values parts ways on its own counterexample: the
+    same ops and source lines, a smaller pair. Said in a note: that difference may need
+    table values the real programs do not hold, so the op is a lead, not a proof."""
+    loc = report.location
+    if report.verdict != NOT_EQUIVALENT or (loc is not None and loc.impl is not None):
+        return
+    if first.verdict != NOT_EQUIVALENT or first.counterexample is None or not reduction.reduced:
+        return
+    from .prover.localise import refutation
+
+    why = loc.note if loc is not None else "not searched"
+    inputs = list(first.counterexample.inputs.values())
+    found = refutation(reduction.spec, reduction.impl, reduction.placement, inputs)
+    if found is None or found[1] is None or found[1].impl is None:
+        note = found[1].note if found is not None and found[1] is not None else ""
+        report.notes.append(
+            "the diverging op was looked for on the pair with the constant tables standing "
+            f"for any values too, and not found there either{': ' + note if note else ''} "
+            f"(with the tables kept: {why})"
+        )
+        return
+    report.location = found[1]
+    report.notes.append(
+        "the diverging op was found on the pair with the constant tables standing for any "
+        f"values, on its counterexample (same ops and source lines); with the tables kept: {why}"
+    )
+
+
 def _has_loops(*modules: Module) -> bool:
     return any(op.name == "stablehlo.while" for m in modules for op in walk(m.main.body))
 
@@ -329,8 +363,8 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
 
     from .passes.inline_calls import run_in_loops
     from .prover.real_size import (
+        LAYER_WITNESS_LIMIT,
         REPLAY_LIMIT,
-        WITNESS_LIMIT,
         differs_on_random_inputs,
         replay_blown_up,
     )
@@ -362,13 +396,16 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     )
     t1 = time.perf_counter()
     layers = ", ".join(f"{w} {n} -> {k}" for w, n, k in red.layer_loops if k < n)
+    if report.verdict == EQUIVALENT and red.singled_out:
+        # the layers are not one function repeated: fewer of them say nothing of N
+        return f"proved at fewer layers, but not used: {'; '.join(red.singled_out)}"
     if report.verdict == EQUIVALENT:
         for w in red.layer_witnesses:
             try:
                 w_spec, w_impl, w_place = w.build()
             except Exception as e:  # shapes an op forbids: this check cannot be made
                 return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
-            if elements(w_spec) + elements(w_impl) > WITNESS_LIMIT:
+            if elements(w_spec) + elements(w_impl) > LAYER_WITNESS_LIMIT:
                 return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
             # one run: random inputs show a difference of these small programs, or none is
             # there to show (the real layer count unrolled costs what depth costs)
@@ -416,13 +453,15 @@ def _unrolled(module: Module) -> Module:
     """`module` with its fixed-trip loops unrolled (what `prepare` does by default)."""
     from tv_ir.passes import run_pipeline
 
+    from .passes import stack_writes
     from .passes.unroll import unroll_static_loops
 
     if not any(op.name == "stablehlo.while" for op in walk(module.main.body)):
         return module
     module = unroll_static_loops(module)
     check_time()
-    return run_pipeline(module)  # unrolled loop bodies bring their calls to the top level
+    module = run_pipeline(module)  # unrolled loop bodies bring their calls to the top level
+    return stack_writes.run(module)  # a stack written layer by layer: no copy per layer
 
 
 def _by_induction(spec, impl, placement, timeout, seed, progress, reduce_shapes):
@@ -533,11 +572,19 @@ def _replicated(mesh):
 
 
 def _reduce_and_prove(
-    real, reduce_shapes: bool, tables: bool, t0: float, options: Options, mesh=None
+    real,
+    reduce_shapes: bool,
+    tables: bool,
+    t0: float,
+    options: Options,
+    mesh=None,
+    walk_below: int | None = None,
 ):
     """(reduction or None, report at the reduced shapes, seconds from t0 to the proof, the
     mesh reduction used or None). Shapes shrink first, on the real mesh; the shape-reduced
-    pair then shrinks its mesh to `mesh`'s sizes (constants unchanged both times)."""
+    pair then shrinks its mesh to `mesh`'s sizes (constants unchanged both times). A reduced
+    pair of `walk_below` elements or more is not walked to localise a refutation (the
+    caller looks on a smaller pair)."""
     spec_m, impl_m, placement = real
     reduction = None
     if reduce_shapes:
@@ -577,14 +624,24 @@ def _reduce_and_prove(
     if left is not None and left <= 0:
         raise OutOfTime(time_limit_reason("while importing"))
     options = dataclasses.replace(options, time_limit=left)
-    if reduction is not None and reduction.tables:
+    too_large = walk_below is not None and reduction is not None and reduction.reduced
+    too_large = too_large and reduction.reduced_elements >= walk_below
+    if reduction is not None and (reduction.tables or too_large):
         # a verdict other than `equivalent` is checked again with the tables kept (`_check`):
-        # a refutation here is replayed, but where it parts ways would be thrown away
+        # a refutation here is replayed, but where it parts ways would be thrown away; or the
+        # pair with tables kept is too large to walk (looked for on the other, `_check`)
         from .prover.localise import without_location
 
         with without_location():
             return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
     return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
+
+
+# a pair with its constant tables kept more than this many times larger than with them
+# standing for any values is not walked for the diverging op (its walk would hold an index
+# of every tile of every value: the 405B-shaped step at 126 layers, 17.5 million elements
+# against 0.85 million, ran out of memory there); the smaller pair's walk names it
+LOCATE_GROWTH = 10
 
 
 def _simulated(spec: Module, impl: Module, devices: int) -> int:

@@ -68,6 +68,9 @@ class Reduction:
     # reduced (what is proved), and with other classes reduced, the layer counts at their
     # real values and a prime times the reduced ones (what that proof is checked against)
     fewer_layers: Witness | None = None
+    # why the shrunk layer loops' layers are not one function repeated (a layer singled out,
+    # layer_stacks.LayerLoop.singled_out): a proof at fewer layers is then not used
+    singled_out: list[str] = field(default_factory=list)
     layer_witnesses: list[Witness] = field(default_factory=list)
 
     @property
@@ -271,6 +274,8 @@ def _layer_loops(red: Reduction, d: DimClasses, factor: dict, build, rules) -> N
             red.layer_loops.append((f"loop at {loop.loop.loc}", loop.trips, loop.trips // f))
             if f > 1:
                 shrunk.add(root)
+                if loop.singled_out:
+                    red.singled_out.append(loop.singled_out)
     if not shrunk:
         return
     loops = [(n, k) for _, n, k in red.layer_loops if k < n]

@@ -7,9 +7,19 @@ from 0 to N and is used for nothing but picking one layer of a stacked value: th
 size. Such a loop is a *layer loop*: its trip count is a member of the stack dimension's
 class (a size-carrying constant), tied to every stack it indexes, so the class shrinks like
 any other and the trip count with it (the condition's bound and the `N` of a reversed index
-are read at the reduced count). Any other use of the counter (compared with a constant in
-the body, used in arithmetic, a layer-dependent branch), another integer in the loop state,
-or a condition that reads anything else keeps the loop as it is (`rules.keep_all`).
+are read at the reduced count).
+
+Two more forms are read, for refutations only (`LayerLoop.singled_out`): a counter the
+scanned function carries itself (`(h, i) -> (.., i + 1)` from 0: another integer in the
+state counting with the loop's), and the counter compared for (in)equality with a constant
+`K` (`jnp.where(i == K, ...)`: layer K singled out, a *marker*). At a reduced count
+N' = N / f the marker reads `K // f`, the reduced layer that stands for layer K (a
+counterexample blown up repeats reduced layer j over layers j*f .. j*f + f - 1). The layers
+are then not one function repeated, so a proof at fewer layers says nothing and is not used
+(pipeline._by_layer_reduction); a refutation is, once it replays at the real layer count.
+Any other use of the counter (compared with a non-constant or by order, used in arithmetic,
+a layer-dependent branch), another integer in the loop state, or a condition that reads
+anything else keeps the loop as it is (`rules.keep_all`).
 
 A layer count is not a tensor size: a trip count reduced this way is not sound by itself
 (`x = x` against `x = -x`), so the pipeline checks the pair at the real layer count, other
@@ -42,6 +52,18 @@ class LayerLoop:
     # index value id -> the stacked operand's dimension-0 reads and writes at it
     starts: set[int] = field(default_factory=set)
     stacks: list[Value] = field(default_factory=list)  # the values indexed by layer
+    # the counter compared with a constant K (op, constant operand, K): layer K singled out
+    markers: list[tuple[Op, int, int]] = field(default_factory=list)
+    aliases: list[int] = field(default_factory=list)  # state positions counting with it
+
+    @property
+    def singled_out(self) -> str | None:
+        """Why the layers are not one function repeated (a proof at fewer layers is then
+        not used), or None."""
+        why = [f"compares its layer index with {k} at {op.loc}" for op, _, k in self.markers]
+        if self.aliases:
+            why.append("carries a second layer counter")
+        return f"the loop at {self.loop.loc} " + " and ".join(why) if why else None
 
 
 def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
@@ -54,18 +76,20 @@ def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
         if (not isinstance(v.type, TensorType) or v.type.is_integer)
         and k not in invariant_integers(loop, known)
     ]
-    if len(ints) != 1 or loop.operands[ints[0]].type.shape != ():
-        return "its state holds integers other than one scalar counter and constants"
-    k = ints[0]
-    start = known.get(loop.operands[k].id)
-    if start is None or any(int(np.asarray(s).reshape(-1)[0]) != 0 for s in start):
-        return "its counter does not start at 0"
-    trips, bound = _bound(cond, k)
-    if trips is None:
-        return bound
-    counter = body.args[k]
-    out = LayerLoop(loop, k, trips, [bound])
-    affine: dict[int, tuple[int, int, list]] = {counter.id: (1, 0, [])}
+    if not ints or any(loop.operands[j].type.shape != () for j in ints):
+        return "its state holds integers other than scalar counters and constants"
+    for j in ints:
+        start = known.get(loop.operands[j].id)
+        if start is None or any(int(np.asarray(s).reshape(-1)[0]) != 0 for s in start):
+            return "its counter does not start at 0"
+    found = [(j, _bound(cond, j)) for j in ints]
+    bounded = [(j, trips, bound) for j, (trips, bound) in found if trips is not None]
+    if len(bounded) != 1:
+        return found[0][1][1] if len(ints) == 1 else "its state holds more than one counter"
+    k, trips, bound = bounded[0]
+    out = LayerLoop(loop, k, trips, [bound], aliases=[j for j in ints if j != k])
+    # every counter (the loop's and those counting with it) is i at iteration i
+    affine: dict[int, tuple[int, int, list]] = {body.args[j].id: (1, 0, []) for j in ints}
     for op in body.ops:
         hits = [j for j, v in enumerate(op.operands) if v.id in affine]
         nested = {v.id for inner in _nested(op) for v in inner.operands}
@@ -76,11 +100,11 @@ def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
         why = _index_use(op, hits, affine, out)
         if why is not None:
             return why
-    nxt = body.results[k]
-    if affine.get(nxt.id, (0, 0))[:2] != (1, 1):
-        return "its counter does not count up by one"
+    for j in ints:
+        if affine.get(body.results[j].id, (0, 0))[:2] != (1, 1):
+            return "its counter does not count up by one"
     for j, r in enumerate(body.results):
-        if j != k and r.id in affine:
+        if j not in ints and r.id in affine:
             return "its counter is carried in another position"
     if not out.stacks:
         return "it indexes no stacked value"
@@ -137,6 +161,16 @@ def _index_use(op: Op, hits: list[int], affine: dict, out: LayerLoop) -> str | N
         else:  # c - i
             a2, b2, sign = -a, c - b, 1
         affine[op.results[0].id] = (a2, b2, [*consts, (op, 1 - j, c, sign)])
+        return None
+    if name == "compare" and len(hits) == 1 and len(op.operands) == 2:
+        j = hits[0]
+        c = _constant(op.operands[1 - j])
+        direction = str(op.attrs.get("comparison_direction"))
+        if c is None or direction not in ("EQ", "NE") or affine[op.operands[j].id][:2] != (1, 0):
+            return f"its counter is compared at {op.loc} other than i == K for a constant K"
+        if not 0 <= c < n:
+            return f"its counter is compared at {op.loc} with {c}, not a layer of {n}"
+        out.markers.append((op, 1 - j, c))
         return None
     if name == "dynamic_slice" and hits == [1]:
         stack = op.operands[0]

@@ -812,6 +812,8 @@ class ShapeRules:
             n = found.trips - bias
             self.d.divides(key, n + bias)
             self.pos.rescales.append(Rescale(bop, operand, key, [n] * self.num_devices, bias))
+        for mop, operand, k in found.markers:  # layer K singled out: K // factor reduced
+            self.pos.rescales.append(Rescale(mop, operand, key, [k] * self.num_devices))
         self.pos.layer_loops.append(found)
         self.block(cond)
         self.block(body)
