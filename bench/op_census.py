@@ -273,8 +273,6 @@ def _hf_style_step():
 
 
 def _torch_programs() -> dict[str, list[str]]:
-    bench = (ROOT / "bench").resolve()
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != bench]  # bench/torch_xla.py
     sys.path.insert(0, str(ROOT / "examples" / "torch_xla"))
     import tv_ir.frontends.torch_xla  # noqa: F401, I001  (configures torch_xla first)
     import gpt_block

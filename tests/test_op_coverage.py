@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _census():
-    # loaded by path: putting bench/ on sys.path would shadow torch_xla with bench/torch_xla.py
+    # loaded by path: bench/ stays off sys.path
     spec = importlib.util.spec_from_file_location("op_census", ROOT / "bench" / "op_census.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

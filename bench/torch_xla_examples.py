@@ -1,6 +1,6 @@
 """Export + verification time of the torch_xla examples beside torch_xla's own compile time.
 
-    .venv/bin/python bench/torch_xla.py
+    .venv/bin/python bench/torch_xla_examples.py
 
 For each example: capture as StableHLO (`export`), XLA partitioning + proof (`verify`), and
 torch_xla compiling the same sharded program for its 8 CPU devices (`CompileTime` from
@@ -12,9 +12,6 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-
-# this file's name would shadow the torch_xla package: drop bench/ from the import path
-sys.path = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 import tv_ir.frontends.torch_xla as tvx  # noqa: E402, I001  (configures torch_xla first)
 
