@@ -15,9 +15,9 @@ scanned training step's residuals (forward) and stacked weight gradients (backwa
 stacks: at 6 layers most of the reduced 405B-shaped spec's elements. The rewrite is exact:
 a write of one layer at a known start in [0, N) overwrites that layer and nothing else (no
 clamping), and a read of one layer at a known start reads the last write there. Only starts
-that fold to constants (the counter of an unrolled loop: constants, add, subtract, multiply,
-convert, and the compare-and-select of a negative index's wrap-around), one layer along
-dimension 0, whole in every other dimension.
+that fold to constants through the op table (the counter of an unrolled loop, and the
+compare-and-select of a negative index's wrap-around), one layer along dimension 0, whole in
+every other dimension.
 """
 
 from __future__ import annotations
@@ -25,42 +25,28 @@ from __future__ import annotations
 import numpy as np
 
 from tv_ir.ir.program import Block, Module, Op, TensorType, Value, walk
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters.evaluator import BlockEvaluator
 
 from .inline_calls import _rename_in_regions
 
 name = "stack-writes"
-
-_FOLDED = {
-    "add": lambda a, b: a + b,
-    "subtract": lambda a, b: a - b,
-    "multiply": lambda a, b: a * b,
-    "maximum": max,
-    "minimum": min,
-}
-
-_COMPARED = {
-    "EQ": lambda a, b: a == b,
-    "NE": lambda a, b: a != b,
-    "LT": lambda a, b: a < b,
-    "LE": lambda a, b: a <= b,
-    "GT": lambda a, b: a > b,
-    "GE": lambda a, b: a >= b,
-}
 
 
 def run(module: Module) -> Module:
     """Forward layer reads of layer-by-layer written stacks in @main and its top-level
     shard_map bodies (where unrolling puts the loops' bodies)."""
     main = module.main
-    main.body = _block(main.body)
+    scalars = BlockEvaluator(module, NumpyAlgebra())  # folds the starts: the shared op table
+    main.body = _block(main.body, scalars)
     for op in main.body.ops:
         if op.name == "sdy.manual_computation":
             for region in op.regions:
-                region.block = _block(region.block)
+                region.block = _block(region.block, scalars)
     return module
 
 
-def _block(block: Block) -> Block:
+def _block(block: Block, scalars: BlockEvaluator) -> Block:
     known: dict[int, int] = {}  # value id -> a scalar integer folded from constants
     stacks: dict[int, dict[int, Value]] = {}  # stack value id -> layer -> what was written
     written_by: dict[int, Op] = {}
@@ -69,7 +55,7 @@ def _block(block: Block) -> Block:
     for op in block.ops:
         op.operands = [rename.get(v.id, v) for v in op.operands]
         _rename_in_regions(op, rename)
-        _fold(op, known)
+        _fold(op, known, scalars)
         if op.name == "stablehlo.dynamic_update_slice":
             k = _one_layer(op.operands[0], op.operands[1].type.shape, op.operands[2:], known)
             if k is not None:
@@ -160,46 +146,23 @@ def _one_layer(stack: Value, sizes, starts: list[Value], known: dict) -> int | N
     return at[0] if 0 <= at[0] < t.shape[0] else None
 
 
-def _fold(op: Op, known: dict) -> None:
-    """Record op's result when it is a scalar integer computed from known ones."""
-    if len(op.results) != 1:
+def _fold(op: Op, known: dict, scalars: BlockEvaluator) -> None:
+    """Record op's result when it is a scalar integer or boolean computed from constants and
+    known ones, evaluated by the shared op table (its wrap-around included)."""
+    if op.regions or len(op.results) != 1:
         return
     t = op.results[0].type
-    if not isinstance(t, TensorType) or t.shape != ():
+    if not isinstance(t, TensorType) or t.shape != () or t.is_float:
         return
-    if op.name == "stablehlo.compare":  # a negative index's wrap-around test
-        args = [known.get(v.id) for v in op.operands]
-        test = _COMPARED.get(str(op.attrs.get("comparison_direction")))
-        unsigned = "UNSIGNED" in str(op.attrs.get("compare_type"))
-        if test is not None and len(args) == 2 and None not in args:
-            if unsigned and min(args) < 0:  # not the numbers compared
-                return
-            known[op.results[0].id] = int(test(*args))
+    if not op.operands and op.name != "stablehlo.constant":
+        return  # partition_id, replica_id: not a constant of the program
+    if not all(v.id in known for v in op.operands):
         return
-    if not t.is_integer:
+    scalars.env = {
+        v.id: np.asarray(known[v.id], dtype=np.dtype(v.type.numpy_dtype)) for v in op.operands
+    }
+    try:
+        (value,) = scalars.evaluate_op(op)
+    except Exception:  # not foldable here: the value is simply not known
         return
-    if op.name == "stablehlo.select":
-        pred, a, b = (known.get(v.id) for v in op.operands)
-        if pred is not None and (a if pred else b) is not None:
-            known[op.results[0].id] = a if pred else b
-        return
-    if op.name == "stablehlo.constant":
-        value = np.asarray(op.attrs.get("value"))
-        if value.size == 1 and value.dtype.kind in "iu":
-            known[op.results[0].id] = int(value.reshape(-1)[0])
-        return
-    args = [known.get(v.id) for v in op.operands]
-    if not args or any(a is None for a in args):
-        return
-    short = op.name.removeprefix("stablehlo.")
-    if short in _FOLDED and len(args) == 2:
-        value = _FOLDED[short](*args)
-    elif short == "convert" or short == "reshape":
-        value = args[0]
-    elif short == "negate":
-        value = -args[0]
-    else:
-        return
-    info = np.iinfo(np.dtype(t.numpy_dtype))
-    if info.min <= value <= info.max:  # no wrap-around to reason about
-        known[op.results[0].id] = value
+    known[op.results[0].id] = int(np.asarray(value).reshape(()))

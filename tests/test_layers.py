@@ -27,6 +27,7 @@ LAYERS = {
     "tv_ir.passes.loop_cut": 3,  # folds trip counts and layer indices (passes.unroll)
     "tv_ir.passes.loop_shorten": 3,  # reads passes.loop_cut's loops
     "tv_ir.passes.shape_reduction": 3,  # folds per-device offsets with the concrete op table
+    "tv_ir.passes.stack_writes": 3,  # folds layer starts with the concrete op table
     "tv_ir.passes.mesh_reduction": 3,  # reads dimension classes with shape reduction's rules
     # semantics/: what programs mean
     "tv_ir.semantics": 3,
