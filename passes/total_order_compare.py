@@ -24,10 +24,8 @@ constants the rewrite leaves unused are removed.
 
 from __future__ import annotations
 
-import numpy as np
-
 from tv_ir.ir.attrs import EnumAttr
-from tv_ir.ir.program import Block, Module, Op, TensorType, Value
+from tv_ir.ir.program import Block, Module, Op, TensorType, Value, integer_constant
 
 name = "total-order-compare"
 
@@ -85,7 +83,7 @@ def total_order_key_of(key: Value) -> Value | None:
     if sub is None or sub.name != "stablehlo.subtract":
         return None
     c, u = sub.operands
-    if _constant(c) != 2 ** (bits - 1) - 1 or not _scalar_int(c, signed=False):
+    if integer_constant(c) != 2 ** (bits - 1) - 1 or not _scalar_int(c, signed=False):
         return None
     if _bitcast_of_float(u, c.type.dtype) is not x:
         return None
@@ -103,7 +101,7 @@ def _sign_test_of(test: Value) -> Value | None:
         a, b = b, a
     elif direction != "LT":
         return None
-    if _constant(b) != 0:
+    if integer_constant(b) != 0:
         return None
     return _bitcast_of_float(a, a.type.dtype) if _scalar_int(a, signed=True) else None
 
@@ -140,17 +138,6 @@ def _scalar_int(v: Value, signed: bool) -> bool:
 def _int_bits(dtype: str) -> int | None:
     digits = dtype.removeprefix("ui").removeprefix("i")
     return int(digits) if digits.isdigit() else None
-
-
-def _constant(v: Value):
-    """The integer a scalar constant holds, else None."""
-    op = v.owner
-    if op is None or op.name != "stablehlo.constant":
-        return None
-    a = np.asarray(op.attrs.get("value"))
-    if a.size != 1 or a.dtype.kind not in "iu":
-        return None
-    return int(a.reshape(()))
 
 
 def _remove_unused(block: Block) -> None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir.program import Op, TensorType, Value, walk
+from tv_ir.ir.program import Op, TensorType, Value, integer_constant, walk
 
 from .classes import Key
 
@@ -133,7 +133,7 @@ def _bound(cond, k: int) -> tuple[int | None, object]:
         return None, "its condition is not i < N"
     if cmp.operands[0] is not counter:
         return None, "its condition is not i < N"
-    n = _constant(cmp.operands[1])
+    n = integer_constant(cmp.operands[1])
     if n is None or n < MIN_LAYERS:
         return None, "its condition is not i < N with N a constant of at least 2"
     for op in ops:
@@ -150,7 +150,7 @@ def _index_use(op: Op, hits: list[int], affine: dict, out: LayerLoop) -> str | N
     n = out.trips
     if name in ("add", "subtract") and len(hits) == 1 and len(op.operands) == 2:
         j = hits[0]
-        c = _constant(op.operands[1 - j])
+        c = integer_constant(op.operands[1 - j])
         if c is None:
             return f"its counter meets a value that is not a constant at {name} {op.loc}"
         a, b, consts = affine[op.operands[j].id]
@@ -164,7 +164,7 @@ def _index_use(op: Op, hits: list[int], affine: dict, out: LayerLoop) -> str | N
         return None
     if name == "compare" and len(hits) == 1 and len(op.operands) == 2:
         j = hits[0]
-        c = _constant(op.operands[1 - j])
+        c = integer_constant(op.operands[1 - j])
         direction = str(op.attrs.get("comparison_direction"))
         if c is None or direction not in ("EQ", "NE") or affine[op.operands[j].id][:2] != (1, 0):
             return f"its counter is compared at {op.loc} other than i == K for a constant K"
@@ -205,16 +205,6 @@ def _index_use(op: Op, hits: list[int], affine: dict, out: LayerLoop) -> str | N
 def _nested(op: Op):
     for region in op.regions:
         yield from walk(region.block)
-
-
-def _constant(v: Value) -> int | None:
-    o = v.owner
-    if o is None or o.name != "stablehlo.constant":
-        return None
-    value = np.asarray(o.attrs.get("value"))
-    if value.size != 1 or value.dtype.kind not in "iu":
-        return None
-    return int(value.reshape(-1)[0])
 
 
 def trip_key(loop: LayerLoop) -> Key:

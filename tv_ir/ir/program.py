@@ -236,3 +236,16 @@ def walk(block: Block):
         yield op
         for region in op.regions:
             yield from walk(region.block)
+
+
+def integer_constant(v: Value) -> int | None:
+    """The integer a one-element integer `stablehlo.constant` holds, else None."""
+    import numpy as np
+
+    op = v.owner
+    if op is None or op.name != "stablehlo.constant":
+        return None
+    a = np.asarray(op.attrs.get("value"))
+    if a.size != 1 or a.dtype.kind not in "iu":
+        return None
+    return int(a.reshape(-1)[0])
