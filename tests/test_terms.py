@@ -218,6 +218,26 @@ def test_a_clip_by_a_norm_is_defined_wherever_its_gradient_is() -> None:
     assert T.logical_and(nonpositive, nonzero) is not nonpositive
 
 
+def test_a_divisor_guarded_against_zero_is_never_zero() -> None:
+    """torch's mean cross-entropy divides by `select(n == 0, 1, n)` (n: the count of valid
+    labels): 1 where n is 0, n elsewhere, so never 0 and the division adds no condition.
+    Guards that leave a zero in (the wrong default, the wrong test) keep the condition, and
+    equality with a value a branch can take stays a comparison."""
+    n = T.symbol("valid_count")
+    at_zero = T.compare("EQ", n, T.ZERO)
+    guarded = T.select(at_zero, T.ONE, n)
+    assert T.compare("EQ", guarded, T.ZERO) is T.FALSE
+    assert T.div(T.symbol("loss_sum"), guarded).dom is T.TRUE
+    assert T.compare("EQ", guarded, T.ONE).kind != "const"  # n may be 1
+    assert T.compare("EQ", guarded, T.const(2)).kind != "const"
+    # a zero default, or a test of another value, leaves a zero in
+    assert T.div(T.ONE, T.select(at_zero, T.ZERO, n)).dom is not T.TRUE
+    off_by_one = T.select(T.compare("EQ", n, T.ONE), T.ONE, n)
+    assert T.div(T.ONE, off_by_one).dom is not T.TRUE
+    # the same guard written as `n != 0 ? n : 1`
+    assert T.div(T.ONE, T.select(T.compare("NE", n, T.ZERO), n, T.ONE)).dom is T.TRUE
+
+
 def _atom_id(p: T.Poly) -> int:
     return T.as_atom(p).id
 

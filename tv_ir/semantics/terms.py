@@ -973,9 +973,38 @@ def _equals_fact(d: Poly) -> Bool | None:
     target = Fraction(-a) / Fraction(b)
     if target <= 0 and _atom_sign(aid) == 2:
         return FALSE  # x > 0 wherever it is defined
+    if ATOM_BY_ID[aid].kind == "select":
+        known = _select_equals(aid, target)
+        if known is not None:
+            return known
     if target in (0, 1):
         return _atom_equals(aid, int(target))
     return None
+
+
+# (select atom id, k) -> where the select equals k, when its branches decide it for good
+_SELECT_LEVEL: dict[tuple[int, Fraction], Bool | None] = {}
+
+
+def _select_equals(aid: int, k: Fraction) -> Bool | None:
+    """`select(c, x, y) == k` when `(c and x == k) or (not c and y == k)` folds to a
+    constant (None: it does not). A division's guard `select(n == 0, 1, n)` is never 0:
+    where n == 0 it is 1, elsewhere it is n, which is not 0 there; so the count of valid
+    labels a loss divides by adds no definedness condition (without this, every value
+    behind the loss carried `not(select(n == 0, 1, n) == 0)` per token, and an embedding
+    gradient's update conjoined them per vocabulary row until memory ran out)."""
+    key = (aid, k)
+    if key in _SELECT_LEVEL:
+        return _SELECT_LEVEL[key]
+    _SELECT_LEVEL[key] = None  # a select inside its own branches cannot recurse forever
+    c, x, y = ATOM_BY_ID[aid].args
+    kc = const(k)
+    out = logical_or(
+        logical_and(c, _cmp("==", sub(x, kc))), logical_and(logical_not(c), _cmp("==", sub(y, kc)))
+    )
+    known = out if out.kind == "const" else None
+    _SELECT_LEVEL[key] = known
+    return known
 
 
 def _wrap_equals(d: Poly) -> Bool | None:
