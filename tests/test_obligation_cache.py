@@ -182,3 +182,33 @@ def test_numbers_are_compared_by_value():
     proved(cache, [T.sub(T.fn("exp", cut(1)), T.const(2))])
     assert not hit(cache, [T.sub(T.fn("exp", cut(5)), T.const(3))])
     assert hit(cache, [T.sub(T.fn("exp", cut(5)), T.const(np.float64(2.0)))])
+
+
+def _spelled_out(form, cap: int) -> int:
+    """Nodes of a canonical form written out as a tree (counting stops past `cap`)."""
+    count, stack = 0, [form]
+    while stack and count <= cap:
+        x = stack.pop()
+        count += 1
+        if isinstance(x, tuple):
+            stack.extend(x)
+    return count
+
+
+def test_shared_subterms_keep_canonical_forms_linear():
+    """A term is a DAG: `select(x > 0, x, -x)` nested 60 deep names each level twice, so its
+    tree has 2**60 leaves. Canonical forms refer to shared atoms by number: their size (and
+    the time to hash one, which ran for minutes on a Llama attention stage) stays linear in
+    the DAG, and renamings still fall into one class."""
+    from tv_ir.prover.obligation_cache import CanonicalForm, renaming_classes
+
+    def folded(x: T.Poly, depth: int = 60) -> T.Poly:
+        for _ in range(depth):
+            x = T.select(T.compare("GT", x, T.ZERO), x, T.neg(x))
+        return x
+
+    a, b, c = folded(cut(1)), folded(cut(2)), folded(T.add(cut(1), T.ONE))
+    canon = CanonicalForm()
+    key = (canon.of(a), tuple(canon.nodes))
+    assert _spelled_out(key, 100_000) < 100_000
+    assert renaming_classes([a, b, c]) == [[0, 1], [2]]

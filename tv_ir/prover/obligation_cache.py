@@ -43,7 +43,9 @@ class _Tag:
         return self.name
 
 
-_POLY, _BOOL, _SYM, _ATOM, _SET = (_Tag(n) for n in ("poly", "bool", "sym", "atom", "set"))
+_POLY, _BOOL, _SYM, _ATOM, _SET, _NODE = (
+    _Tag(n) for n in ("poly", "bool", "sym", "atom", "set", "node")
+)
 
 
 class _Uncacheable(Exception):
@@ -52,7 +54,10 @@ class _Uncacheable(Exception):
 
 class CanonicalForm:
     """Terms as nested tuples, symbols numbered by first occurrence; one numbering shared by
-    every term given to the same instance."""
+    every term given to the same instance. Each atom and boolean is a node of `nodes`,
+    numbered by first occurrence too, and referred to by its number: a term is a DAG whose
+    shared parts, spelled out as nested tuples, grow exponentially with depth (hashing one
+    such form ran for minutes on a Llama layer's attention stage)."""
 
     def __init__(self) -> None:
         self.symbols: list[int] = []  # symbol atom ids, by number
@@ -60,12 +65,15 @@ class CanonicalForm:
         self._numbers: dict[int, int] = {}  # symbol atom id -> number
         self._atoms: dict[int, object] = {}  # atom id -> form (interned: ids are stable)
         self._bools: dict[int, object] = {}  # id(Bool) -> form (interned, kept alive)
+        self.nodes: list[tuple] = []  # atom and boolean forms, by number
+        self._node_numbers: dict[tuple, int] = {}  # node form -> its number
         self._size = 0
 
     def copy(self) -> CanonicalForm:
         c = CanonicalForm()
         c.symbols, c.descriptors = list(self.symbols), list(self.descriptors)
         c._numbers, c._atoms, c._bools = dict(self._numbers), dict(self._atoms), dict(self._bools)
+        c.nodes, c._node_numbers = list(self.nodes), dict(self._node_numbers)
         c._size = self._size
         return c
 
@@ -101,9 +109,17 @@ class CanonicalForm:
     def _bool(self, b: T.Bool):
         form = self._bools.get(id(b))
         if form is None:
-            form = (_BOOL, b.kind, self.of(b.args))
+            form = self._node((_BOOL, b.kind, self.of(b.args)))
             self._bools[id(b)] = form
         return form
+
+    def _node(self, form: tuple) -> tuple:
+        """A reference to `form` in `nodes` (equal forms share one number)."""
+        n = self._node_numbers.get(form)
+        if n is None:
+            n = self._node_numbers[form] = len(self.nodes)
+            self.nodes.append(form)
+        return (_NODE, n)
 
     def _atom(self, aid: int):
         form = self._atoms.get(aid)
@@ -117,7 +133,7 @@ class CanonicalForm:
             self.descriptors.append(_describe(a))
             form = (_SYM, n)
         else:
-            form = (_ATOM, a.kind, self.of(a.args))
+            form = self._node((_ATOM, a.kind, self.of(a.args)))
         self._atoms[aid] = form
         return form
 
@@ -191,7 +207,7 @@ def _definitions(canon: CanonicalForm, levels, definition) -> tuple:
     descriptors of the symbols each level adds (extends `canon`'s numbering)."""
     out = []
     for numbers in levels:
-        seen = len(canon.symbols)
+        seen, seen_nodes = len(canon.symbols), len(canon.nodes)
         forms = []
         for n in numbers:
             if n >= len(canon.symbols):
@@ -200,7 +216,7 @@ def _definitions(canon: CanonicalForm, levels, definition) -> tuple:
             if d is None:
                 raise _Uncacheable()
             forms.append(canon.of(d))
-        out.append((tuple(forms), tuple(canon.descriptors[seen:])))
+        out.append((tuple(forms), tuple(canon.descriptors[seen:]), tuple(canon.nodes[seen_nodes:])))
     return tuple(out)
 
 
@@ -219,7 +235,7 @@ class ObligationCache:
             forms = tuple(canon.of(w) for w in work)
         except _Uncacheable:
             return Probe(self, None, None, definition)
-        return Probe(self, (forms, tuple(canon.descriptors)), canon, definition)
+        return Probe(self, (forms, tuple(canon.descriptors), tuple(canon.nodes)), canon, definition)
 
 
 def renaming_classes(work: list) -> list[list[int]] | None:
@@ -234,7 +250,7 @@ def renaming_classes(work: list) -> list[list[int]] | None:
     for i, w in enumerate(work):
         canon = CanonicalForm()
         try:
-            key = (canon.of(w), tuple(canon.descriptors))
+            key = (canon.of(w), tuple(canon.descriptors), tuple(canon.nodes))
         except _Uncacheable:
             return None
         groups.setdefault(key, []).append(i)
