@@ -22,10 +22,14 @@ from .rules import ELEMENTWISE, Rescale
 
 
 def table_key(value: np.ndarray) -> str:
-    """A name for a real table: equal tables in the two programs get equal names."""
-    h = hashlib.sha1(f"{value.dtype}{value.shape}".encode())
+    """A name for a real table: its elements in row-major order and its shape (`content:shape`,
+    read by `SymbolicAlgebra.table`). Tables with the same elements in the same order share
+    their symbols whatever their shapes: XLA folds `reshape(constant)` into a constant of the
+    new shape (a RoPE frequency table [4] becomes [1, 4, 1] in the partitioned program), and
+    element k of both is one real number."""
+    h = hashlib.sha1(f"{value.dtype}".encode())
     h.update(np.ascontiguousarray(value).tobytes())
-    return h.hexdigest()[:16]
+    return f"{h.hexdigest()[:16]}:{'x'.join(str(n) for n in value.shape)}"
 
 
 class Rewriter:

@@ -227,8 +227,16 @@ class SymbolicAlgebra(NumpyAlgebra):
     def table(self, value: np.ndarray, t: TensorType, key: str) -> np.ndarray:
         """One symbol per element, named by the real table and the element's index: both
         programs read the same symbols, and a proof holds for every value of the table."""
-        arr = T.symbol_array(T.Key("table", key, t.dtype, f"table.{key[:8]}"), value.shape)
+        content, _, real = key.partition(":")
+        name = T.Key("table", content, t.dtype, f"table.{content[:8]}")
+        real_shape = tuple(int(n) for n in real.split("x")) if real else value.shape
+        arr = np.empty(value.shape, dtype=object)
         for idx in np.ndindex(*value.shape):
+            # element idx of the reduced table is element idx of the real one (its leading
+            # block), named by its row-major position there: a reshaped copy of the table
+            # names it alike
+            flat = int(np.ravel_multi_index(idx, real_shape)) if real_shape else 0
+            arr[idx] = T.symbol(name, (flat,))
             TABLE_VALUES[T.as_atom(arr[idx]).id] = float(value[idx])
         return arr
 
