@@ -50,18 +50,72 @@ def test_hugging_face_gpt2_megatron_with_dropout_proved():
     assert report.stats.stages > 0
 
 
+def test_hugging_face_gpt2_adamw_training_step_proved():
+    """GPT2LMHeadModel's whole training step with AdamW under Megatron TP (the token
+    embedding tied to the output head): proved. Its update of the embedding divides by
+    the loss's count of valid labels, guarded as `select(n == 0, 1, n)`; before that guard
+    was known to be nonzero, its per-token conditions ran the proof out of memory."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("transformers")
+    import hf_gpt2
+
+    report = hf_gpt2.verify_step("adamw", time_limit=600, memory_limit=3000)
+    assert report.verdict == "equivalent", str(report)
+
+
 def test_hugging_face_gpt2_training_step_bug_refuted_at_its_line():
-    """GPT2LMHeadModel's whole training step (loss, backward, SGD) under Megatron TP, its
+    """GPT2LMHeadModel's whole training step (loss, backward, AdamW) under Megatron TP, its
     loss function doubled in the sharded step: refuted at that line of the user's code."""
     if not os.environ.get("CI"):
         pytest.importorskip("transformers")
     import hf_gpt2
 
-    report = hf_gpt2.verify_step("sgd", bug=True, time_limit=600)
+    report = hf_gpt2.verify_step("adamw", bug=True, time_limit=600)
     refuted(report, "hf_gpt2.py")
     line = next(
         n
         for n, text in enumerate((EXAMPLES / "hf_gpt2.py").read_text().splitlines(), 1)
+        if "# BUG" in text
+    )
+    assert report.location.impl.line == line, str(report)
+
+
+def test_hugging_face_llama_megatron_proved_with_its_rope_tables_shrunk():
+    """transformers' own LlamaForCausalLM (RMSNorm, in-graph RoPE, GQA, SwiGLU): its loss
+    under Megatron TP, proved at reduced shapes. XLA folds the RoPE frequencies' reshape
+    into a constant of another shape: the two tables must be read as one."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("transformers")
+    import hf_llama
+
+    report = hf_llama.verify(time_limit=600)
+    assert report.verdict == "equivalent", str(report)
+    assert "constant tables shrank" in report.reduction["summary"], str(report)
+    assert not any("checked again" in n for n in report.notes), str(report)
+
+
+def test_hugging_face_llama_adamw_training_step_proved():
+    """The Llama model's AdamW training step under Megatron TP, proved."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("transformers")
+    import hf_llama
+
+    report = hf_llama.verify_step("adamw", time_limit=600, memory_limit=3000)
+    assert report.verdict == "equivalent", str(report)
+
+
+def test_hugging_face_llama_training_step_bug_refuted_at_its_line():
+    """The Llama step with its loss scaled by the data-parallel width in the sharded step's
+    loss function: refuted at that line."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("transformers")
+    import hf_llama
+
+    report = hf_llama.verify_step("adamw", bug=True, time_limit=600)
+    refuted(report, "hf_llama.py")
+    line = next(
+        n
+        for n, text in enumerate((EXAMPLES / "hf_llama.py").read_text().splitlines(), 1)
         if "# BUG" in text
     )
     assert report.location.impl.line == line, str(report)

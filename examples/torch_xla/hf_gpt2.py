@@ -5,7 +5,7 @@ embedding, as GPT-2 has it. XLA partitions the model; tv proves the per-device p
 equal to the unsharded model.
 
     python examples/torch_xla/hf_gpt2.py [--eval] [--fsdp] [--time-limit S]
-    python examples/torch_xla/hf_gpt2.py --train sgd|adamw [--bug] [--time-limit S]
+    python examples/torch_xla/hf_gpt2.py --train sgd|adamw [--fsdp] [--bug] [--time-limit S]
 
 `--train` verifies a whole training step instead (`tvx.TrainStep`: the loss, `backward()`
 and the optimizer's update, dropout off); `--bug` plants a doubled loss in the partitioned
@@ -93,10 +93,11 @@ def doubled_loss(model, ids):
     return model(input_ids=ids, labels=ids).loss * 2.0  # BUG: the loss doubled
 
 
-def verify_step(optimizer: str = "sgd", bug: bool = False, **options):
+def verify_step(optimizer: str = "sgd", bug: bool = False, fsdp: bool = False, **options):
     """A training step of the model (loss, backward, `optimizer`'s update) under the same
-    Megatron shardings, against the unsharded step; with `bug`, the sharded step's loss
-    function is `doubled_loss` and the spec's the correct one."""
+    Megatron shardings (with `fsdp`, weights also split over "data"), against the unsharded
+    step; with `bug`, the sharded step's loss function is `doubled_loss` and the spec's the
+    correct one."""
     torch.manual_seed(0)
     model = gpt2(0.0).train(False)
     make = {
@@ -107,7 +108,7 @@ def verify_step(optimizer: str = "sgd", bug: bool = False, **options):
     spec = tvx.TrainStep(copy.deepcopy(model), language_model_loss, make) if bug else None
     mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    shardings = {k.removeprefix("model."): v for k, v in megatron(False).items()}
+    shardings = {k.removeprefix("model."): v for k, v in megatron(fsdp).items()}
     return tvx.verify(
         step,
         ids,
@@ -131,7 +132,7 @@ def main() -> None:
     t0 = time.perf_counter()
     limits = {"time_limit": a.time_limit, "memory_limit": a.memory_limit, "progress": True}
     if a.train:
-        report = verify_step(a.train, a.bug, **limits)
+        report = verify_step(a.train, a.bug, a.fsdp, **limits)
     else:
         report = verify(0.0 if a.eval else 0.1, a.fsdp, **limits)
     print(report)
