@@ -150,6 +150,8 @@ PROGRAMS = {
     "torch_xla gpt_block (Megatron)": "torch",
     "torch_xla MLP DP+FSDP AdamW step": "torch",
     "torch_xla HF-style model (LayerNorm, exact GELU, dropout, tied embeddings) + AdamW": "torch",
+    "torch_xla transformers GPT2LMHeadModel AdamW step (Megatron + FSDP)": "torch",
+    "torch_xla transformers LlamaForCausalLM AdamW step (Megatron + FSDP)": "torch",
 }
 
 
@@ -286,6 +288,25 @@ def _torch_programs() -> dict[str, list[str]]:
         "torch_xla MLP DP+FSDP AdamW step": both(train_dp_fsdp.export()),
         "torch_xla HF-style model (LayerNorm, exact GELU, dropout, tied embeddings) + AdamW": [
             _hf_style_step().impl.text
+        ],
+        **_transformers_programs(),
+    }
+
+
+def _transformers_programs() -> dict[str, list[str]]:
+    """transformers' own GPT-2 and Llama training steps (examples/torch_xla/hf_*.py), when
+    transformers is installed (the `hf` extra)."""
+    try:
+        import hf_gpt2
+        import hf_llama
+    except ImportError:
+        return {}
+    return {
+        "torch_xla transformers GPT2LMHeadModel AdamW step (Megatron + FSDP)": [
+            hf_gpt2.export_step("adamw", fsdp=True).impl.text
+        ],
+        "torch_xla transformers LlamaForCausalLM AdamW step (Megatron + FSDP)": [
+            hf_llama.export_step("adamw", fsdp=True).impl.text
         ],
     }
 

@@ -93,11 +93,8 @@ def doubled_loss(model, ids):
     return model(input_ids=ids, labels=ids).loss * 2.0  # BUG: the loss doubled
 
 
-def verify_step(optimizer: str = "sgd", bug: bool = False, fsdp: bool = False, **options):
-    """A training step of the model (loss, backward, `optimizer`'s update) under the same
-    Megatron shardings (with `fsdp`, weights also split over "data"), against the unsharded
-    step; with `bug`, the sharded step's loss function is `doubled_loss` and the spec's the
-    correct one."""
+def _step(optimizer: str = "sgd", bug: bool = False, fsdp: bool = False):
+    """The step, its example ids and `tvx.verify`'s keyword arguments (see `verify_step`)."""
     torch.manual_seed(0)
     model = gpt2(0.0).train(False)
     make = {
@@ -109,15 +106,31 @@ def verify_step(optimizer: str = "sgd", bug: bool = False, fsdp: bool = False, *
     mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     shardings = {k.removeprefix("model."): v for k, v in megatron(fsdp).items()}
-    return tvx.verify(
+    return (
         step,
         ids,
-        mesh=mesh,
-        shardings=shardings,
-        input_shardings=[("data", None)],
-        spec=spec,
-        **options,
+        dict(
+            mesh=mesh,
+            shardings=shardings,
+            input_shardings=[("data", None)],
+            spec=spec,
+        ),
     )
+
+
+def verify_step(optimizer: str = "sgd", bug: bool = False, fsdp: bool = False, **options):
+    """A training step of the model (loss, backward, `optimizer`'s update) under the same
+    Megatron shardings (with `fsdp`, weights also split over "data"), against the unsharded
+    step; with `bug`, the sharded step's loss function is `doubled_loss` and the spec's the
+    correct one."""
+    step, ids, kwargs = _step(optimizer, bug, fsdp)
+    return tvx.verify(step, ids, **kwargs, **options)
+
+
+def export_step(optimizer: str = "sgd", bug: bool = False, fsdp: bool = False):
+    """The step as `tvx.export` gives it (the programs, without verifying; bench/op_census.py)."""
+    step, ids, kwargs = _step(optimizer, bug, fsdp)
+    return tvx.export(step, ids, **kwargs)
 
 
 def main() -> None:

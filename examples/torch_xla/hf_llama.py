@@ -102,10 +102,8 @@ def verify(fsdp: bool = False, **options):
     )
 
 
-def verify_step(optimizer: str = "adamw", bug: bool = False, fsdp: bool = False, **options):
-    """A training step (loss, backward, `optimizer`'s update) under the same shardings,
-    against the unsharded step; with `bug`, the sharded step's loss function is
-    `loss_times_dp` and the spec's the correct one."""
+def _step(optimizer: str = "adamw", bug: bool = False, fsdp: bool = False):
+    """The step, its example ids and `tvx.verify`'s keyword arguments (see `verify_step`)."""
     torch.manual_seed(0)
     model = llama()
     make = {
@@ -116,15 +114,30 @@ def verify_step(optimizer: str = "adamw", bug: bool = False, fsdp: bool = False,
     spec = tvx.TrainStep(copy.deepcopy(model), language_model_loss, make) if bug else None
     mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    return tvx.verify(
+    return (
         step,
         ids,
-        mesh=mesh,
-        shardings=megatron(fsdp),
-        input_shardings=[("data", None)],
-        spec=spec,
-        **options,
+        dict(
+            mesh=mesh,
+            shardings=megatron(fsdp),
+            input_shardings=[("data", None)],
+            spec=spec,
+        ),
     )
+
+
+def verify_step(optimizer: str = "adamw", bug: bool = False, fsdp: bool = False, **options):
+    """A training step (loss, backward, `optimizer`'s update) under the same shardings,
+    against the unsharded step; with `bug`, the sharded step's loss function is
+    `loss_times_dp` and the spec's the correct one."""
+    step, ids, kwargs = _step(optimizer, bug, fsdp)
+    return tvx.verify(step, ids, **kwargs, **options)
+
+
+def export_step(optimizer: str = "adamw", bug: bool = False, fsdp: bool = False):
+    """The step as `tvx.export` gives it (the programs, without verifying; bench/op_census.py)."""
+    step, ids, kwargs = _step(optimizer, bug, fsdp)
+    return tvx.export(step, ids, **kwargs)
 
 
 def main() -> None:
