@@ -324,3 +324,35 @@ def test_a_bug_in_one_pipelined_layer_is_refuted_at_fewer_layers(at_scale, monke
     lines = Path(__file__).read_text().splitlines()
     bug_line = next(n for n, t in enumerate(lines, 1) if t.rstrip().endswith("# BUG: one layer"))
     assert (report.location.file, report.location.line) == (__file__, bug_line), report.location
+
+
+TOKEN_LOOP = """
+func.func @main(%x: tensor<8x16xf32>, %steps: tensor<i32>) -> tensor<8x16xf32> {
+  %t = stablehlo.after_all : !stablehlo.token
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %c1 = stablehlo.constant dense<1> : tensor<i32>
+  %c3 = stablehlo.constant dense<3> : tensor<i32>
+  %r:3 = stablehlo.while(%i = %c0, %tok = %t, %acc = %x) : tensor<i32>, !stablehlo.token, tensor<8x16xf32>
+    cond {
+      %m = stablehlo.minimum %steps, %c3 : tensor<i32>
+      %lt = stablehlo.compare LT, %i, %m : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      stablehlo.return %lt : tensor<i1>
+    } do {
+      %n = stablehlo.add %i, %c1 : tensor<i32>
+      %y = stablehlo.add %acc, %acc : tensor<8x16xf32>
+      stablehlo.return %n, %tok, %y : tensor<i32>, !stablehlo.token, tensor<8x16xf32>
+    }
+  return %r#2 : tensor<8x16xf32>
+}
+"""
+
+
+def test_a_loop_carrying_a_token_is_no_crash_under_shape_reduction():
+    """A while whose state holds a token (XLA's ShardingPreprocessOrderWhile) is no layer
+    loop: shape reduction says so instead of reading the token's shape (an AttributeError
+    before). Its trip count depends on an input, so the loop stays a loop: no verdict is
+    claimed for it (unknown, named), but it is no crash, and a difference is still refuted."""
+    report = tv_ir.check(TOKEN_LOOP, TOKEN_LOOP, **LIMITS)
+    assert report.verdict == "unknown" and "depends on the inputs" in report.reason, str(report)
+    bad = TOKEN_LOOP.replace("stablehlo.add %acc, %acc", "stablehlo.multiply %acc, %acc")
+    assert tv_ir.check(TOKEN_LOOP, bad, **LIMITS).verdict == "not_equivalent"
