@@ -332,7 +332,8 @@ func.func @main(%x: tensor<8x16xf32>, %steps: tensor<i32>) -> tensor<8x16xf32> {
   %c0 = stablehlo.constant dense<0> : tensor<i32>
   %c1 = stablehlo.constant dense<1> : tensor<i32>
   %c3 = stablehlo.constant dense<3> : tensor<i32>
-  %r:3 = stablehlo.while(%i = %c0, %tok = %t, %acc = %x) : tensor<i32>, !stablehlo.token, tensor<8x16xf32>
+  %r:3 = stablehlo.while(%i = %c0, %tok = %t, %acc = %x)
+    : tensor<i32>, !stablehlo.token, tensor<8x16xf32>
     cond {
       %m = stablehlo.minimum %steps, %c3 : tensor<i32>
       %lt = stablehlo.compare LT, %i, %m : (tensor<i32>, tensor<i32>) -> tensor<i1>
