@@ -247,10 +247,48 @@ def _page_size() -> int:
 _PAGE_SIZE = _page_size()
 
 
+def private_mb() -> float:
+    """This process's private memory in MB (pages no other process shares: in a forked
+    worker, what it allocated and what it copied from its parent on write), or its
+    resident memory where /proc does not say."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            private = [ln for ln in f if ln.startswith(("Private_Clean:", "Private_Dirty:"))]
+        kb = sum(int(ln.split()[1]) for ln in private)
+        return kb / 1024
+    except (OSError, ValueError, IndexError):
+        return rss_mb()
+
+
+# what the memory limit measures: resident memory (None), or private memory in a forked
+# worker (`worker_memory_budget`), where the pages shared with the parent are the parent's
+_meter: list = [None]
+
+
+def _measured_mb() -> float:
+    return _meter[0]() if _meter[0] is not None else rss_mb()
+
+
+@contextlib.contextmanager
+def worker_memory_budget(share_mb: float | None):
+    """In a forked worker process (tv_ir.prover.workers): the memory limit becomes
+    `share_mb` MB of the worker's private memory (its share of what the run had left when
+    the workers started; None: no limit)."""
+    if share_mb is None:
+        token = _budget.set(None)
+    else:
+        _meter[0] = private_mb
+        token = _budget.set(_Budget(share_mb, private_mb() + share_mb))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
 def memory_left_mb() -> float | None:
     """MB left under the memory limit (None: no limit; may be negative)."""
     budget = _budget.get()
-    return None if budget is None else budget.ceiling - rss_mb()
+    return None if budget is None else budget.ceiling - _measured_mb()
 
 
 def check_memory(force: bool = False) -> None:
@@ -263,7 +301,7 @@ def check_memory(force: bool = False) -> None:
     if not force and now - _memory_polled[0] < MEMORY_POLL_SECONDS:
         return
     _memory_polled[0] = now
-    rss = rss_mb()
+    rss = _measured_mb()
     if rss > budget.ceiling:
         raise OutOfMemoryBudget(memory_limit_reason(budget.used(rss)))
 
@@ -348,7 +386,7 @@ def enforced_limits():
                 interrupt(OutOfTime, limit_reason)
                 fired = now
                 continue
-            used = budget.used(rss_mb()) if budget is not None else 0.0
+            used = budget.used(_measured_mb()) if budget is not None else 0.0
             if budget is not None and used > budget.mb * ENFORCE_MEMORY_SLACK:
                 what = f"memory limit of {budget.mb:g} MB reached ({used:.0f} MB used by this run)"
                 interrupt(OutOfMemoryBudget, what)

@@ -10,7 +10,15 @@ from tv_ir.report.result import Report
 from . import runtime
 from .export import Exported, export
 
-CHECK_OPTIONS = ("timeout", "seed", "progress", "time_limit", "memory_limit", "reduce_shapes")
+CHECK_OPTIONS = (
+    "timeout",
+    "seed",
+    "progress",
+    "time_limit",
+    "memory_limit",
+    "reduce_shapes",
+    "workers",
+)
 
 
 def verify(

@@ -43,6 +43,19 @@ def _cap_memory() -> None:
         _memory_cap[0] = cap
 
 
+_stale_contexts: list = []
+
+
+def fresh_context() -> None:
+    """In a forked worker (tv_ir.prover.workers): queries from now on use a new z3 context,
+    not the parent's copy (the old one is kept, never freed here: its memory is the
+    parent's pages)."""
+    old = z3.z3._main_ctx
+    if old is not None:
+        _stale_contexts.append(old)
+    z3.z3._main_ctx = None
+
+
 MONOTONE_PAIRS = 24  # applications of one function related pairwise (quadratic in this)
 
 
