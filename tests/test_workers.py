@@ -219,3 +219,26 @@ def test_no_pool_inside_a_child_or_for_one_job() -> None:
     assert workers.pool_size(1, worth_it=True) == 1
     got = workers.run_jobs(lambda i: workers.pool_size(5, worth_it=True), [0, 1], 2)
     assert got == [1, 1]
+
+
+def _deep(x):  # a Python `for` of 40 layers: rerolled into a loop, proved by induction
+    for i in range(40):
+        x = jnp.tanh(x) * (1.5 + i)
+    return x
+
+
+def _deep_spec(x):
+    for i in range(40):
+        x = (1.5 + i) * jnp.tanh(x)
+    return x
+
+
+def test_progress_lines_from_children_reach_the_callback_in_order() -> None:
+    from tv_ir.frontends.jax import verify
+
+    lines: dict[int, list[str]] = {1: [], 2: []}
+    for n in (1, 2):
+        r = verify(_deep, X, spec=_deep_spec, progress=lines[n].append, workers=n)
+        assert r.verdict == "equivalent", r.reason
+        assert r.stats.loops_by_induction == 1
+    assert lines[1] and lines[2] == lines[1]

@@ -31,7 +31,7 @@ from .limits import (
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .prover.smt import SolverError
-from .prover.workers import use_workers
+from .prover.workers import Relayed, use_workers
 
 
 def prepare(source, role: str, unroll: bool = True) -> Module:
@@ -104,10 +104,12 @@ def progress_callback(progress) -> Callable[[str], None] | None:
     or None/False (quiet); anything else is bad input, not a traceback mid-proof."""
     if progress is None or progress is False:
         return None
-    if progress is True:
-        return lambda line: print(line, file=sys.stderr, flush=True)
-    if callable(progress):
+    if isinstance(progress, Relayed):
         return progress
+    if progress is True:
+        return Relayed(lambda line: print(line, file=sys.stderr, flush=True))
+    if callable(progress):
+        return Relayed(progress)  # lines from worker processes too
     raise BadInput(f"progress must be a callable, True or False, not {type(progress).__name__}")
 
 

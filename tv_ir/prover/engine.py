@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,10 +51,6 @@ from .simulate import (
 )
 
 SIM_RUNS = 2
-# seconds of final obligations decided in this process after which, when the user did not
-# say how many workers to use, the rest are decided by a pool of all cores
-# (tv_ir.prover.workers; docs/benchmarks.md, "Workers": starting one costs about FORK ms)
-PARALLEL_AFTER_S = 1.0
 # relative difference above which a simulated output difference refutes at once; smaller
 # differences (above float64 noise, see simulate.RTOL) refute only if the proof fails
 CLEAR_DIFFERENCE = 1e-6
@@ -505,46 +502,37 @@ class StageProver:
 
     def _decide_finals(self, finals: list[_Final]) -> list[_Outcome]:
         """Every final obligation decided, in order, as one worker decides them. With
-        several workers (tv_ir.prover.workers) the rest go to forked children once
-        started: when the user asked for N workers, from the first; automatically, once
-        those decided here have taken PARALLEL_AFTER_S (most programs' final obligations
-        close by normal forms in milliseconds, where a pool only costs). Each child's
-        counters come back with its outcome and are added here in order, and an obligation
-        that stopped the proof (time, memory) stops it here at its place in the order, so
-        the report is the one a single worker writes."""
-        out: list[_Outcome] = []
-        t0 = time.perf_counter()
-        for k, f in enumerate(finals):
-            late = time.perf_counter() - t0 > PARALLEL_AFTER_S
-            n = workers.pool_size(len(finals) - k, worth_it=late)
-            if n > 1:
-                return out + self._decide_in_workers(finals[k:], n)
-            out.append(self._decide_final(f))
-        return out
+        several workers (tv_ir.prover.workers.decided: the user's count from the first,
+        automatically once those decided here have taken a second) the rest are decided
+        by forked children. Each obligation's counters come back with its outcome and are
+        added here in order, and one that stopped the proof (time, memory) stops it here
+        at its place in the order, so the report is the one a single worker writes."""
 
-    def _decide_in_workers(self, finals: list[_Final], n: int) -> list[_Outcome]:
         def job(k: int):
             before = _counters(self.stats)
             try:
                 result = self._decide_final(finals[k])
-            except Exception as e:  # raised in the parent at this obligation's place
+            except Exception as e:  # raised below, at this obligation's place
                 result = workers.Failed(e)
-            return result, _counters(self.stats, before)
+            delta = _counters(self.stats, before)
+            _add_counters(self.stats, {c: -v for c, v in delta.items()})  # added below
+            return result, delta
 
-        t0 = time.perf_counter()
-        done = workers.run_jobs(job, list(range(len(finals))), n)
-        self.stats.seconds["final obligations in workers"] = time.perf_counter() - t0
+        timing: dict = {}
         out = []
-        for f, got in zip(finals, done, strict=True):
-            if isinstance(got, workers.Failed):  # the job itself failed (it never does)
-                raise got.error
-            result, delta = got
-            if f.proving is not None:  # what a stop names, as if proved here
-                self._now_proving(*f.proving, output=f.output)
-            _add_counters(self.stats, delta)
-            if isinstance(result, workers.Failed):
-                raise result.error
-            out.append(result)
+        with contextlib.closing(workers.decided(job, list(range(len(finals))), timing)) as done:
+            for f, got in zip(finals, done, strict=True):
+                if isinstance(got, workers.Failed):  # the job itself failed (it never does)
+                    raise got.error
+                result, delta = got
+                if f.proving is not None:  # what a stop names, as if proved here
+                    self._now_proving(*f.proving, output=f.output)
+                _add_counters(self.stats, delta)
+                if isinstance(result, workers.Failed):
+                    raise result.error
+                out.append(result)
+        if "pool" in timing:
+            self.stats.seconds["final obligations in workers"] = timing["pool"]
         return out
 
     def _divergent_replica(self, inputs: list) -> str | None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tv_ir.ir.program import Module, walk
+from tv_ir.ir.program import Module
 from tv_ir.passes import run_pipeline
 from tv_ir.passes.loop_cut import (
     CARRIED,
@@ -57,9 +57,6 @@ CheckPair = Callable[[Module, Module, Placement], Report]
 INPUT_KINDS = (CARRIED, INVARIANT, STACKED_IN)
 PAIRING_TRIPS = 2  # iterations each loop runs in the run that pairs positions up
 OUTPUT_KINDS = (CARRIED, STACKED_OUT)
-# ops in the loop bodies' obligations (spec and impl) from which, when the user did not say
-# how many workers to use, the obligations are checked by a pool of all cores
-WORKERS_OPS = 200
 
 
 @dataclass
@@ -117,9 +114,9 @@ def prove_loops_by_induction(
         _, s_mod, i_mod, place = checks[k]
         return check_pair(s_mod, i_mod, place)
 
-    n = workers.pool_size(len(checks), worth_it=_worth_workers(checks))
-    reports = []
-    with contextlib.closing(workers.in_order(check, list(range(len(checks))), n)) as done:
+    reports: list[Report] = []
+    timing: dict = {}
+    with contextlib.closing(workers.decided(check, list(range(len(checks))), timing)) as done:
         for k, report in enumerate(done):
             if isinstance(report, workers.Failed):
                 raise report.error
@@ -128,19 +125,10 @@ def prove_loops_by_induction(
                 return outcome
     if built is not None:
         return obligations[built]
-    return _combined(reports, len(spec.main.result_types), paired, time.perf_counter() - t0)
-
-
-def _worth_workers(checks: list) -> bool:
-    """Whether the obligations are worth a pool of workers when the user did not say: the
-    bodies (everything but the rest) hold WORKERS_OPS ops or more between them (a pool costs
-    about 0.1 s to start; docs/benchmarks.md, "Workers")."""
-    ops = sum(_ops(s_mod) + _ops(i_mod) for _, s_mod, i_mod, _ in checks[1:])
-    return len(checks) > 1 and ops >= WORKERS_OPS
-
-
-def _ops(module: Module) -> int:
-    return sum(1 for _ in walk(module.main.body))
+    out = _combined(reports, len(spec.main.result_types), paired, time.perf_counter() - t0)
+    if "pool" in timing:
+        out.stats.seconds["induction obligations in workers"] = timing["pool"]
+    return out
 
 
 def _judged(k: int, report: Report, ob, paired, reports: list) -> NotProved | None:

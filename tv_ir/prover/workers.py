@@ -12,7 +12,9 @@ the report is the one a single worker writes.
 - Terms are hash-consed per process, so only small results cross back (outcomes, reports,
   counters), never terms; a child raises nothing across: its exception comes back as a
   value and is raised by the caller at that obligation's place in the order.
-- z3: a child starts a fresh context (`smt.fresh_context`); none crosses the fork.
+- z3: every query has a context of its own (`smt.check_equal`), made where it is asked, so
+  none crosses the fork, and its variables are numbered by the query, not by term ids: a
+  child asks z3 what one worker asks and gets the same model.
 - Limits: the run's deadline holds in every child (the same monotonic clock) and the parent
   stops children that overrun it; the memory the run may still add is split between the
   children, each measuring its own private memory (pages it copied from the parent count).
@@ -34,8 +36,10 @@ import pickle
 import select
 import struct
 import sys
+import time
 import traceback
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +123,33 @@ def pool_size(jobs: int, worth_it: bool) -> int:
     return max(1, min(n, jobs))
 
 
+# seconds of obligations decided in this process after which, when the user did not say how
+# many workers to use, the rest go to a pool of all cores (docs/benchmarks.md, "Workers":
+# starting a pool and warming its children costs 0.1-0.5 s, and most programs' obligations
+# close by normal forms in milliseconds, where a pool only costs)
+PARALLEL_AFTER_S = 1.0
+
+
+def decided(job: Callable[[int], Any], jobs: list[int], timing: dict | None = None) -> Iterator:
+    """job(i) for i in jobs, in order (each a result or a `Failed`): with the workers the
+    user asked for from the first job; automatically, in this process until the jobs done
+    here have taken PARALLEL_AFTER_S, then the rest in a pool of all cores. `timing` gets
+    "pool" (seconds from the pool's start to its last result) when a pool ran. Close it
+    (contextlib.closing) to stop a pool early."""
+    t0 = time.perf_counter()
+    for k, i in enumerate(jobs):
+        late = time.perf_counter() - t0 > PARALLEL_AFTER_S
+        n = pool_size(len(jobs) - k, worth_it=late)
+        if n > 1:
+            t_pool = time.perf_counter()
+            with contextlib.closing(in_order(job, jobs[k:], n)) as rest:
+                yield from rest
+            if timing is not None:
+                timing["pool"] = time.perf_counter() - t_pool
+            return
+        yield _attempt(job, i)
+
+
 @dataclass
 class Failed:
     """A job's exception, to be raised by the caller at the job's place in the order."""
@@ -128,6 +159,32 @@ class Failed:
 
 _in_child = [False]
 _LEN = struct.Struct("<q")
+_relayed: list[tuple[int, str]] = []  # in a child: progress lines of the job in hand
+_sinks: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class Relayed:
+    """A progress callback that also works in worker processes: a child keeps its lines
+    and sends them with the job's result, and the parent passes them on when it takes that
+    result in order (so the lines come in the order one worker writes them, each job's
+    once it is done)."""
+
+    def __init__(self, fn: Callable[[str], None]):
+        self.fn = fn
+        _sinks[id(self)] = self
+
+    def __call__(self, line: str) -> None:
+        if _in_child[0]:
+            _relayed.append((id(self), line))
+        else:
+            self.fn(line)
+
+
+def _pass_on(lines: list[tuple[int, str]]) -> None:
+    for sink_id, line in lines:
+        sink = _sinks.get(sink_id)
+        if sink is not None:
+            sink.fn(line)
 
 
 def run_jobs(job: Callable[[int], Any], jobs: list[int], workers: int) -> list[Any]:
@@ -162,7 +219,7 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
         for i in jobs:
             while i not in results:
                 if not busy:  # every child died: the rest is done here
-                    results.update((j, _attempt(job, j)) for j in queue)
+                    results.update((j, (_attempt(job, j), [])) for j in queue)
                     queue.clear()
                     break
                 for c in _wait(children, busy):
@@ -170,13 +227,16 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
                     if got is None:  # the child died: its job is done here
                         children[c].close()
                         lost = busy.pop(c)
-                        results[lost] = _attempt(job, lost)
+                        results[lost] = (_attempt(job, lost), [])
                         continue
-                    results[busy.pop(c)] = got
+                    result, lines = got
+                    results[busy.pop(c)] = (result, lines)
                     if queue:
                         busy[c] = queue.pop(0)
                         children[c].send(busy[c])
-            yield results.pop(i)
+            result, lines = results.pop(i)
+            _pass_on(lines)
+            yield result
     finally:
         for child in children:
             child.stop()
@@ -292,10 +352,7 @@ def _spawn(job: Callable[[int], Any], share_mb: float | None) -> _Child:
 
 def _serve(job: Callable[[int], Any], tasks: int, results: int, share_mb: float | None) -> None:
     """The child's loop: a job number in, its result out, until told to stop."""
-    from . import smt
-
     _in_child[0] = True
-    smt.fresh_context()
     with worker_memory_budget(share_mb), enforced_limits():
         while True:
             head = _read_exactly(tasks, _LEN.size)
@@ -304,25 +361,27 @@ def _serve(job: Callable[[int], Any], tasks: int, results: int, share_mb: float 
             i = _LEN.unpack(head)[0]
             if i < 0:
                 return
+            _relayed.clear()
             out = _attempt(job, i)
-            body = _pickled(out)
+            body = _pickled(out, list(_relayed))
             os.write(results, _LEN.pack(len(body)))
             view = memoryview(body)
             while view:
                 view = view[os.write(results, view) :]
 
 
-def _pickled(out: Any) -> bytes:
-    """`out` pickled; an exception that does not pickle (a class made on the fly, such as
-    the watchdog's) comes back as its nearest picklable base, with its message."""
+def _pickled(out: Any, lines: list) -> bytes:
+    """(`out`, progress `lines`) pickled; an exception that does not pickle (a class made on
+    the fly, such as the watchdog's) comes back as its nearest picklable base, with its
+    message."""
     try:
-        return pickle.dumps(out)
+        return pickle.dumps((out, lines))
     except Exception:
         if not isinstance(out, Failed):
             raise
     for cls in type(out.error).__mro__:
         try:
-            return pickle.dumps(Failed(cls(str(out.error))))
+            return pickle.dumps((Failed(cls(str(out.error))), lines))
         except Exception:
             continue
-    return pickle.dumps(Failed(TvError(str(out.error))))
+    return pickle.dumps((Failed(TvError(str(out.error))), lines))
