@@ -242,3 +242,44 @@ def test_progress_lines_from_children_reach_the_callback_in_order() -> None:
         assert r.verdict == "equivalent", r.reason
         assert r.stats.loops_by_induction == 1
     assert lines[1] and lines[2] == lines[1]
+
+
+def _stuck_on_output(monkeypatch, output: int, grow: bool = False) -> None:
+    """Output `output`'s final obligation never ends (and grows, with `grow`) until a limit
+    stops it; the others are decided as usual."""
+    from tv_ir.prover import engine
+
+    original = engine.StageProver._decide_final
+
+    def stuck(self, f):
+        if f.output != output:
+            return original(self, f)
+        keep = []
+        while True:
+            if grow:
+                keep.append(np.ones(2**17))  # 1 MB at a time
+            self._check_time()  # the time and memory polls
+
+    monkeypatch.setattr(engine.StageProver, "_decide_final", stuck)
+
+
+def test_time_limit_holds_across_workers_and_names_the_same_obligation(monkeypatch) -> None:
+    _stuck_on_output(monkeypatch, 1)
+    reasons = {}
+    for n in (1, 2):
+        t0 = time.perf_counter()
+        r = tv_ir.check(lower(spec3), lower(impl3), workers=n, time_limit=4)
+        assert time.perf_counter() - t0 < 4 + workers.KILL_GRACE_S
+        assert r.verdict == "unknown"
+        reasons[n] = r.reason
+    assert reasons[2].startswith("time limit of 4 s reached"), reasons[2]
+    assert "while proving output 1: impl" in reasons[2], reasons[2]
+    assert reasons[1] == reasons[2]
+
+
+def test_memory_limit_holds_across_workers(monkeypatch) -> None:
+    _stuck_on_output(monkeypatch, 2, grow=True)
+    r = tv_ir.check(lower(spec3), lower(impl3), workers=2, memory_limit=400, time_limit=120)
+    assert r.verdict == "unknown"
+    assert r.reason.startswith("memory limit of 400 MB reached"), r.reason
+    assert "while proving output 2: impl" in r.reason, r.reason

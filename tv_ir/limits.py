@@ -176,8 +176,9 @@ class OutOfMemoryBudget(TvError):
 
 @dataclass(frozen=True)
 class _Budget:
-    mb: float  # what the user allowed the run
+    mb: float  # what the user allowed the run (in a worker process: its share of it)
     ceiling: float  # resident MB the process may reach: its memory at the start, plus mb
+    run_mb: float | None = None  # in a worker process: what the user allowed the whole run
 
     def used(self, rss: float) -> float:
         """MB the run has added to the process."""
@@ -301,8 +302,10 @@ def worker_memory_budget(share_mb: float | None):
     if share_mb is None:
         token = _budget.set(None)
     else:
+        outer = _budget.get()
         _meter[0] = _PrivateMeter()
-        token = _budget.set(_Budget(share_mb, _measured_mb() + share_mb))
+        run_mb = outer.run_mb or outer.mb if outer is not None else None
+        token = _budget.set(_Budget(share_mb, _measured_mb() + share_mb, run_mb))
     try:
         yield
     finally:
@@ -356,11 +359,21 @@ def refuse_unaffordable(need_mb: float, what: str) -> None:
 
 def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
     """`used`: the MB the run has added to the process."""
-    mb = memory_limit()
-    what = f"memory limit of {mb:g} MB reached" if mb is not None else "memory limit reached"
-    if used is not None:
-        what += f" ({used:.0f} MB used by this run)"
-    return f"{what}{' ' + detail if detail else ''}"
+    return _over_budget(_budget.get(), used) + (f" {detail}" if detail else "")
+
+
+def _over_budget(budget: _Budget | None, used: float | None) -> str:
+    """`memory limit of MB reached (...)`, naming the user's limit (in a worker process
+    too, with the worker's share)."""
+    if budget is None:
+        return "memory limit reached"
+    if budget.run_mb is not None:
+        what = f"memory limit of {budget.run_mb:g} MB reached"
+        if used is not None:
+            what += f" (a worker process used {used:.0f} MB, its share {budget.mb:.0f} MB)"
+        return what
+    what = f"memory limit of {budget.mb:g} MB reached"
+    return what + (f" ({used:.0f} MB used by this run)" if used is not None else "")
 
 
 # -- enforcement ----------------------------------------------------------------------------
@@ -412,8 +425,7 @@ def enforced_limits():
                 continue
             used = budget.used(_measured_mb()) if budget is not None else 0.0
             if budget is not None and used > budget.mb * ENFORCE_MEMORY_SLACK:
-                what = f"memory limit of {budget.mb:g} MB reached ({used:.0f} MB used by this run)"
-                interrupt(OutOfMemoryBudget, what)
+                interrupt(OutOfMemoryBudget, _over_budget(budget, used))
                 fired = now
 
     watcher = threading.Thread(target=watch, name="tv-limits", daemon=True)
