@@ -2,7 +2,11 @@
 examples (examples/jax/) and on the scanned programs of bench/scan_depth.py (whose loops are
 proved by induction: the rest and each loop body are independent obligations).
 
-    python bench/workers.py [--only NAME,...] [--runs N] [--time-limit S] [--memory MB]
+    python bench/workers.py [--only NAME,...] [--bugs] [--runs N] [--time-limit S] [--memory MB]
+
+`--bugs` adds refutations: planted bugs of three examples, and the scanned MLP at 126
+layers with layer 17 wrong (its loop body refuted by induction, then the loops cut to 18
+iterations and checked unrolled).
 
 Each (row, workers) runs in a fresh child process; a row's time is tv's own
 (`stats.seconds["total"]`: import, simulation, proof, confirmation; not lowering). "same
@@ -40,6 +44,9 @@ EXAMPLES = [
     "llama_scan (1 layer)",
 ]
 SCANNED = ["mlp-shard-map", "mlp-jit-grad", "transformer-grad"]  # at 2 layers
+# refutations (`--bugs`): an example's planted bug (`verify_example(bug=True)`), and the
+# scanned MLP with layer 17 of 126 wrong (its body obligation refuted by induction)
+BUGS = ["llama_dp --bug", "llama_tp_sp --bug", "llama_pipeline --bug", "mlp-jit-layer17"]
 POOL_KEYS = ("final obligations in workers", "induction obligations in workers")
 SETTINGS = {"1": 1, "2": 2, "auto": None}
 
@@ -49,12 +56,12 @@ def worker(name: str, setting: str, time_limit: float, memory: float) -> None:
     workers = SETTINGS[setting]
     options = {"time_limit": time_limit, "memory_limit": memory, "workers": workers}
     t0 = time.perf_counter()
-    if name in SCANNED:
+    if name in SCANNED or name == "mlp-jit-layer17":
         import scan_depth
 
         import tv_ir
 
-        spec, impl, args = scan_depth.programs(name, 2)
+        spec, impl, args = scan_depth.programs(name, 126 if name == "mlp-jit-layer17" else 2)
         texts = [f.lower(*args).as_text(debug_info=True) for f in (spec, impl)]
         t0 = time.perf_counter()
         report = tv_ir.check(*texts, **options)
@@ -64,7 +71,9 @@ def worker(name: str, setting: str, time_limit: float, memory: float) -> None:
 
         from examples import ROWS  # bench/examples.py (bench/ is first on the path)
 
-        module, kwargs = ROWS[name]
+        bug = name.endswith(" --bug")
+        module, kwargs = ROWS[name.removesuffix(" --bug")]
+        kwargs = {**kwargs, "bug": True} if bug else kwargs
         report = importlib.import_module(module).verify_example(**kwargs, **options)
     wall = time.perf_counter() - t0
     d = json.loads(report.to_json())
@@ -78,6 +87,9 @@ def worker(name: str, setting: str, time_limit: float, memory: float) -> None:
                 "pooled": any(k in seconds for k in POOL_KEYS),
                 "digest": hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest(),
                 "reason": report.reason,
+                "line": report.location.impl.line
+                if report.location and report.location.impl
+                else None,
             }
         )
     )
@@ -87,7 +99,10 @@ def run_row(name: str, setting: str, time_limit: float, memory: float) -> dict:
     env = dict(os.environ)
     env.pop("TV_WORKERS", None)
     flags = env.get("XLA_FLAGS", "")
-    if name in SCANNED and "xla_force_host_platform_device_count" not in flags:
+    if (
+        name in SCANNED + ["mlp-jit-layer17"]
+        and "xla_force_host_platform_device_count" not in flags
+    ):
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=4".strip()
     args = [name, setting, str(time_limit), str(memory)]
     child = run_worker(__file__, args, time_limit + 120, env)
@@ -102,13 +117,15 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=1, help="runs per setting (the fastest is kept)")
     ap.add_argument("--time-limit", type=float, default=300.0)
     ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory limit (MB)")
+    ap.add_argument("--bugs", action="store_true", help="add the refutation rows")
     ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         name, setting, limit, memory = a.worker
         worker(name, setting, float(limit), float(memory))
         return
-    names = [n for n in EXAMPLES + SCANNED if not a.only or n in a.only.split(",")]
+    rows = EXAMPLES + SCANNED + (BUGS if a.bugs else [])
+    names = [n for n in rows if not a.only or n in a.only.split(",")]
     print(
         "| check | verdict | 1 worker s | 2 workers s | speed-up | pool s (2) | auto s | "
         "auto pooled | same report (1 / 2 / auto) | load (1 min) |"
@@ -125,8 +142,9 @@ def main() -> None:
         digests = {r.get("digest") for r in got.values()}
         same = "yes" if len(digests) == 1 and None not in digests else "NO"
         speed = one["seconds"] / two["seconds"] if "seconds" in one and "seconds" in two else None
+        verdict = one["verdict"] + (f" at line {one['line']}" if one.get("line") else "")
         print(
-            f"| `{name}` | {one['verdict']} | {_f(one.get('seconds'))} | {_f(two.get('seconds'))} "
+            f"| `{name}` | {verdict} | {_f(one.get('seconds'))} | {_f(two.get('seconds'))} "
             f"| {_f(speed, '.2f')}x | {_f(two.get('pool'))} | {_f(auto.get('seconds'))} | "
             f"{'yes' if auto.get('pooled') else 'no'} | {same} | {load:.1f} |",
             flush=True,

@@ -129,6 +129,8 @@ def test_cli_workers(tmp_path) -> None:
     for bad in ("0", "x"):
         r = run_tv("check", str(spec), str(impl), "--workers", bad)
         assert r.returncode == 3 and "--workers" in r.stderr, r.stderr
+    r = run_tv("partition", str(spec), "--workers", "-1")
+    assert r.returncode == 3 and "--workers must be at least 1" in r.stderr, r.stderr
     outs = []
     for n in ("1", "2"):
         r = run_tv("check", str(spec), str(impl), "--workers", n, "--json")

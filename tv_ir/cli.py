@@ -17,7 +17,6 @@ from importlib import resources
 from tv_ir.report.result import EXIT_CODES
 
 from .errors import BadInput, TvError, one_line
-from .prover.workers import WORKERS_ENV
 
 EXIT_BAD_INPUT = 3
 EXIT_INTERNAL_ERROR = 4
@@ -75,8 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     _workers_flag(
         c,
         "processes: for SPEC IMPL, the check's independent obligations (the same report as "
-        "one; default: all cores where the work is large enough, see docs/benchmarks.md); "
-        "for a SUITE, pairs checked at once, each in its own process (default: all cores)",
+        "one worker; default: all cores once the obligations have taken a second, or "
+        "$TV_WORKERS); for a SUITE, pairs checked at once, each in its own process (default: "
+        "all cores)",
     )
     s = c.add_argument_group("suites (tv check SUITE)")
     s.add_argument("--junit", metavar="FILE", help="write JUnit XML for CI")
@@ -117,8 +117,8 @@ def _parser() -> argparse.ArgumentParser:
     _common(pt)
     _workers_flag(
         pt,
-        "processes for the check's independent obligations (default: all cores "
-        "where the work is large enough)",
+        "processes for the check's independent obligations (the same report as one worker; "
+        "default: all cores once the obligations have taken a second, or $TV_WORKERS)",
     )
     ps = sub.add_parser(
         "passes",
@@ -163,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _workers_flag(p, what: str) -> None:
-    p.add_argument("--workers", metavar="N", help=what + f"; ${WORKERS_ENV} sets the default")
+    p.add_argument("--workers", metavar="N", help=what)
 
 
 def _workers(args) -> int | None:

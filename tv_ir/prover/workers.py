@@ -209,13 +209,17 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
     sys.stderr.flush()  # buffered output would be written again by each child
     children: list[_Child] = []
     try:
-        children += [_spawn(job, share) for _ in range(workers)]
+        for _ in range(workers):
+            try:
+                children.append(_spawn(job, share))
+            except OSError:  # no more processes (or memory for one): fewer workers
+                break
         results: dict[int, Any] = {}
         queue = list(jobs)
         busy: dict[int, int] = {}  # child index -> job in hand
         for c, child in enumerate(children):
             busy[c] = queue.pop(0)
-            child.send(busy[c])
+            child.send(busy[c])  # (no child at all: the loop below does every job here)
         for i in jobs:
             while i not in results:
                 if not busy:  # every child died: the rest is done here
