@@ -285,3 +285,36 @@ def test_memory_limit_holds_across_workers(monkeypatch) -> None:
     assert r.verdict == "unknown"
     assert r.reason.startswith("memory limit of 400 MB reached"), r.reason
     assert "while proving output 2: impl" in r.reason, r.reason
+
+
+def test_pytest_option_sets_the_workers_of_every_check(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    test = tmp_path / "test_env.py"
+    test.write_text("import os\n\ndef test_it():\n    assert os.environ['TV_WORKERS'] == '2'\n")
+    run = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test)]
+    ok = subprocess.run([*run, "--tv-workers", "2"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    bad = subprocess.run([*run, "--tv-workers", "0"], capture_output=True, text=True)
+    assert bad.returncode == 4 and "--tv-workers must be at least 1" in bad.stderr, bad.stderr
+
+
+def test_automatic_pool_uses_idle_cores_after_a_second(monkeypatch) -> None:
+    monkeypatch.delenv(workers.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(workers, "cores", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 6.0, 6.0))
+    assert workers.idle_cores() == 1  # a busy machine: no pool
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))  # this process alone
+    assert workers.idle_cores() == 2
+    parent = os.getpid()
+
+    def job(i: int) -> bool:
+        time.sleep(0.3)
+        return os.getpid() == parent
+
+    monkeypatch.setattr(workers, "PARALLEL_AFTER_S", 0.5)
+    timing: dict = {}
+    here = list(workers.decided(job, list(range(5)), timing))
+    assert here[:2] == [True, True] and not any(here[2:]) and "pool" in timing
+    assert workers.run_jobs(job, [0, 1], 1) == [True, True]  # one worker: no pool

@@ -21,10 +21,11 @@ the report is the one a single worker writes.
 - A child that dies (killed by the OS, say) loses no obligation: its unfinished one is
   proved again in the parent.
 
-Which obligations run this way, and when a pool is worth starting at all, is decided by the
-callers (tv_ir.prover.engine, tv_ir.prover.loop_induction); `requested()` is what the user
+Which obligations run this way is the callers' choice (tv_ir.prover.engine,
+tv_ir.prover.loop_induction); when a pool starts is `decided`'s rule; `requested()` is what the user
 asked for: `--workers N` / `workers=N`, else the environment variable TV_WORKERS, else
-None (automatic: all cores, where the caller's rule says the work is large enough).
+None (automatic: the idle cores, once the obligations decided in one process have taken
+PARALLEL_AFTER_S).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def validate(workers: Any, what: str = "workers") -> int | None:
     if workers is None:
         return None
     if isinstance(workers, bool) or not isinstance(workers, int):
-        if isinstance(workers, str) and workers.strip().isdigit():
+        if isinstance(workers, str) and workers.strip().lstrip("-").isdigit():
             workers = int(workers)
         else:
             raise BadInput(f"{what} must be a whole number of at least 1, not {workers!r}")
@@ -111,20 +112,31 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
+def idle_cores() -> int:
+    """Cores not busy with other work: this process's cores less the 1-minute load average
+    (which counts this process), at least 1. On a machine other jobs keep busy a pool gains
+    no CPU time and only slows every obligation down (docs/benchmarks.md, "Workers")."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return cores()
+    return max(1, min(cores(), int(cores() - load + 1.5)))
+
+
 def pool_size(jobs: int, worth_it: bool) -> int:
     """Processes for `jobs` independent obligations: what the user asked for, or when
-    nothing was asked, all cores if `worth_it` (the caller's rule) and 1 otherwise; never
-    more than the jobs, never more than 1 inside a child."""
+    nothing was asked, the idle cores if `worth_it` (the caller's rule) and 1 otherwise;
+    never more than the jobs, never more than 1 inside a child."""
     if jobs < 2 or _in_child[0]:
         return 1
     n = requested()
     if n is None:
-        n = cores() if worth_it else 1
+        n = idle_cores() if worth_it else 1
     return max(1, min(n, jobs))
 
 
 # seconds of obligations decided in this process after which, when the user did not say how
-# many workers to use, the rest go to a pool of all cores (docs/benchmarks.md, "Workers":
+# many workers to use, the rest go to a pool of the idle cores (docs/benchmarks.md, "Workers":
 # starting a pool and warming its children costs 0.1-0.5 s, and most programs' obligations
 # close by normal forms in milliseconds, where a pool only costs)
 PARALLEL_AFTER_S = 1.0
@@ -133,7 +145,8 @@ PARALLEL_AFTER_S = 1.0
 def decided(job: Callable[[int], Any], jobs: list[int], timing: dict | None = None) -> Iterator:
     """job(i) for i in jobs, in order (each a result or a `Failed`): with the workers the
     user asked for from the first job; automatically, in this process until the jobs done
-    here have taken PARALLEL_AFTER_S, then the rest in a pool of all cores. `timing` gets
+    here have taken PARALLEL_AFTER_S, then the rest in a pool of the idle cores (none on a
+    busy machine: then all in this process). `timing` gets
     "pool" (seconds from the pool's start to its last result) when a pool ran. Close it
     (contextlib.closing) to stop a pool early."""
     t0 = time.perf_counter()
