@@ -45,6 +45,10 @@ EXAMPLES = [
     "llama_scan (1 layer)",
 ]
 SCANNED = ["mlp-shard-map", "mlp-jit-grad", "transformer-grad"]  # at 2 layers
+# four outputs, each a solver query of a few seconds (relu(x) * f(x) against
+# where(x > 0, x * f(x), 0) summed over 8 elements, f = tanh, exp, sin, cos; real sizes):
+# final obligations that are all of the work
+Z3_OUTPUTS = "z3-outputs"
 # refutations (`--bugs`): an example's planted bug (`verify_example(bug=True)`), and the
 # scanned MLP with layer 17 of 126 wrong (its body obligation refuted by induction)
 BUGS = ["llama_dp --bug", "llama_tp_sp --bug", "llama_pipeline --bug", "mlp-jit-layer17"]
@@ -57,7 +61,13 @@ def worker(name: str, setting: str, time_limit: float, memory: float) -> None:
     workers = SETTINGS[setting]
     options = {"time_limit": time_limit, "memory_limit": memory, "workers": workers}
     t0 = time.perf_counter()
-    if name in SCANNED or name == "mlp-jit-layer17":
+    if name == Z3_OUTPUTS:
+        import tv_ir
+
+        texts = _z3_outputs()
+        t0 = time.perf_counter()
+        report = tv_ir.check(*texts, reduce_shapes=False, **options)
+    elif name in SCANNED or name == "mlp-jit-layer17":
         import scan_depth
 
         import tv_ir
@@ -96,6 +106,23 @@ def worker(name: str, setting: str, time_limit: float, memory: float) -> None:
     )
 
 
+def _z3_outputs() -> list[str]:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    fs = [jnp.tanh, jnp.exp, jnp.sin, jnp.cos]
+    xs = [np.ones((8,), np.float32) for _ in fs]
+
+    def spec(*xs):
+        return tuple(jnp.sum(jnp.maximum(x, 0.0) * f(x)) for f, x in zip(fs, xs, strict=True))
+
+    def impl(*xs):
+        return tuple(jnp.sum(jnp.where(x > 0, x * f(x), 0.0)) for f, x in zip(fs, xs, strict=True))
+
+    return [jax.jit(g).lower(*xs).as_text(debug_info=True) for g in (spec, impl)]
+
+
 def run_row(name: str, setting: str, time_limit: float, memory: float) -> dict:
     env = dict(os.environ)
     env.pop("TV_WORKERS", None)
@@ -125,7 +152,7 @@ def main() -> None:
         name, setting, limit, memory = a.worker
         worker(name, setting, float(limit), float(memory))
         return
-    rows = EXAMPLES + SCANNED + (BUGS if a.bugs else [])
+    rows = EXAMPLES + SCANNED + [Z3_OUTPUTS] + (BUGS if a.bugs else [])
     names = [n for n in rows if not a.only or n in a.only.split(",")]
     print(
         "| check | verdict | 1 worker s | 2 workers s | speed-up | pool s (2) | auto s | "
