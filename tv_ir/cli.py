@@ -74,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     _workers_flag(
         c,
         "processes: for SPEC IMPL, the check's independent obligations (the same report as "
-        "one worker; default: all cores once the obligations have taken a second, or "
+        "one worker; default: the idle cores once the obligations have taken a second, or "
         "$TV_WORKERS); for a SUITE, pairs checked at once, each in its own process (default: "
         "all cores)",
     )
@@ -118,7 +118,7 @@ def _parser() -> argparse.ArgumentParser:
     _workers_flag(
         pt,
         "processes for the check's independent obligations (the same report as one worker; "
-        "default: all cores once the obligations have taken a second, or $TV_WORKERS)",
+        "default: the idle cores once the obligations have taken a second, or $TV_WORKERS)",
     )
     ps = sub.add_parser(
         "passes",

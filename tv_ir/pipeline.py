@@ -140,8 +140,8 @@ def check(
     reduction"); False checks the programs at their real sizes. `reduce_mesh` proves a
     shard_map program on a smaller mesh when its structure allows it (docs/equivalence.md,
     "Mesh reduction"); False simulates every device of its mesh. `workers`: processes for
-    the check's independent obligations (tv_ir.prover.workers; None: all cores where the
-    work is large enough, or $TV_WORKERS); the report is the one a single worker writes.
+    the check's independent obligations (tv_ir.prover.workers; None: the idle cores once the
+    obligations have taken a second, or $TV_WORKERS); the report is one worker's.
     """
     progress = progress_callback(progress)
     with memory_budget(memory_limit), use_workers(workers):

@@ -46,7 +46,7 @@ def verify(
     where its structure allows; XLA's partitioned programs are checked on their own mesh),
     `reduce_shapes` (default True: prove at reduced shapes where every op allows
     it; False checks at the real sizes), `workers` (processes for the check's independent
-    obligations; default all cores where the work is large enough, or $TV_WORKERS).
+    obligations; default: the idle cores once they have taken a second, or $TV_WORKERS).
     """
     from tv_ir.pipeline import check, partition_and_check, prepare
 
