@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -318,3 +319,49 @@ def test_automatic_pool_uses_idle_cores_after_a_second(monkeypatch) -> None:
     here = list(workers.decided(job, list(range(5)), timing))
     assert here[:2] == [True, True] and not any(here[2:]) and "pool" in timing
     assert workers.run_jobs(job, [0, 1], 1) == [True, True]  # one worker: no pool
+
+
+def _scan(bug: bool):
+    def f(x, w):
+        def layer(carry, w_layer):
+            h, i = carry
+            y = jnp.sin(h @ w_layer) * 0.9 + 0.1
+            if bug:
+                y = jnp.where(i == 17, 0.5 * y, y)  # LINE: bug
+            return (y, i + 1), None
+
+        return jax.lax.scan(layer, (x, 0), w)[0][0]
+
+    return f
+
+
+_scan_spec, _scan_bug = _scan(False), _scan(True)
+WS = np.ones((40, 8, 8), np.float32)  # 40 stacked layers
+
+
+@pytest.mark.parametrize("impl", [_scan_spec, _scan_bug], ids=["equal", "layer17"])
+def test_induction_obligations_in_workers_same_report(monkeypatch, impl) -> None:
+    """Loops proved by induction: the rest and the body run in two workers; a body refuted
+    stops the proof there (the others are stopped), and the report, the refutation and its
+    line included, is the one a single worker writes."""
+    from tv_ir.frontends.jax import verify
+
+    pools = []
+    in_order = workers.in_order
+
+    def recording(job, jobs, n):
+        pools.append((len(jobs), n))
+        return in_order(job, jobs, n)
+
+    monkeypatch.setattr(workers, "in_order", recording)
+    reports = [verify(impl, X, WS, spec=_scan_spec, workers=n) for n in (1, 2)]
+    assert (2, 2) in pools  # the rest and the loop body, in two workers
+    same_report(*reports)
+    if impl is _scan_spec:
+        assert reports[1].verdict == "equivalent", reports[1].reason
+        assert reports[1].stats.loops_by_induction == 1
+        return
+    assert reports[1].verdict == "not_equivalent", reports[1].reason
+    lines = Path(__file__).read_text().splitlines()
+    bug = next(k for k, ln in enumerate(lines, 1) if ln.endswith("# LINE: bug"))
+    assert reports[1].location.impl.line == bug
