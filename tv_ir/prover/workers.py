@@ -224,7 +224,7 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
     try:
         for _ in range(workers):
             try:
-                children.append(_spawn(job, share))
+                children.append(_spawn(job, share, children))
             except OSError:  # no more processes (or memory for one): fewer workers
                 break
         results: dict[int, Any] = {}
@@ -340,16 +340,17 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _spawn(job: Callable[[int], Any], share_mb: float | None) -> _Child:
+def _spawn(job: Callable[[int], Any], share_mb: float | None, siblings: list[_Child]) -> _Child:
     task_r, task_w = os.pipe()
     result_r, result_w = os.pipe()
     with warnings.catch_warnings():
         # jax warns on every fork; the children never call into jax or XLA
         warnings.filterwarnings("ignore", message="os.fork", category=RuntimeWarning)
         pid = os.fork()
-    if pid == 0:  # the child
-        os.close(task_w)
-        os.close(result_r)
+    if pid == 0:  # the child: only its own ends of its own pipes
+        for fd in [task_w, result_r] + [f for c in siblings for f in (c.tasks, c.results)]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         code = 0
         try:
             _serve(job, task_r, result_w, share_mb)
