@@ -137,7 +137,7 @@ def pool_size(jobs: int, worth_it: bool) -> int:
 
 # seconds of obligations decided in this process after which, when the user did not say how
 # many workers to use, the rest go to a pool of the idle cores (docs/benchmarks.md, "Workers":
-# starting a pool and warming its children costs 0.1-0.5 s, and most programs' obligations
+# starting a pool and warming its children costs 0.1-0.6 s, and most programs' obligations
 # close by normal forms in milliseconds, where a pool only costs)
 PARALLEL_AFTER_S = 1.0
 
