@@ -71,13 +71,14 @@ def _parser() -> argparse.ArgumentParser:
             "where neither IMPL nor a pre-partition SPEC says (null: no sharding given)",
         )
     _common(c)
-    s = c.add_argument_group("suites (tv check SUITE)")
-    s.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="pairs checked at once, each in its own process (default: all cores)",
+    _workers_flag(
+        c,
+        "processes: for SPEC IMPL, the check's independent obligations (the same report as "
+        "one worker; default: the idle cores once the obligations have taken a second, or "
+        "$TV_WORKERS); for a SUITE, pairs checked at once, each in its own process (default: "
+        "all cores)",
     )
+    s = c.add_argument_group("suites (tv check SUITE)")
     s.add_argument("--junit", metavar="FILE", help="write JUnit XML for CI")
     s.add_argument("--jsonl", metavar="FILE", help="write one JSON object per pair")
     s.add_argument(
@@ -114,6 +115,11 @@ def _parser() -> argparse.ArgumentParser:
         "global meaning)",
     )
     _common(pt)
+    _workers_flag(
+        pt,
+        "processes for the check's independent obligations (the same report as one worker; "
+        "default: the idle cores once the obligations have taken a second, or $TV_WORKERS)",
+    )
     ps = sub.add_parser(
         "passes",
         help="prove each pass of an XLA compilation preserves the program's meaning and name "
@@ -154,6 +160,17 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="check the bundled transformer-block examples")
     _common(d)
     return p
+
+
+def _workers_flag(p, what: str) -> None:
+    p.add_argument("--workers", metavar="N", help=what)
+
+
+def _workers(args) -> int | None:
+    """--workers as a count (None: not given); bad input (exit 3) unless a whole number >= 1."""
+    from .prover.workers import validate
+
+    return validate(getattr(args, "workers", None), "--workers")
 
 
 def _common(p):
@@ -256,6 +273,7 @@ def _run_check(spec, impl, args) -> int:
         reduce_shapes=not args.no_reduce,
         layouts=layouts,
         reduce_mesh=not args.whole_mesh,
+        workers=_workers(args),
     )
     return _print(report, args, progress)
 
@@ -270,8 +288,7 @@ def _run_suite(args) -> int:
 
     if args.num_partitions or args.in_shardings or args.out_shardings:
         raise BadInput("in a suite, give num_partitions and shardings per pair, in the manifest")
-    if args.workers is not None and args.workers < 1:
-        raise BadInput(f"--workers must be at least 1, got {args.workers}")
+    workers = _workers(args)
     pairs = suite.read_suite(args.spec)
     options = suite.SuiteOptions(
         timeout=args.timeout,
@@ -287,7 +304,7 @@ def _run_suite(args) -> int:
             print(suite.result_line(result), flush=True)
 
     t0 = time.perf_counter()
-    results = suite.run_suite(pairs, options, args.workers, cache, show)
+    results = suite.run_suite(pairs, options, workers, cache, show)
     if args.jsonl:
         suite.write_jsonl(results, args.jsonl)
     if args.junit:
@@ -327,6 +344,7 @@ def _run_partition(args) -> int:
             args.time_limit,
             memory_limit=args.memory_limit,
             reduce_shapes=not args.no_reduce,
+            workers=_workers(args),
         )
     else:
         spec, spec_fn = (args.spec, None) if args.spec else (None, None)
@@ -345,6 +363,7 @@ def _run_partition(args) -> int:
             time_limit=args.time_limit,
             memory_limit=args.memory_limit,
             reduce_shapes=not args.no_reduce,
+            workers=_workers(args),
         )
     return _print(report, args, progress)
 
@@ -444,8 +463,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run_passes(args)
         if args.impl is None:
             return _run_suite(args)
-        if args.workers or args.junit or args.jsonl or args.cache or args.no_cache:
-            raise BadInput("--workers, --junit, --jsonl and --cache are for suites: tv check SUITE")
+        if args.junit or args.jsonl or args.cache or args.no_cache:
+            raise BadInput("--junit, --jsonl and --cache are for suites: tv check SUITE")
         return _run_check(args.spec, args.impl, args)
     except BadInput as e:
         print(f"tv: error: {one_line(e)}", file=sys.stderr)

@@ -25,6 +25,9 @@ class Unsupported(TvError):
         self.op = op
         self.loc = loc
 
+    def __reduce__(self):  # op and loc cross from a worker process (tv_ir.prover.workers)
+        return (type(self), (str(self), self.op, self.loc))
+
 
 def one_line(e: BaseException, limit: int = 500) -> str:
     """An error's message on one line (a user-facing error is one line), cut to `limit`."""

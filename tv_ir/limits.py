@@ -176,8 +176,9 @@ class OutOfMemoryBudget(TvError):
 
 @dataclass(frozen=True)
 class _Budget:
-    mb: float  # what the user allowed the run
+    mb: float  # what the user allowed the run (in a worker process: its share of it)
     ceiling: float  # resident MB the process may reach: its memory at the start, plus mb
+    run_mb: float | None = None  # in a worker process: what the user allowed the whole run
 
     def used(self, rss: float) -> float:
         """MB the run has added to the process."""
@@ -247,10 +248,74 @@ def _page_size() -> int:
 _PAGE_SIZE = _page_size()
 
 
+def private_mb() -> float:
+    """This process's private memory in MB (pages no other process shares: in a forked
+    worker, what it allocated and what it copied from its parent on write), or its
+    resident memory where /proc does not say."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            private = [ln for ln in f if ln.startswith(("Private_Clean:", "Private_Dirty:"))]
+        kb = sum(int(ln.split()[1]) for ln in private)
+        return kb / 1024
+    except (OSError, ValueError, IndexError):
+        return rss_mb()
+
+
+# what the memory limit measures: resident memory (None), or private memory in a forked
+# worker (`worker_memory_budget`), where the pages shared with the parent are the parent's
+_meter: list = [None]
+
+
+def _measured_mb() -> float:
+    return _meter[0]() if _meter[0] is not None else rss_mb()
+
+
+class _PrivateMeter:
+    """A forked worker's private memory, cheaply: reading it (`private_mb`, smaps_rollup)
+    costs about 25 ms in a 900 MB process, far too slow for every poll, so it is read at
+    most every PRIVATE_REFRESH_S (and never more than 1/40 of the time) and resident
+    memory's change since then (statm, microseconds) is added to it. Pages copied on write
+    since the last read are what it misses."""
+
+    def __init__(self) -> None:
+        self.offset, self.read_at, self.period = 0.0, float("-inf"), PRIVATE_REFRESH_S
+        self()
+
+    def __call__(self) -> float:
+        now = time.perf_counter()
+        if now - self.read_at >= self.period:
+            private = private_mb()
+            cost = time.perf_counter() - now
+            self.offset = private - rss_mb()
+            self.read_at, self.period = now, max(PRIVATE_REFRESH_S, 40 * cost)
+        return rss_mb() + self.offset
+
+
+PRIVATE_REFRESH_S = 1.0
+
+
+@contextlib.contextmanager
+def worker_memory_budget(share_mb: float | None):
+    """In a forked worker process (tv_ir.prover.workers): the memory limit becomes
+    `share_mb` MB of the worker's private memory (its share of what the run had left when
+    the workers started; None: no limit)."""
+    if share_mb is None:
+        token = _budget.set(None)
+    else:
+        outer = _budget.get()
+        _meter[0] = _PrivateMeter()
+        run_mb = outer.run_mb or outer.mb if outer is not None else None
+        token = _budget.set(_Budget(share_mb, _measured_mb() + share_mb, run_mb))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
 def memory_left_mb() -> float | None:
     """MB left under the memory limit (None: no limit; may be negative)."""
     budget = _budget.get()
-    return None if budget is None else budget.ceiling - rss_mb()
+    return None if budget is None else budget.ceiling - _measured_mb()
 
 
 def check_memory(force: bool = False) -> None:
@@ -263,7 +328,7 @@ def check_memory(force: bool = False) -> None:
     if not force and now - _memory_polled[0] < MEMORY_POLL_SECONDS:
         return
     _memory_polled[0] = now
-    rss = rss_mb()
+    rss = _measured_mb()
     if rss > budget.ceiling:
         raise OutOfMemoryBudget(memory_limit_reason(budget.used(rss)))
 
@@ -294,11 +359,21 @@ def refuse_unaffordable(need_mb: float, what: str) -> None:
 
 def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
     """`used`: the MB the run has added to the process."""
-    mb = memory_limit()
-    what = f"memory limit of {mb:g} MB reached" if mb is not None else "memory limit reached"
-    if used is not None:
-        what += f" ({used:.0f} MB used by this run)"
-    return f"{what}{' ' + detail if detail else ''}"
+    return _over_budget(_budget.get(), used) + (f" {detail}" if detail else "")
+
+
+def _over_budget(budget: _Budget | None, used: float | None) -> str:
+    """`memory limit of MB reached (...)`, naming the user's limit (in a worker process
+    too, with the worker's share)."""
+    if budget is None:
+        return "memory limit reached"
+    if budget.run_mb is not None:
+        what = f"memory limit of {budget.run_mb:g} MB reached"
+        if used is not None:
+            what += f" (a worker process used {used:.0f} MB, its share {budget.mb:.0f} MB)"
+        return what
+    what = f"memory limit of {budget.mb:g} MB reached"
+    return what + (f" ({used:.0f} MB used by this run)" if used is not None else "")
 
 
 # -- enforcement ----------------------------------------------------------------------------
@@ -348,10 +423,9 @@ def enforced_limits():
                 interrupt(OutOfTime, limit_reason)
                 fired = now
                 continue
-            used = budget.used(rss_mb()) if budget is not None else 0.0
+            used = budget.used(_measured_mb()) if budget is not None else 0.0
             if budget is not None and used > budget.mb * ENFORCE_MEMORY_SLACK:
-                what = f"memory limit of {budget.mb:g} MB reached ({used:.0f} MB used by this run)"
-                interrupt(OutOfMemoryBudget, what)
+                interrupt(OutOfMemoryBudget, _over_budget(budget, used))
                 fired = now
 
     watcher = threading.Thread(target=watch, name="tv-limits", daemon=True)

@@ -31,6 +31,7 @@ from .limits import (
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .prover.smt import SolverError
+from .prover.workers import Relayed, use_workers
 
 
 def prepare(source, role: str, unroll: bool = True) -> Module:
@@ -103,10 +104,12 @@ def progress_callback(progress) -> Callable[[str], None] | None:
     or None/False (quiet); anything else is bad input, not a traceback mid-proof."""
     if progress is None or progress is False:
         return None
-    if progress is True:
-        return lambda line: print(line, file=sys.stderr, flush=True)
-    if callable(progress):
+    if isinstance(progress, Relayed):
         return progress
+    if progress is True:
+        return Relayed(lambda line: print(line, file=sys.stderr, flush=True))
+    if callable(progress):
+        return Relayed(progress)  # lines from worker processes too
     raise BadInput(f"progress must be a callable, True or False, not {type(progress).__name__}")
 
 
@@ -122,6 +125,7 @@ def check(
     reduce_shapes: bool = True,
     layouts=None,
     reduce_mesh: bool = True,
+    workers: int | None = None,
 ) -> Report:
     """Prove `impl` equal to `spec` (modules as text, bytes, paths or ir.Module).
 
@@ -135,10 +139,12 @@ def check(
     the pair at reduced shapes when every op allows it (docs/equivalence.md, "Shape
     reduction"); False checks the programs at their real sizes. `reduce_mesh` proves a
     shard_map program on a smaller mesh when its structure allows it (docs/equivalence.md,
-    "Mesh reduction"); False simulates every device of its mesh.
+    "Mesh reduction"); False simulates every device of its mesh. `workers`: processes for
+    the check's independent obligations (tv_ir.prover.workers; None: the idle cores once the
+    obligations have taken a second, or $TV_WORKERS); the report is one worker's.
     """
     progress = progress_callback(progress)
-    with memory_budget(memory_limit):
+    with memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _check,
@@ -795,12 +801,13 @@ def partition_and_check(
     time_limit: float | None = None,
     memory_limit: float | None = None,
     reduce_shapes: bool = True,
+    workers: int | None = None,
 ) -> Report:
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
     per-device output equal to the module's own (single-device) semantics. XLA partitions
     the module at its real sizes; shape reduction then shrinks the partitioned program."""
     progress = progress_callback(progress)
-    with memory_budget(memory_limit):
+    with memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _partition_and_check,
@@ -849,11 +856,12 @@ def shardy_partition_and_check(
     time_limit: float | None = None,
     memory_limit: float | None = None,
     reduce_shapes: bool = True,
+    workers: int | None = None,
 ) -> Report:
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
     `spec_function`), by default to the function's own global (unsharded) meaning."""
-    with memory_budget(memory_limit):
+    with memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _shardy_partition_and_check,

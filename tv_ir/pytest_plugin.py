@@ -5,14 +5,41 @@ Installed with tv (entry point `pytest11`). A manifest named `tv_suite*.json(l)`
 pytest; each pair is a test that passes when tv's verdict is the pair's expected one
 (default `equivalent`) and fails with tv's report otherwise. The `tv_check` fixture checks a
 pair from a test function: `tv_check(spec, impl)` returns the report, failing the test
-unless it is `equivalent` (`expect=` for another verdict).
+unless it is `equivalent` (`expect=` for another verdict). `--tv-workers N` makes every
+check of the session use N worker processes for its independent obligations (it sets
+$TV_WORKERS; README, "Use"): `pytest --tv-workers 2` runs a test suite with two workers per
+check.
 """
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tv_ir.report.result import EQUIVALENT
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--tv-workers",
+        metavar="N",
+        default=None,
+        help="tv: worker processes for each check's independent obligations (sets TV_WORKERS)",
+    )
+
+
+def pytest_configure(config) -> None:
+    n = config.getoption("--tv-workers", default=None)
+    if n is None:
+        return
+    from .errors import BadInput
+    from .prover.workers import WORKERS_ENV, validate
+
+    try:
+        os.environ[WORKERS_ENV] = str(validate(n, "--tv-workers"))
+    except BadInput as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def _is_manifest(name: str) -> bool:

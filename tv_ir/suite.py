@@ -372,7 +372,7 @@ def _in_workers(pairs: list[Pair], options: SuiteOptions, workers: int) -> Itera
     with futures.ProcessPoolExecutor(
         workers, context, initializer=_worker_init, max_tasks_per_child=1
     ) as pool:
-        running = {pool.submit(check_pair, p, options): p for p in pairs}
+        running = {pool.submit(_check_in_pool, p, options): p for p in pairs}
         for f in futures.as_completed(running):
             try:
                 yield f.result()
@@ -381,11 +381,20 @@ def _in_workers(pairs: list[Pair], options: SuiteOptions, workers: int) -> Itera
     for pair in suspects:
         with futures.ProcessPoolExecutor(1, context, initializer=_worker_init) as alone:
             try:
-                yield alone.submit(check_pair, pair, options).result()
+                yield alone.submit(_check_in_pool, pair, options).result()
             except futures.process.BrokenProcessPool:
                 yield PairResult(
                     pair.name, ERROR, pair.expect, "the worker process died (out of memory?)"
                 )
+
+
+def _check_in_pool(pair: Pair, options: SuiteOptions) -> PairResult:
+    """A pair checked by one of several suite workers: with one process of its own (the
+    cores are the suite's workers')."""
+    from .prover.workers import use_workers
+
+    with use_workers(1):
+        return check_pair(pair, options)
 
 
 def _record(result: PairResult) -> dict:

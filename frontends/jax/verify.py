@@ -18,6 +18,7 @@ CHECK_OPTIONS = (
     "memory_limit",
     "reduce_shapes",
     "reduce_mesh",
+    "workers",
 )
 
 
@@ -44,7 +45,8 @@ def verify(
     `progress`, `reduce_mesh` (default True: prove a shard_map program on a smaller mesh
     where its structure allows; XLA's partitioned programs are checked on their own mesh),
     `reduce_shapes` (default True: prove at reduced shapes where every op allows
-    it; False checks at the real sizes).
+    it; False checks at the real sizes), `workers` (processes for the check's independent
+    obligations; default: the idle cores once they have taken a second, or $TV_WORKERS).
     """
     from tv_ir.pipeline import check, partition_and_check, prepare
 

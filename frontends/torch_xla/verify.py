@@ -10,7 +10,15 @@ from tv_ir.report.result import Report
 from . import runtime
 from .export import Exported, export
 
-CHECK_OPTIONS = ("timeout", "seed", "progress", "time_limit", "memory_limit", "reduce_shapes")
+CHECK_OPTIONS = (
+    "timeout",
+    "seed",
+    "progress",
+    "time_limit",
+    "memory_limit",
+    "reduce_shapes",
+    "workers",
+)
 
 
 def verify(
@@ -32,7 +40,8 @@ def verify(
     per-device program proved equal to `spec` (a reference model or function, traced
     unsharded), by default to the program's own unsharded meaning.
     `options`: `timeout` (seconds per solver query), `time_limit` (seconds for the whole
-    run), `memory_limit` (MB), `seed`, `progress`, `reduce_shapes` (default True).
+    run), `memory_limit` (MB), `seed`, `progress`, `reduce_shapes` (default True),
+    `workers` (processes for the check's independent obligations; tv_ir.prover.workers).
     """
     unknown = sorted(set(options) - set(CHECK_OPTIONS))
     if unknown:

@@ -17,9 +17,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -33,7 +35,7 @@ from tv_ir.semantics.symbolic import TABLE_VALUES, SymbolicAlgebra
 
 from ..errors import TvError, Unsupported
 from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
-from . import smt
+from . import smt, workers
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
 from .obligation_cache import ObligationCache, renaming_classes
@@ -85,6 +87,32 @@ class Options:
 class _OutOfTime(OutOfTime):
     """The proof's time limit ran out (the verdict becomes unknown). A TvError, so that the
     interpreters pass it through from a hook inside a shard_map body."""
+
+
+@dataclass
+class _Final:
+    """A final obligation: `pairs()` must be proved equal element by element; `what` names
+    it in a reason; `output` is the output it proves (None for a replica's copy) and
+    `proving` the (impl op, spec value) a stop midway names."""
+
+    what: str
+    pairs: Callable[[], list]
+    output: int | None = None
+    proving: tuple | None = None
+
+
+_COUNTERS = ("stages", "proved_by_normal_form", "proved_by_z3", "expansions", "cache_hits")
+
+
+def _counters(stats: Stats, since: dict | None = None) -> dict:
+    """The proof counters of `stats` (minus those of `since`)."""
+    now = {k: getattr(stats, k) for k in _COUNTERS}
+    return now if since is None else {k: v - since[k] for k, v in now.items()}
+
+
+def _add_counters(stats: Stats, delta: dict) -> None:
+    for k, v in delta.items():
+        setattr(stats, k, getattr(stats, k) + v)
 
 
 class _Outcome:
@@ -415,17 +443,14 @@ class StageProver:
         )
         impl_outs = interp.run(self.place.shard_inputs(inputs))
 
+        finals = self._final_obligations(spec_outs, impl_outs, interp)
         outputs, failures = [], []
-        for i, svid in enumerate(spec_outs):
-            per_device = [impl_outs[d][i] for d in range(n)]
-            self._now_proving(self.impl.main.body.results[i].owner, svid, output=i)
-            pairs = self._output_pairs(self.place.results[i], per_device, self.spec_view(svid))
-            outcome = self._prove_pairs(pairs, OUTPUT_LEVELS, final=True)
-            verdict = EQUIVALENT if outcome.status == "proved" else UNKNOWN
-            outputs.append(OutputResult(i, verdict))
+        for f, outcome in zip(finals, self._decide_finals(finals), strict=True):
+            if f.output is not None:
+                verdict = EQUIVALENT if outcome.status == "proved" else UNKNOWN
+                outputs.append(OutputResult(f.output, verdict))
             if outcome.status != "proved":
-                failures.append((f"output {i}", outcome))
-        failures += self._replica_failures(interp)
+                failures.append((f.what, outcome))
         if not failures:
             return self._report(EQUIVALENT, outputs=outputs)
         for _, outcome in failures:
@@ -444,23 +469,70 @@ class StageProver:
         reason = outcome.reason or "normal forms differ and the solver could not decide"
         return self._report(UNKNOWN, outputs=outputs, reason=f"{what}: {reason}")
 
-    def _replica_failures(self, interp: SpmdInterpreter) -> list:
-        """Replicated boxes of shard_map results (`SpmdInterpreter.replicas`): every device's
-        copy must be proved equal to the first holder's (which devices that do not compute
-        the box read). [(what, outcome)] for the copies not proved."""
-        out = []
+    def _final_obligations(self, spec_outs: list, impl_outs: list, interp) -> list[_Final]:
+        """What must be proved once every value is reached, in the order it is decided:
+        each output's pieces equal the spec output, then every device's copy of a
+        replicated box of a shard_map result (`SpmdInterpreter.replicas`) equal to the
+        first holder's (which devices that do not compute the box read). Independent of
+        one another: they read the cut-points, never each other's proofs."""
         n = self.place.num_devices
+        out = []
+        for i, svid in enumerate(spec_outs):
+            per_device = [impl_outs[d][i] for d in range(n)]
+            owner = self.impl.main.body.results[i].owner
+
+            def pairs(i=i, svid=svid, per_device=per_device):
+                return self._output_pairs(self.place.results[i], per_device, self.spec_view(svid))
+
+            out.append(_Final(f"output {i}", pairs, i, (owner, svid)))
         for rep in interp.replicas:
+            first = device_name(self.impl, rep.devices[0], n)
             for d, copy in zip(rep.devices[1:], rep.values[1:], strict=True):
-                pairs = _element_pairs(copy, rep.values[0])
-                outcome = self._prove_pairs(pairs, OUTPUT_LEVELS, final=True)
-                if outcome.status != "proved":
-                    first = device_name(self.impl, rep.devices[0], n)
-                    what = (
-                        f"{rep.where()} is claimed replicated, but the copy on "
-                        f"{device_name(self.impl, d, n)} is not proved equal to the one on {first}"
-                    )
-                    out.append((what, outcome))
+                what = (
+                    f"{rep.where()} is claimed replicated, but the copy on "
+                    f"{device_name(self.impl, d, n)} is not proved equal to the one on {first}"
+                )
+                out.append(_Final(what, partial(_element_pairs, copy, rep.values[0])))
+        return out
+
+    def _decide_final(self, f: _Final) -> _Outcome:
+        if f.proving is not None:
+            self._now_proving(*f.proving, output=f.output)
+        return self._prove_pairs(f.pairs(), OUTPUT_LEVELS, final=True)
+
+    def _decide_finals(self, finals: list[_Final]) -> list[_Outcome]:
+        """Every final obligation decided, in order, as one worker decides them. With
+        several workers (tv_ir.prover.workers.decided: the user's count from the first,
+        automatically once those decided here have taken a second) the rest are decided
+        by forked children. Each obligation's counters come back with its outcome and are
+        added here in order, and one that stopped the proof (time, memory) stops it here
+        at its place in the order, so the report is the one a single worker writes."""
+
+        def job(k: int):
+            before = _counters(self.stats)
+            try:
+                result = self._decide_final(finals[k])
+            except Exception as e:  # raised below, at this obligation's place
+                result = workers.Failed(e)
+            delta = _counters(self.stats, before)
+            _add_counters(self.stats, {c: -v for c, v in delta.items()})  # added below
+            return result, delta
+
+        timing: dict = {}
+        out = []
+        with contextlib.closing(workers.decided(job, list(range(len(finals))), timing)) as done:
+            for f, got in zip(finals, done, strict=True):
+                if isinstance(got, workers.Failed):  # the job itself failed (it never does)
+                    raise got.error
+                result, delta = got
+                if f.proving is not None:  # what a stop names, as if proved here
+                    self._now_proving(*f.proving, output=f.output)
+                _add_counters(self.stats, delta)
+                if isinstance(result, workers.Failed):
+                    raise result.error
+                out.append(result)
+        if "pool" in timing:
+            self.stats.seconds["final obligations in workers"] = timing["pool"]
         return out
 
     def _divergent_replica(self, inputs: list) -> str | None:

@@ -20,6 +20,7 @@ comes from that check, replayed on the whole programs).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from tv_ir.passes.unroll import unroll_static_loops
 from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, Report
 from tv_ir.semantics.layout import Layout
 
+from . import workers
 from .correspond import box_index, tiles
 from .placement import Placement
 from .simulate import random_inputs, run_traced, run_traced_devices
@@ -105,23 +107,45 @@ def prove_loops_by_induction(
     obligations = [_rest_obligation(spec, impl, placement, paired)]
     for k, lp in enumerate(paired):
         obligations.append(_body_obligation(spec, impl, placement.num_partitions, lp, k))
-    reports = []
-    for k, ob in enumerate(obligations):
-        if isinstance(ob, str):
-            return ob
-        name, s_mod, i_mod, place = ob
-        report = check_pair(s_mod, i_mod, place)
-        if report.verdict != EQUIVALENT:
-            why = report.reason or report.verdict.replace("_", " ")
-            iterations = None
-            if report.verdict == NOT_EQUIVALENT:  # the rest: any number of iterations shows it
-                iterations = (
-                    1 if k == 0 else _iterations_to(paired[k - 1], report, len(i_mod.main.args))
-                )
-            cut = ([lp.spec for lp in paired], [lp.impl for lp in paired])
-            return NotProved(f"the {name} obligation was not proved ({why})", iterations, cut)
-        reports.append(report)
-    return _combined(reports, len(spec.main.result_types), paired, time.perf_counter() - t0)
+    built = next((k for k, ob in enumerate(obligations) if isinstance(ob, str)), None)
+    checks = obligations[:built]  # what runs before the first that could not be built
+
+    def check(k: int) -> Report:
+        _, s_mod, i_mod, place = checks[k]
+        return check_pair(s_mod, i_mod, place)
+
+    reports: list[Report] = []
+    timing: dict = {}
+    with contextlib.closing(workers.decided(check, list(range(len(checks))), timing)) as done:
+        for k, report in enumerate(done):
+            if isinstance(report, workers.Failed):
+                raise report.error
+            outcome = _judged(k, report, checks[k], paired, reports)
+            if outcome is not None:
+                return outcome
+    if built is not None:
+        return obligations[built]
+    out = _combined(reports, len(spec.main.result_types), paired, time.perf_counter() - t0)
+    if "pool" in timing:
+        out.stats.seconds["induction obligations in workers"] = timing["pool"]
+    return out
+
+
+def _judged(k: int, report: Report, ob, paired, reports: list) -> NotProved | None:
+    """Obligation `k`'s report, judged as the proof goes: None when it is proved (kept in
+    `reports`), else why the loops are not proved by induction."""
+    name, _, i_mod, _ = ob
+    if report.verdict != EQUIVALENT:
+        why = report.reason or report.verdict.replace("_", " ")
+        iterations = None
+        if report.verdict == NOT_EQUIVALENT:  # the rest: any number of iterations shows it
+            iterations = (
+                1 if k == 0 else _iterations_to(paired[k - 1], report, len(i_mod.main.args))
+            )
+        cut = ([lp.spec for lp in paired], [lp.impl for lp in paired])
+        return NotProved(f"the {name} obligation was not proved ({why})", iterations, cut)
+    reports.append(report)
+    return None
 
 
 def _iterations_to(lp: _LoopPair, report: Report, body_args: int) -> int | None:

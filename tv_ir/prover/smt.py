@@ -12,6 +12,7 @@ unknown.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 
@@ -62,6 +63,16 @@ class _Encoder:
         self.applied: dict[str, list] = {}  # function name -> [(argument, result, domain)]
         self.ints: set[int] = set()  # atom ids of integer symbols
         self.bools: dict = {}
+        self.names: dict = {}  # what a variable stands for -> its name in this query
+
+    def _name(self, key, what: str) -> str:
+        """A variable's name, numbered in the order this query meets it: never a term's
+        atom id, which depends on what the process built before (a worker process and one
+        worker number atoms differently; the same query must be the same text for z3)."""
+        name = self.names.get(key)
+        if name is None:
+            name = self.names[key] = f"{what}!{len(self.names)}"
+        return name
 
     def fn(self, name: str, arity: int = 1):
         f = self.funcs.get(name)
@@ -112,7 +123,7 @@ class _Encoder:
         elif k in ("pow", "atan2"):
             e = self.fn(k, 2)(self.poly(args[0]), self.poly(args[1]))
         elif k == "opaque":  # one float operation's result on a non-finite operand
-            e = z3.Real(f"opaque{args[0]}")
+            e = z3.Real(self._name(("opaque", args[0]), "opaque"))
         elif k == "wrap":
             e = self._wrap(a)
         else:
@@ -124,7 +135,7 @@ class _Encoder:
         """A symbol's variable, named by its atom id (printed names may repeat); an integer
         symbol (its Key's element type) is an Int within its type's range."""
         key, index = a.args
-        name = f"{key}{list(index) if index else ''}!{a.id}"
+        name = self._name(("sym", a.id), f"{key}{list(index) if index else ''}")
         r = key.int_range if isinstance(key, T.Key) else None
         if r is None:
             e = z3.Real(name)
@@ -140,7 +151,8 @@ class _Encoder:
         """p reduced modulo 2**bits into the range: p == w + k * 2**bits, lo <= w <= hi."""
         p, bits, signed = a.args
         lo, hi = T.int_bounds(bits, signed)
-        w, k = z3.Int(f"wrap!{a.id}"), z3.Int(f"wrap_k!{a.id}")
+        w = z3.Int(self._name(("wrap", a.id), "wrap"))
+        k = z3.Int(self._name(("wrap_k", a.id), "wrap_k"))
         self.side += [w >= lo, w <= hi, z3.ToReal(w + k * (1 << bits)) == self.poly(p)]
         return z3.ToReal(w)
 
@@ -208,7 +220,7 @@ class _Encoder:
         if k == "not":
             return z3.Not(self.boolean(args[0]))
         if k == "opaque":
-            return z3.Bool(f"opaque{args[0]}_{args[1]}")
+            return z3.Bool(self._name(("opaque_bool", args[0], args[1]), "opaque"))
         if k == "finite_at":
             if args[0] == "integer":
                 return z3.IsInt(self.poly(args[1]))
@@ -231,7 +243,26 @@ class _Encoder:
 
 
 def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
-    """Is a == b for every (a, b) pair, for all values of the symbols (where defined)?"""
+    """Is a == b for every (a, b) pair, for all values of the symbols (where defined)?
+    Each query has a z3 context of its own: its answer (a model above all) depends on the
+    query, never on the queries this process asked before, so a check decided by worker
+    processes gets the counterexample one worker gets."""
+    with _own_context():
+        return _check_equal(pairs, timeout_s)
+
+
+@contextlib.contextmanager
+def _own_context():
+    """z3's default context replaced by a fresh one while the block runs."""
+    saved = z3.z3._main_ctx
+    z3.z3._main_ctx = z3.Context()
+    try:
+        yield
+    finally:
+        z3.z3._main_ctx = saved
+
+
+def _check_equal(pairs: list[tuple], timeout_s: float) -> SmtResult:
     enc = _Encoder()
     try:
         diffs = []
