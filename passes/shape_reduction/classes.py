@@ -25,6 +25,8 @@ class DimClasses:
     # integers (slice offsets, pad widths, shard boundaries) that the factor must divide
     offsets: dict[Key, list[int]] = field(default_factory=lambda: defaultdict(list))
     kept: dict[Key, str] = field(default_factory=dict)
+    # members split unevenly (a ragged last shard): no factor, an affine unit may (affine.py)
+    uneven: dict[Key, str] = field(default_factory=dict)
     # reshape factors: the member's size is the product of the listed members' sizes
     products: list[tuple[Key, tuple[Key, ...]]] = field(default_factory=list)
     names: dict[Key, str] = field(default_factory=dict)
@@ -66,6 +68,10 @@ class DimClasses:
     def keep(self, key: Key, why: str) -> None:
         self.kept.setdefault(key, why)
 
+    def split_unevenly(self, key: Key, why: str) -> None:
+        """key's shards differ in size: its class shrinks only by an affine unit."""
+        self.uneven.setdefault(key, why)
+
     def product(self, whole: Key, parts: tuple[Key, ...]) -> None:
         self.products.append((whole, parts))
 
@@ -100,4 +106,11 @@ class DimClasses:
         for k in members:
             if k in self.kept:
                 return self.kept[k]
+        return None
+
+    def reason_uneven(self, members: list[Key]) -> str | None:
+        """Why no factor may shrink the class (a ragged shard), or None."""
+        for k in members:
+            if k in self.uneven:
+                return self.uneven[k]
         return None

@@ -1,0 +1,118 @@
+"""Affine classes: a dimension split unevenly, reduced with its remainders kept.
+
+A dimension of 39295 split over 2 devices is padded to 39296, sliced into tiles of 19648 at
+offsets {0, 19648}, gathered back to 39296 and sliced to 39295: no factor divides its sizes
+and offsets, so a ratio (`factors.py`) cannot shrink it. Each of those numbers is `a x U + b`
+for one unit U (the tile, 19648) and small remainders b (39295 = 2U - 1, 39296 = 2U, pad
+width 1 = 0U + 1). The class is reduced by giving the unit a small value U' and keeping
+every remainder: `a x U + b -> a x U' + b` (3, 4, 2 and a pad of 1 at U' = 2). The reduced
+program has the same number of tiles, the same padding and the same partial last tile.
+
+The map is additive (a pad's `lo + n + hi`, a concatenation's sum, a slice's start + size
+all stay exact), and keeps the order of every two numbers of the class as long as U' is
+more than twice the largest remainder: the segments between offsets are the same ones, in
+the same order, none of them empty. Why a verdict carries over: docs/equivalence.md,
+"Uneven splits (affine classes)".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .classes import DimClasses, Key
+
+REMAINDER_LIMIT = 8  # the largest remainder |b| a member or offset may have
+MIN_REAL = 64  # a class whose largest member is smaller gains too little to be worth it
+
+
+@dataclass(frozen=True)
+class Affine:
+    """A class whose sizes and offsets are `a x unit + b`: read at `a x reduced + b`."""
+
+    unit: int
+    reduced: int
+
+    def parts(self, n: int) -> tuple[int, int]:
+        """(a, b) with n = a x unit + b and |b| <= unit / 2."""
+        a = (2 * n + self.unit) // (2 * self.unit)
+        return a, n - a * self.unit
+
+    def at(self, n: int) -> int:
+        """n at the reduced unit (signed: a negative offset maps to minus its map)."""
+        if n < 0:
+            return -self.at(-n)
+        a, b = self.parts(n)
+        return a * self.reduced + b
+
+    def grown(self) -> Affine:
+        """The witness's unit: one position more per unit."""
+        return Affine(self.unit, self.reduced + 1)
+
+
+def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
+    """The affine reduction of a class (its members' sizes and offsets all `a U + b` with
+    small b), or None. Of the units that fit, the one giving the smallest reduced sizes."""
+    sizes = {d.real[k] for k in members}
+    offsets = {o for k in members for o in d.offsets.get(k, ())}
+    values = {v for v in sizes | offsets if v > 0}
+    if max(values, default=0) < MIN_REAL:
+        return None
+    needs = {}
+    for k in members:  # each member keeps its lower bound (2 on contracted dimensions)
+        need = min(d.lower.get(k, 1), d.real[k])
+        needs[d.real[k]] = max(needs.get(d.real[k], 0), need)
+    best: tuple[int, Affine] | None = None
+    for u in _candidates(values):
+        found = _fit(u, values, needs)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = found
+    return best[1] if best else None
+
+
+def _candidates(values: set[int]) -> set[int]:
+    """Units to try: each value and its near neighbours (a tile of ceil size appears as an
+    offset or a tile's size; a whole dimension is a few tiles plus a remainder)."""
+    out = set()
+    for v in values:
+        for e in range(-REMAINDER_LIMIT, REMAINDER_LIMIT + 1):
+            if v + e > 8 * REMAINDER_LIMIT:
+                out.add(v + e)
+    return out
+
+
+def _fit(u: int, values: set[int], needs: dict[int, int]) -> tuple[int, Affine] | None:
+    """(cost, the reduction) with unit u, or None when some value is not `a u + b` with a
+    small b, nothing scales, or u cannot shrink."""
+    probe = Affine(u, u)
+    parts = {v: probe.parts(v) for v in values}
+    big = max(abs(b) for _, b in parts.values())
+    if big > REMAINDER_LIMIT or 8 * big >= u or all(a == 0 for a, _ in parts.values()):
+        return None
+    reduced = 2 * big + 2  # order kept, every segment between offsets 2 positions or more
+    for n, need in needs.items():
+        a, b = probe.parts(n) if n > 0 else (0, 0)
+        while a and a * reduced + b < need:
+            reduced += 1
+    if reduced >= u:
+        return None
+    aff = Affine(u, reduced)
+    cost = sum(aff.at(n) for n in needs)
+    if cost >= sum(needs):
+        return None
+    return cost, aff
+
+
+def choose_affine(d: DimClasses, factor: dict[Key, int], exclude: set[Key]) -> dict[Key, Affine]:
+    """The affine reduction of each class that no factor shrinks, no op keeps, and that is
+    neither part of a merged dimension (a reshape's product) nor in `exclude`."""
+    merged = {d.find(k) for whole, parts in d.products for k in (whole, *parts)}
+    out = {}
+    for root, members in d.classes().items():
+        if factor.get(root, 1) > 1 or root in merged or root in exclude:
+            continue
+        if d.reason_kept(members) is not None:
+            continue
+        aff = affine_unit(d, members)
+        if aff is not None:
+            out[root] = aff
+    return out
