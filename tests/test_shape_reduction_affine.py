@@ -54,6 +54,33 @@ ENTRY e {{
 """
 
 
+def impl_mul_merged(window: str = f"0:{N}") -> str:
+    """x * y with the tiles gathered as a new major dimension and merged by a reshape
+    (2 x 502 -> 1004: the class is its own merged dimension's minor part), then sliced."""
+    return f"""HloModule impl, num_partitions=2
+
+ENTRY e {{
+  x = f32[{N}] parameter(0), sharding={{replicated}}
+  y = f32[{N}] parameter(1), sharding={{replicated}}
+  zero = f32[] constant(0)
+  xp = f32[{2 * TILE}] pad(x, zero), padding=0_1
+  yp = f32[{2 * TILE}] pad(y, zero), padding=0_1
+  offsets = s32[2] constant({{0, {TILE}}})
+  pid = u32[] partition-id()
+  o1 = s32[1] dynamic-slice(offsets, pid), dynamic_slice_sizes={{1}}
+  o = s32[] reshape(o1)
+  xs = f32[{TILE}] dynamic-slice(xp, o), dynamic_slice_sizes={{{TILE}}}
+  ys = f32[{TILE}] dynamic-slice(yp, o), dynamic_slice_sizes={{{TILE}}}
+  m = f32[{TILE}] multiply(xs, ys)
+  m1 = f32[1,{TILE}] reshape(m)
+  g = f32[2,{TILE}] all-gather(m1), channel_id=1, replica_groups={{{{0,1}}}}, dimensions={{0}},
+    use_global_device_ids=true
+  w = f32[{2 * TILE}] reshape(g)
+  ROOT r = f32[{N}] slice(w), slice={{[{window}]}}
+}}
+"""
+
+
 SPEC_DOT = f"""HloModule spec
 
 add {{
@@ -132,6 +159,18 @@ def test_tile_offset_off_by_one_stays_refuted(confirmation) -> None:
     report = check(SPEC_MUL, impl_mul(offsets=f"0, {TILE - 1}"))
     assert report.verdict == "not_equivalent", str(report)
     assert classes(report)[N] < N, report.reduction  # refuted at reduced shapes
+
+
+def test_tiles_merged_by_a_reshape_shrink(confirmation) -> None:
+    report = check(SPEC_MUL, impl_mul_merged())
+    assert report.verdict == "equivalent", str(report)
+    assert classes(report)[N] < 16, report.reduction
+
+
+def test_tiles_merged_and_sliced_one_off_stay_refuted(confirmation) -> None:
+    report = check(SPEC_MUL, impl_mul_merged(window=f"1:{N + 1}"))
+    assert report.verdict == "not_equivalent", str(report)
+    assert classes(report)[N] < 16, report.reduction
 
 
 def test_uneven_sum_proved(confirmation) -> None:

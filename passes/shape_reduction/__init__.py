@@ -539,11 +539,17 @@ def _digits(d: DimClasses) -> None:
         for whole, parts in d.products:
             real = d.real[whole]
             radix = [d.real[p] for p in parts]
+            # W = A x W (tiles gathered from A devices): A keeps its size (`_products`), and
+            # W may still shrink by an affine unit (the tiles' remainders kept, affine.py)
+            own = d.find(whole) in {d.find(p) for p in parts}
             for m in with_offsets.get(d.find(whole), ()):
                 for o in list(d.offsets[m]):
                     if real < d.real[m] and d.real[m] % real == 0 and o % real == 0:
                         continue  # a boundary of real-sized blocks (a shard's): digits all 0
                     scaled = o * real
+                    if scaled % d.real[m] and own:
+                        d.split_unevenly(whole, "an offset inside its tiles is off their grid")
+                        continue
                     if scaled % d.real[m]:
                         d.keep(whole, "an offset inside a merged dimension is off its grid")
                         continue
@@ -557,7 +563,7 @@ def _digits(d: DimClasses) -> None:
                     digits.reverse()
                     for i, (p, digit) in enumerate(zip(parts, digits, strict=True)):
                         if digit and digit not in d.offsets.get(p, ()):
-                            d.divides(p, digit)
+                            d.divides(p, digit, ratio_only=own)
                         if digit:
                             for major in parts[:i]:
                                 d.keep(major, "an offset inside a merged dimension")

@@ -53,7 +53,7 @@ def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
     """The affine reduction of a class (its members' sizes and offsets all `a U + b` with
     small b), or None. Of the units that fit, the one giving the smallest reduced sizes."""
     sizes = {d.real[k] for k in members}
-    offsets = {o for k in members for o in d.offsets.get(k, ())}
+    offsets = {o for k in members for o in d.offsets.get(k, ()) if (k, o) not in d.ratio_only}
     values = {v for v in sizes | offsets if v > 0}
     if max(values, default=0) < MIN_REAL:
         return None
@@ -104,8 +104,16 @@ def _fit(u: int, values: set[int], needs: dict[int, int]) -> tuple[int, Affine] 
 
 def choose_affine(d: DimClasses, factor: dict[Key, int], exclude: set[Key]) -> dict[Key, Affine]:
     """The affine reduction of each class that no factor shrinks, no op keeps, and that is
-    neither part of a merged dimension (a reshape's product) nor in `exclude`."""
-    merged = {d.find(k) for whole, parts in d.products for k in (whole, *parts)}
+    neither part of a merged dimension (a reshape's product) nor in `exclude`. A class that
+    is its own merged dimension's minor part (W = A x W: tiles gathered from A devices and
+    merged, A kept at its size) may: A x (a U + b) maps to A x (a U' + b) exactly."""
+    merged = set()
+    for whole, parts in d.products:
+        w, ps = d.find(whole), {d.find(p) for p in parts}
+        if w in ps:  # W = A x W: A keeps its size, W = A x (a U' + b) is still exact
+            merged |= ps - {w}
+        else:
+            merged |= ps | {w}
     out = {}
     for root, members in d.classes().items():
         if factor.get(root, 1) > 1 or root in merged or root in exclude:
