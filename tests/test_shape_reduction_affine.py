@@ -210,3 +210,52 @@ def test_unit_found_from_sizes_and_offsets() -> None:
     k1, k2 = d2.add((0, 0), 1000), d2.add((1, 0), 617)
     d2.tie(k1, k2)
     assert affine_unit(d2, d2.classes()[d2.find(k1)]) is None
+
+
+# a convolution whose spatial dimension XLA partitions: each device's tile of 100 widened
+# by a halo row from each neighbour (102 = 100 + 2), windowed without padding
+def _conv(pad: tuple[int, int]):
+    import jax
+
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(
+            x, k, (1,), [pad], dimension_numbers=("NWC", "WIO", "NWC")
+        )
+
+    return conv
+
+
+def _partitioned(pad: tuple[int, int]):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    tiled = NamedSharding(mesh, P(None, "x", None))
+    return jax.jit(_conv(pad), in_shardings=(tiled, NamedSharding(mesh, P())), out_shardings=tiled)
+
+
+def _conv_args():
+    import jax
+    import jax.numpy as jnp
+
+    return jax.ShapeDtypeStruct((2, 200, 4), jnp.float32), jax.ShapeDtypeStruct(
+        (3, 4, 8), jnp.float32
+    )
+
+
+def test_halo_widened_convolution_tiles_shrink() -> None:
+    from tv_ir.frontends.jax import verify
+
+    report = verify(_partitioned((1, 1)), *_conv_args(), spec=_conv((1, 1)))
+    assert report.verdict == "equivalent", str(report)
+    assert classes(report)[200] < 20, report.reduction  # kept at 200 without affine units
+
+
+def test_halo_widened_convolution_with_other_padding_is_refuted(confirmation) -> None:
+    from tv_ir.frontends.jax import verify
+
+    report = verify(_partitioned((2, 0)), *_conv_args(), spec=_conv((1, 1)))
+    assert report.verdict == "not_equivalent", str(report)
+    assert classes(report)[200] < 20, report.reduction

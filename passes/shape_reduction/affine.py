@@ -75,7 +75,7 @@ def _candidates(values: set[int]) -> set[int]:
     out = set()
     for v in values:
         for e in range(-REMAINDER_LIMIT, REMAINDER_LIMIT + 1):
-            if v + e > 8 * REMAINDER_LIMIT:
+            if v + e >= 4:  # _fit asks more of a unit with remainders (8 |b| < U)
                 out.add(v + e)
     return out
 
