@@ -40,10 +40,15 @@ class DimClass:
     real: int
     reduced: int
     kept: str | None = None
+    # an affine class (affine.py): its unit at the real and the reduced size
+    unit: tuple[int, int] | None = None
 
     def __str__(self) -> str:
         if self.kept:
             return f"{self.name}: {self.real} kept ({self.kept})"
+        if self.unit:
+            u, u2 = self.unit
+            return f"{self.name}: {self.real} -> {self.reduced} (units of {u} -> {u2})"
         return f"{self.name}: {self.real} -> {self.reduced}"
 
 
@@ -104,6 +109,7 @@ class Reduction:
             "layer_loops": [{"loop": w, "real": n, "reduced": k} for w, n, k in self.layer_loops],
             "classes": [
                 {"name": c.name, "real": c.real, "reduced": c.reduced, "kept": c.kept}
+                | ({"unit": list(c.unit)} if c.unit else {})
                 for c in self.classes
                 if c.real > 1
             ],
@@ -631,7 +637,9 @@ def _describe(d: DimClasses, factor: dict, affine: dict, skip: set) -> list[DimC
         real = d.real[first]
         why = d.reason_kept(members)
         if root in affine:
-            out.append(DimClass(d.names.get(first, "?"), real, affine[root].at(real), why))
+            aff = affine[root]
+            name = d.names.get(first, "?")
+            out.append(DimClass(name, real, aff.at(real), why, (aff.unit, aff.reduced)))
             continue
         if why is None and f == 1 and real > 2:
             why = d.reason_uneven(members) or _why_whole(d, members)
