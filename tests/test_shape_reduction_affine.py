@@ -205,11 +205,13 @@ def test_unit_found_from_sizes_and_offsets() -> None:
     d.divides(keys[1], 1)  # the pad
     aff = affine_unit(d, d.classes()[d.find(keys[0])])
     assert aff is not None and aff.unit == 19648 and aff.at(39295) == 2 * aff.reduced - 1
-    # a remainder too large for the unit: no affine reduction
+    # a slice [383:1000] of 1000: whatever the units, the start + size is still the end
     d2 = DimClasses()
     k1, k2 = d2.add((0, 0), 1000), d2.add((1, 0), 617)
     d2.tie(k1, k2)
-    assert affine_unit(d2, d2.classes()[d2.find(k1)]) is None
+    d2.divides(k1, 383)
+    aff2 = affine_unit(d2, d2.classes()[d2.find(k1)])
+    assert aff2 is None or aff2.at(383) + aff2.at(617) == aff2.at(1000), aff2
 
 
 # a convolution whose spatial dimension XLA partitions: each device's tile of 100 widened
@@ -259,3 +261,69 @@ def test_halo_widened_convolution_with_other_padding_is_refuted(confirmation) ->
     report = verify(_partitioned((2, 0)), *_conv_args(), spec=_conv((1, 1)))
     assert report.verdict == "not_equivalent", str(report)
     assert classes(report)[200] < 20, report.reduction
+
+
+# top k: 302 keys in 2 tiles of 151, sorted, the first 20 kept: no factor divides 302, 151,
+# 20 and 282, no single unit fits 20 beside 151; two units do (151 -> U', 20 -> K')
+TOPK_SORT = """
+gt {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = pred[] compare(a, b), direction=GT
+}
+"""
+SPEC_TOPK = f"""HloModule spec
+{TOPK_SORT}
+ENTRY e {{
+  x = f32[302] parameter(0), sharding={{replicated}}
+  s = f32[302] sort(x), dimensions={{0}}, is_stable=true, to_apply=gt
+  ROOT r = f32[20] slice(s), slice={{[0:20]}}, sharding={{replicated}}
+}}
+"""
+
+
+def impl_topk(window: str = "0:20") -> str:
+    return f"""HloModule impl, num_partitions=2
+{TOPK_SORT}
+ENTRY e {{
+  x = f32[302] parameter(0), sharding={{replicated}}
+  offsets = s32[2] constant({{0, 151}})
+  pid = u32[] partition-id()
+  o1 = s32[1] dynamic-slice(offsets, pid), dynamic_slice_sizes={{1}}
+  o = s32[] reshape(o1)
+  t = f32[151] dynamic-slice(x, o), dynamic_slice_sizes={{151}}
+  g = f32[302] all-gather(t), channel_id=1, replica_groups={{{{0,1}}}}, dimensions={{0}},
+    use_global_device_ids=true
+  s = f32[302] sort(g), dimensions={{0}}, is_stable=true, to_apply=gt
+  ROOT r = f32[20] slice(s), slice={{[{window}]}}
+}}
+"""
+
+
+def test_top_k_shrinks_by_two_units(confirmation) -> None:
+    report = check(SPEC_TOPK, impl_topk())
+    assert report.verdict == "equivalent", str(report)
+    assert classes(report)[302] < 40, report.reduction  # kept at 302 by one unit
+
+
+def test_top_k_off_by_one_stays_refuted(confirmation) -> None:
+    report = check(SPEC_TOPK, impl_topk(window="1:21"))
+    assert report.verdict == "not_equivalent", str(report)
+    assert classes(report)[302] < 40, report.reduction
+
+
+def test_two_units_keep_the_order_of_every_value() -> None:
+    from tv_ir.passes.shape_reduction.affine import TwoUnits
+
+    d = DimClasses()
+    keys = [d.add((v, 0), n) for v, n in enumerate((209664, 104832, 2000))]
+    for k in keys[1:]:
+        d.tie(keys[0], k)
+    for o in (104832, 207664):
+        d.divides(keys[0], o)
+    aff = affine_unit(d, d.classes()[d.find(keys[0])])
+    assert isinstance(aff, TwoUnits), aff
+    values = [0, 2000, 104832, 207664, 209664]
+    mapped = [aff.at(v) for v in values]
+    assert mapped == sorted(mapped) and len(set(mapped)) == len(mapped), mapped
+    assert aff.at(209664) - aff.at(207664) == aff.at(2000)  # the slice's limit stays exact

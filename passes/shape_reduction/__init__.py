@@ -40,15 +40,18 @@ class DimClass:
     real: int
     reduced: int
     kept: str | None = None
-    # an affine class (affine.py): its unit at the real and the reduced size
-    unit: tuple[int, int] | None = None
+    # an affine class (affine.py): its unit at the real and the reduced size (and a second
+    # unit's, for a class of two units)
+    unit: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
         if self.kept:
             return f"{self.name}: {self.real} kept ({self.kept})"
         if self.unit:
-            u, u2 = self.unit
-            return f"{self.name}: {self.real} -> {self.reduced} (units of {u} -> {u2})"
+            units = " and ".join(
+                f"{self.unit[i]} -> {self.unit[i + 1]}" for i in range(0, len(self.unit), 2)
+            )
+            return f"{self.name}: {self.real} -> {self.reduced} (units of {units})"
         return f"{self.name}: {self.real} -> {self.reduced}"
 
 
@@ -249,11 +252,12 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         Witness(
             d.names.get(root, "?"),
             aff.at(d.real[root]),
-            aff.grown().at(d.real[root]),
-            lambda root=root: build(factor, {**affine, root: affine[root].grown()}),
+            grown.at(d.real[root]),
+            lambda root=root, grown=grown: build(factor, {**affine, root: grown}),
         )
         for root, aff in affine.items()
         if root not in only_splats
+        for grown in aff.witnesses()
     ]
     red.reduced_elements = elements(red.spec) + elements(red.impl)
     _layer_loops(red, d, factor, build, rules)
@@ -639,7 +643,10 @@ def _describe(d: DimClasses, factor: dict, affine: dict, skip: set) -> list[DimC
         if root in affine:
             aff = affine[root]
             name = d.names.get(first, "?")
-            out.append(DimClass(name, real, aff.at(real), why, (aff.unit, aff.reduced)))
+            unit = (aff.unit, aff.reduced) + tuple(
+                getattr(aff, f) for f in ("unit2", "reduced2") if hasattr(aff, f)
+            )
+            out.append(DimClass(name, real, aff.at(real), why, unit))
             continue
         if why is None and f == 1 and real > 2:
             why = d.reason_uneven(members) or _why_whole(d, members)

@@ -48,6 +48,52 @@ class Affine:
         """The witness's unit: one position more per unit."""
         return Affine(self.unit, self.reduced + 1)
 
+    def witnesses(self) -> list[Affine]:
+        return [self.grown()]
+
+
+@dataclass(frozen=True)
+class TwoUnits:
+    """A class whose sizes and offsets are `a x unit + c x unit2 + b` (a sort's length
+    and the k of its top k beside it): read at `a x reduced + c x reduced2 + b`."""
+
+    unit: int
+    reduced: int
+    unit2: int
+    reduced2: int
+
+    def parts(self, n: int) -> tuple[int, int, int] | None:
+        """The one (a, c, b) with |c| <= SECOND_LIMIT and |b| <= REMAINDER_LIMIT, or None
+        when there is none or more than one."""
+        found = []
+        for c in range(-SECOND_LIMIT, SECOND_LIMIT + 1):
+            rest = n - c * self.unit2
+            a = (2 * rest + self.unit) // (2 * self.unit)
+            b = rest - a * self.unit
+            if abs(b) <= REMAINDER_LIMIT:
+                found.append((a, c, b))
+        return found[0] if len(found) == 1 else None
+
+    def at(self, n: int) -> int:
+        if n < 0:
+            return -self.at(-n)
+        a, c, b = self.parts(n)
+        return a * self.reduced + c * self.reduced2 + b
+
+    def grown(self) -> TwoUnits:
+        return TwoUnits(self.unit, self.reduced + 1, self.unit2, self.reduced2)
+
+    def witnesses(self) -> list[TwoUnits]:
+        """Each unit one position larger, the other as it is (where that keeps the order
+        of the class's numbers: checked by the caller)."""
+        return [
+            self.grown(),
+            TwoUnits(self.unit, self.reduced, self.unit2, self.reduced2 + 1),
+        ]
+
+
+SECOND_LIMIT = 4  # the largest multiple |c| of a second unit
+
 
 def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
     """The affine reduction of a class (its members' sizes and offsets all `a U + b` with
@@ -66,7 +112,67 @@ def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
         found = _fit(u, values, needs)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
+    if best is None:
+        return _two_units(values, needs)
+    return best[1]
+
+
+def _two_units(values: set[int], needs: dict[int, int]) -> TwoUnits | None:
+    """A reduction by two units (TopK: 209664 keys in tiles of 104832, the top 2000): every
+    value `a U + c K + b` in one way only, and reduced units that keep every two values in
+    their order with at least min(their real distance, 2) positions between them, every
+    member its lower bound, and both witnesses (each unit one larger) the same order."""
+    big = sorted(values, reverse=True)[:6]
+    units = {u for u in _candidates(set(big)) if u > 8 * REMAINDER_LIMIT}
+    best = None
+    for u in sorted(units, reverse=True)[:40]:
+        probe = Affine(u, u)
+        rest = {v for v in values if abs(probe.parts(v)[1]) > REMAINDER_LIMIT}
+        if not rest:
+            continue
+        for k in _candidates(rest):
+            if not 8 * REMAINDER_LIMIT < k < u:
+                continue
+            found = _fit_two(u, k, values, needs)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
     return best[1] if best else None
+
+
+def _fit_two(u: int, k: int, values: set[int], needs: dict[int, int]):
+    """(cost, TwoUnits) for units u and k, or None."""
+    probe = TwoUnits(u, u, k, k)
+    if any(probe.parts(v) is None for v in values | set(needs)):
+        return None
+    points = sorted(values | set(needs) | {0})
+    for k2 in range(1, 17):
+        for u2 in range(k2 + 1, 65):
+            t = TwoUnits(u, u2, k, k2)
+            if _keeps(t, points, needs) and all(_keeps(w, points, {}) for w in t.witnesses()):
+                return sum(t.at(n) for n in needs), t
+    return None
+
+
+def _keeps(t, points: list[int], needs: dict[int, int]) -> bool:
+    """Whether t keeps the order of `points` (sorted), with min(real gap, 2) positions in
+    every gap, and every member at least its lower bound."""
+    mapped = [t.at(p) for p in points]
+    for i in range(len(points) - 1):
+        if mapped[i + 1] - mapped[i] < min(points[i + 1] - points[i], 2):
+            return False
+    return additive(t, points) and all(t.at(n) >= need for n, need in needs.items())
+
+
+def additive(t, points: list[int]) -> bool:
+    """Whether t maps every sum of two of `points` that is one of them to the sum of their
+    maps (a slice's start + size = its operand, a pad's lo + n + hi, tiles x devices)."""
+    present = set(points)
+    return all(
+        t.at(x) + t.at(y) == t.at(x + y)
+        for i, x in enumerate(points)
+        for y in points[i:]
+        if x + y in present
+    )
 
 
 def _candidates(values: set[int]) -> set[int]:
@@ -96,6 +202,8 @@ def _fit(u: int, values: set[int], needs: dict[int, int]) -> tuple[int, Affine] 
     if reduced >= u:
         return None
     aff = Affine(u, reduced)
+    if not additive(aff, sorted(values | set(needs))):
+        return None
     cost = sum(aff.at(n) for n in needs)
     if cost >= sum(needs):
         return None
@@ -103,10 +211,11 @@ def _fit(u: int, values: set[int], needs: dict[int, int]) -> tuple[int, Affine] 
 
 
 def choose_affine(d: DimClasses, factor: dict[Key, int], exclude: set[Key]) -> dict[Key, Affine]:
-    """The affine reduction of each class that no factor shrinks, no op keeps, and that is
-    neither part of a merged dimension (a reshape's product) nor in `exclude`. A class that
-    is its own merged dimension's minor part (W = A x W: tiles gathered from A devices and
-    merged, A kept at its size) may: A x (a U + b) maps to A x (a U' + b) exactly."""
+    """The affine reduction of each class that no op keeps, and that is neither part of a
+    merged dimension (a reshape's product) nor in `exclude`, where no factor shrinks it or
+    a factor leaves it large and the affine unit far smaller (its factor is then set to 1).
+    A class that is its own merged dimension's minor part (W = A x W: tiles gathered from A
+    devices and merged, A kept at its size) may: A x (a U + b) maps to A x (a U' + b)."""
     merged = set()
     for whole, parts in d.products:
         w, ps = d.find(whole), {d.find(p) for p in parts}
@@ -116,11 +225,17 @@ def choose_affine(d: DimClasses, factor: dict[Key, int], exclude: set[Key]) -> d
             merged |= ps | {w}
     out = {}
     for root, members in d.classes().items():
-        if factor.get(root, 1) > 1 or root in merged or root in exclude:
+        if root in merged or root in exclude or d.reason_kept(members) is not None:
             continue
-        if d.reason_kept(members) is not None:
-            continue
+        f = factor.get(root, 1)
+        largest = max(d.real[k] for k in members)
+        if f > 1 and largest // f < MIN_REAL:
+            continue  # the factor leaves it small enough
         aff = affine_unit(d, members)
-        if aff is not None:
-            out[root] = aff
+        if aff is None:
+            continue
+        if f > 1 and 4 * max(aff.at(d.real[k]) for k in members) > largest // f:
+            continue  # a factor of 16 leaves 13104 of 209664 keys; two units leave 6
+        out[root] = aff
+        factor[root] = 1
     return out
