@@ -327,3 +327,33 @@ def test_two_units_keep_the_order_of_every_value() -> None:
     mapped = [aff.at(v) for v in values]
     assert mapped == sorted(mapped) and len(set(mapped)) == len(mapped), mapped
     assert aff.at(209664) - aff.at(207664) == aff.at(2000)  # the slice's limit stays exact
+
+
+def test_a_factor_replaced_by_units_comes_back_when_the_units_fail(monkeypatch) -> None:
+    """2080 keys in tiles of 1040, the top 48: a factor of 16 leaves 130 keys, two units
+    far fewer. When the units' reduced shapes are inconsistent (forced here), the class
+    keeps its factor, not its real size."""
+    import tv_ir.passes.shape_reduction as shape_reduction
+
+    from tv_ir.pipeline import _boundary_placement, prepare
+
+    spec_text = SPEC_TOPK.replace("302", "2080").replace("20]", "48]")
+    impl_text = impl_topk("0:48").replace("302", "2080").replace("151", "1040")
+    impl_text = impl_text.replace("f32[20]", "f32[48]")
+    spec, impl = prepare(spec_text, "spec"), prepare(impl_text, "impl")
+    placement = _boundary_placement(spec, impl, None)
+
+    def reduced() -> dict[int, int]:
+        red = shape_reduction.reduce_pair(spec, impl, placement)
+        return {c.real: c.reduced for c in red.classes}
+
+    assert reduced()[2080] < 40  # two units
+    calls = []
+    real_inconsistent = shape_reduction.inconsistent
+
+    def first_fails(m):
+        calls.append(m)
+        return "forced" if len(calls) == 1 else real_inconsistent(m)
+
+    monkeypatch.setattr(shape_reduction, "inconsistent", first_fails)
+    assert reduced()[2080] == 130  # the factor of 16 again

@@ -219,6 +219,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     from .layer_stacks import trip_key
 
     trips = {d.find(trip_key(loop)) for r in rules for loop in r.pos.layer_loops}
+    by_factor = dict(factor)
     affine = choose_affine(d, factor, trips)
     build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted, affine)
     if os.environ.get("TV_REDUCTION_DEBUG"):
@@ -233,9 +234,11 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     if affine_roots:
         try:  # the affine classes' reduced shapes, checked on their own first
             build({}, affine)
-        except Inconsistent as e:
+        except Inconsistent as e:  # a factor it replaced comes back; else kept, said why
             for root in affine:
-                d.keep(root, f"its affine reduction gave inconsistent shapes at {e}")
+                factor[root] = by_factor.get(root, 1)
+                if factor[root] == 1:
+                    d.keep(root, f"its affine reduction gave inconsistent shapes at {e}")
             affine.clear()
             affine_roots = set()
     red.classes = _describe(d, factor, affine, only_splats)

@@ -112,9 +112,13 @@ def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
         found = _fit(u, values, needs)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
-    if best is None:
-        return _two_units(values, needs)
-    return best[1]
+    if best is not None and max(best[1].at(n) for n in needs) <= 32:
+        return best[1]
+    # none, or a small unit (52 for 2080 keys beside a top 48): two units may do better
+    two = _two_units(values, needs)
+    if two is not None and (best is None or sum(two.at(n) for n in needs) < best[0]):
+        return two
+    return best[1] if best else None
 
 
 def _two_units(values: set[int], needs: dict[int, int]) -> TwoUnits | None:
