@@ -76,7 +76,10 @@ def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
         if (not isinstance(v.type, TensorType) or v.type.is_integer)
         and k not in invariant_integers(loop, known)
     ]
-    if not ints or any(loop.operands[j].type.shape != () for j in ints):
+    if not ints or any(
+        not isinstance(loop.operands[j].type, TensorType) or loop.operands[j].type.shape != ()
+        for j in ints
+    ):  # a token or a tuple in the state (XLA's while with an ordered side effect) too
         return "its state holds integers other than scalar counters and constants"
     for j in ints:
         start = known.get(loop.operands[j].id)
