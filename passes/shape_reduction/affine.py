@@ -93,6 +93,7 @@ class TwoUnits:
 
 
 SECOND_LIMIT = 4  # the largest multiple |c| of a second unit
+TWO_UNIT_VALUES = 16  # a class with more distinct sizes and offsets is not tried
 
 
 def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
@@ -126,6 +127,8 @@ def _two_units(values: set[int], needs: dict[int, int]) -> TwoUnits | None:
     value `a U + c K + b` in one way only, and reduced units that keep every two values in
     their order with at least min(their real distance, 2) positions between them, every
     member its lower bound, and both witnesses (each unit one larger) the same order."""
+    if len(values) > TWO_UNIT_VALUES:
+        return None  # the search below is quadratic in them, and such a class is no TopK
     big = sorted(values, reverse=True)[:6]
     units = {u for u in _candidates(set(big)) if u > 8 * REMAINDER_LIMIT}
     best = None
