@@ -74,6 +74,14 @@ PROVED = [
     # bit casts of inputs: an opaque function of the bits (tv_ir/semantics/bit_casts.py)
     "BitcastConvertSameRank",
     "BitcastConvertInputRankGreaterThanOutputRank",
+    # 39295 split 2 and 4 ways (padded tiles, the last partial): affine classes
+    # (passes/shape_reduction/affine.py), and a tile gathered by all-to-all and merged
+    "EinsumRHSWindowedNonContractingReduce1",
+    "BidirectionalEinsumRHSWindowedNonContractingNoSharedSharding",
+    # 257 keys, a prime: the sorted dimension shrinks to 3 by an affine unit
+    "SortAlongNonPartitionedDimension",
+    # a weight gradient over a tile widened by halos (117 = 2 x 56 + 5): an affine unit
+    "ConvolutionLhsTiledRhsTiledWindowDilate",
 ]
 # the same verdicts from the StableHLO form (XLA's proto dump) against the plain module
 STABLEHLO_FORM = [

@@ -21,6 +21,7 @@ import numpy as np
 from tv_ir.ir.program import Module, TensorType, elements, walk
 from tv_ir.semantics.ops.shape import TABLE_ATTR
 
+from .affine import choose_affine
 from .classes import DimClasses
 from .device_shares import device_shares
 from .factors import can_shrink, choose, grown, separating_groups, smallest_prime, witnesses
@@ -39,10 +40,18 @@ class DimClass:
     real: int
     reduced: int
     kept: str | None = None
+    # an affine class (affine.py): its unit at the real and the reduced size (and a second
+    # unit's, for a class of two units)
+    unit: tuple[int, ...] | None = None
 
     def __str__(self) -> str:
         if self.kept:
             return f"{self.name}: {self.real} kept ({self.kept})"
+        if self.unit:
+            units = " and ".join(
+                f"{self.unit[i]} -> {self.unit[i + 1]}" for i in range(0, len(self.unit), 2)
+            )
+            return f"{self.name}: {self.real} -> {self.reduced} (units of {units})"
         return f"{self.name}: {self.real} -> {self.reduced}"
 
 
@@ -56,8 +65,6 @@ class Reduction:
     placement: object = None
     real_elements: int = 0
     reduced_elements: int = 0
-    # per spec argument, the factor each dimension shrank by
-    arg_factors: list[list[int]] = field(default_factory=list)
     # the pair again with one class larger, to check concretely before trusting a proof
     witnesses: list = field(default_factory=list)
     failed: str | None = None  # why the pair could not be reduced after all
@@ -105,6 +112,7 @@ class Reduction:
             "layer_loops": [{"loop": w, "real": n, "reduced": k} for w, n, k in self.layer_loops],
             "classes": [
                 {"name": c.name, "real": c.real, "reduced": c.reduced, "kept": c.kept}
+                | ({"unit": list(c.unit)} if c.unit else {})
                 for c in self.classes
                 if c.real > 1
             ],
@@ -135,33 +143,54 @@ class Inconsistent(Exception):
 
 
 class _Builder:
-    """The pair rebuilt at given class factors (normalisers read at the counts they give)."""
+    """The pair rebuilt at given class factors and affine units (normalisers read at the
+    counts they give)."""
 
-    def __init__(self, d, spec, impl, placement, spec_rules, impl_rules, accepted):
+    def __init__(self, d, spec, impl, placement, spec_rules, impl_rules, accepted, affine):
         self.d, self.spec, self.impl, self.placement = d, spec, impl, placement
         self.spec_rules, self.impl_rules, self.accepted = spec_rules, impl_rules, accepted
+        self.affine = affine
 
-    def __call__(self, factor: dict):
+    def __call__(self, factor: dict, affine: dict | None = None):
         d = self.d
+        affine = self.affine if affine is None else affine
         normalised = {}
         for n, power, value in self.accepted:
-            f = 1
+            real = reduced = 1
             for k in n.keys:
-                f *= factor.get(d.find(k), 1)
-            if f > 1:
-                normalised[(id(n.op), n.operand)] = value * f if power < 0 else value / f
+                real *= d.real[k]
+                reduced *= _reduced_size(d, factor, affine, k, d.real[k])
+            if reduced < real:  # value is the real count N (power 1) or 1 / N
+                normalised[(id(n.op), n.operand)] = (
+                    value * real / reduced if power < 0 else value * reduced / real
+                )
         sp, ip = self.spec_rules.pos, self.impl_rules.pos
-        spec = Rewriter(d, factor, sp.rescales, 1, normalised, sp.splats, sp.tables).module(
+        spec = Rewriter(d, factor, sp.rescales, 1, normalised, sp.splats, sp.tables, affine).module(
             self.spec
         )
         impl = Rewriter(
-            d, factor, ip.rescales, self.placement.num_partitions, normalised, ip.splats, ip.tables
+            d,
+            factor,
+            ip.rescales,
+            self.placement.num_partitions,
+            normalised,
+            ip.splats,
+            ip.tables,
+            affine,
         ).module(self.impl)
         for m in (spec, impl):
             bad = inconsistent(m)
             if bad is not None:
                 raise Inconsistent(bad)
-        return spec, impl, _scaled_placement(d, factor, self.spec, self.placement)
+        return spec, impl, _scaled_placement(d, factor, affine, self.spec, self.placement)
+
+
+def _reduced_size(d: DimClasses, factor: dict, affine: dict, key, n: int) -> int:
+    """n (a size or offset of key's class) at the reduced size."""
+    root = d.find(key)
+    if root in affine:
+        return affine[root].at(n)
+    return n // factor.get(root, 1)
 
 
 def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> Reduction:
@@ -187,17 +216,33 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     rules = (spec_rules, impl_rules)
     accepted = _normalisers(d, rules)
     factor = choose(d)
-    build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted)
+    from .layer_stacks import trip_key
+
+    trips = {d.find(trip_key(loop)) for r in rules for loop in r.pos.layer_loops}
+    by_factor = dict(factor)
+    affine = choose_affine(d, factor, trips)
+    build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted, affine)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
     splats = set(spec_rules.pos.splats) | set(impl_rules.pos.splats)
     only_splats = {
         root for root, members in d.classes().items() if all(k[0] in splats for k in members)
     }
-    classes = _describe(d, factor, only_splats)
     real = elements(spec) + elements(impl)
-    red = Reduction(classes, real_elements=real, reduced_elements=real)
-    if all(k == 1 for root, k in factor.items() if root not in only_splats):
+    red = Reduction([], real_elements=real, reduced_elements=real)
+    affine_roots = set(affine) - only_splats
+    if affine_roots:
+        try:  # the affine classes' reduced shapes, checked on their own first
+            build({}, affine)
+        except Inconsistent as e:  # a factor it replaced comes back; else kept, said why
+            for root in affine:
+                factor[root] = by_factor.get(root, 1)
+                if factor[root] == 1:
+                    d.keep(root, f"its affine reduction gave inconsistent shapes at {e}")
+            affine.clear()
+            affine_roots = set()
+    red.classes = _describe(d, factor, affine, only_splats)
+    if not affine_roots and all(k == 1 for root, k in factor.items() if root not in only_splats):
         return red
     try:
         red.spec, red.impl, red.placement = build(factor)
@@ -205,8 +250,18 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         red.classes = []
         red.failed = f"shape reduction gave inconsistent shapes at {e}; checked at real sizes"
         return red
-    red.arg_factors = [_factors_of(d, factor, v) for v in spec.main.args]
     red.witnesses = _grouped(d, factor, build, only_splats)
+    red.witnesses += [
+        Witness(
+            d.names.get(root, "?"),
+            aff.at(d.real[root]),
+            grown.at(d.real[root]),
+            lambda root=root, grown=grown: build(factor, {**affine, root: grown}),
+        )
+        for root, aff in affine.items()
+        if root not in only_splats
+        for grown in aff.witnesses()
+    ]
     red.reduced_elements = elements(red.spec) + elements(red.impl)
     _layer_loops(red, d, factor, build, rules)
     if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
@@ -215,7 +270,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
             "elements, a bug in tv); checked at real sizes"
         )
         red.spec = red.impl = red.placement = None
-        red.witnesses, red.arg_factors, red.reduced_elements = [], [], real
+        red.witnesses, red.reduced_elements = [], real
         return red
     red.tables = sum(
         1
@@ -281,7 +336,7 @@ def _layer_loops(red: Reduction, d: DimClasses, factor: dict, build, rules) -> N
     loops = [(n, k) for _, n, k in red.layer_loops if k < n]
     name = f"the layer count ({len(loops)} loops)"
     only = {root: factor[root] for root in shrunk}
-    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only))
+    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only, {}))
     at_real = {**factor, **dict.fromkeys(shrunk, 1)}
     red.layer_witnesses = [Witness(name, loops[0][1], loops[0][0], lambda: build(at_real))]
     larger = {**factor}
@@ -497,11 +552,17 @@ def _digits(d: DimClasses) -> None:
         for whole, parts in d.products:
             real = d.real[whole]
             radix = [d.real[p] for p in parts]
+            # W = A x W (tiles gathered from A devices): A keeps its size (`_products`), and
+            # W may still shrink by an affine unit (the tiles' remainders kept, affine.py)
+            own = d.find(whole) in {d.find(p) for p in parts}
             for m in with_offsets.get(d.find(whole), ()):
                 for o in list(d.offsets[m]):
                     if real < d.real[m] and d.real[m] % real == 0 and o % real == 0:
                         continue  # a boundary of real-sized blocks (a shard's): digits all 0
                     scaled = o * real
+                    if scaled % d.real[m] and own:
+                        d.split_unevenly(whole, "an offset inside its tiles is off their grid")
+                        continue
                     if scaled % d.real[m]:
                         d.keep(whole, "an offset inside a merged dimension is off its grid")
                         continue
@@ -515,7 +576,7 @@ def _digits(d: DimClasses) -> None:
                     digits.reverse()
                     for i, (p, digit) in enumerate(zip(parts, digits, strict=True)):
                         if digit and digit not in d.offsets.get(p, ()):
-                            d.divides(p, digit)
+                            d.divides(p, digit, ratio_only=own)
                         if digit:
                             for major in parts[:i]:
                                 d.keep(major, "an offset inside a merged dimension")
@@ -537,16 +598,22 @@ def _tie_by_layout(d: DimClasses, s, i, lay, where: str) -> None:
         for box in lay.boxes:
             start, stop = box[a]
             if stop - start not in (tile, 0) or n % max(tile, 1):
-                d.keep(ks, f"{where} is sharded unevenly along dim {a}")
+                d.split_unevenly(ks, f"{where} is sharded unevenly along dim {a}")
             d.divides(ks, start)
             d.divides(ks, stop)
 
 
-def _scaled_placement(d: DimClasses, factor: dict, spec: Module, placement):
+def _scaled_placement(d: DimClasses, factor: dict, affine: dict, spec: Module, placement):
     import dataclasses
 
-    def factors(v) -> list[int]:
-        return _factors_of(d, factor, v)
+    def factors(v) -> list:
+        """Per dimension of v: its factor, or its affine class's map of sizes."""
+        out = _factors_of(d, factor, v)
+        for a in range(len(out)):
+            aff = affine.get(d.find((v.id, a)))
+            if aff is not None:
+                out[a] = aff.at
+        return out
 
     args = [
         scaled_layout(lay, factors(v))
@@ -566,7 +633,7 @@ def _factors_of(d: DimClasses, factor: dict, v) -> list[int]:
     return [factor.get(d.find((v.id, a)), 1) for a in range(len(t.shape))]
 
 
-def _describe(d: DimClasses, factor: dict, skip: set) -> list[DimClass]:
+def _describe(d: DimClasses, factor: dict, affine: dict, skip: set) -> list[DimClass]:
     """The classes, for the report (not the dimensions of splats: one value broadcast)."""
     out = []
     for root, members in d.classes().items():
@@ -576,8 +643,16 @@ def _describe(d: DimClasses, factor: dict, skip: set) -> list[DimClass]:
         f = factor.get(root, 1)
         real = d.real[first]
         why = d.reason_kept(members)
+        if root in affine:
+            aff = affine[root]
+            name = d.names.get(first, "?")
+            unit = (aff.unit, aff.reduced) + tuple(
+                getattr(aff, f) for f in ("unit2", "reduced2") if hasattr(aff, f)
+            )
+            out.append(DimClass(name, real, aff.at(real), why, unit))
+            continue
         if why is None and f == 1 and real > 2:
-            why = _why_whole(d, members)
+            why = d.reason_uneven(members) or _why_whole(d, members)
         out.append(DimClass(d.names.get(first, "?"), real, real // f, why))
     out.sort(key=lambda c: (c.reduced == c.real, -c.real))
     return out

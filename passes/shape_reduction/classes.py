@@ -25,6 +25,10 @@ class DimClasses:
     # integers (slice offsets, pad widths, shard boundaries) that the factor must divide
     offsets: dict[Key, list[int]] = field(default_factory=lambda: defaultdict(list))
     kept: dict[Key, str] = field(default_factory=dict)
+    # members split unevenly (a ragged last shard): no factor, an affine unit may (affine.py)
+    uneven: dict[Key, str] = field(default_factory=dict)
+    # (member, offset) recorded for factors only (`divides(..., ratio_only=True)`)
+    ratio_only: set[tuple[Key, int]] = field(default_factory=set)
     # reshape factors: the member's size is the product of the listed members' sizes
     products: list[tuple[Key, tuple[Key, ...]]] = field(default_factory=list)
     names: dict[Key, str] = field(default_factory=dict)
@@ -59,12 +63,20 @@ class DimClasses:
     def every_member_at_least(self, key: Key, n: int) -> None:
         self.class_lower.append((key, n))
 
-    def divides(self, key: Key, offset: int) -> None:
-        """The class's factor must divide `offset` (an index that scales with the class)."""
+    def divides(self, key: Key, offset: int, ratio_only: bool = False) -> None:
+        """The class's factor must divide `offset` (an index that scales with the class).
+        `ratio_only`: a digit read at a fraction of another member (`_digits`), which an
+        affine unit, reading offsets as they are, does not need."""
         self.offsets[key].append(abs(int(offset)))
+        if ratio_only:
+            self.ratio_only.add((key, abs(int(offset))))
 
     def keep(self, key: Key, why: str) -> None:
         self.kept.setdefault(key, why)
+
+    def split_unevenly(self, key: Key, why: str) -> None:
+        """key's shards differ in size: its class shrinks only by an affine unit."""
+        self.uneven.setdefault(key, why)
 
     def product(self, whole: Key, parts: tuple[Key, ...]) -> None:
         self.products.append((whole, parts))
@@ -100,4 +112,11 @@ class DimClasses:
         for k in members:
             if k in self.kept:
                 return self.kept[k]
+        return None
+
+    def reason_uneven(self, members: list[Key]) -> str | None:
+        """Why no factor may shrink the class (a ragged shard), or None."""
+        for k in members:
+            if k in self.uneven:
+                return self.uneven[k]
         return None

@@ -17,6 +17,10 @@
   * the window covers the input (a weight gradient: input size = kernel size x its
     dilation, stride 1, no input dilation or reversal): the input and the kernel scale
     together, and the output (the shifts, lo + hi + dilation of them) keeps its size;
+  * a tile widened by halos (XLA's partitioned spatial dimension: `stride x output + c`
+    inputs for a valid window, `dilation x kernel + c` for a weight gradient, c a small
+    constant): input and output (or kernel) are one class that no factor shrinks, and an
+    affine unit may (affine.py: sizes `a U + b`, the constant kept);
   * anything else (lhs dilation, other paddings) keeps the spatial dimensions.
   A sliding window keeps every output whose window reads padding and two interior ones,
   and at least two windows of input (no window reads both edges' padding).
@@ -30,6 +34,8 @@ import itertools
 from tv_ir.ir.program import Op
 
 from .classes import DimClasses, Key
+
+HALO = 16  # the widest halo (positions past stride x output) tied by an affine unit
 
 # synthetic members (a convolution's group count) get negative value ids: never a Value's
 _synthetic_ids = itertools.count(-1, -1)
@@ -139,6 +145,31 @@ def _spatial(d: DimClasses, op: Op, dn, kl, kq, kr) -> list[Key]:
             d.at_least(kq[w], 2 * m)
             summed.append(kq[w])
             d.keep(kr[o], f"{where} (the shifts of a window as long as its input)")
+        elif ld == 1 and s == 1 and 0 < n - rd * k <= HALO and not reversal[i] and m < k:
+            # the same over a tile widened by halos (n = dilation x kernel + halo; fewer
+            # shifts than taps, else it is a valid window, below): the input and the kernel
+            # are one class whose sizes differ by a constant, which only an affine unit
+            # keeps (affine.py); the shifts stay
+            d.tie(kl[a], kq[w])
+            d.split_unevenly(
+                kl[a],
+                f"{where} (input {n}, window {k}, dilation {rd}: a weight gradient's input "
+                f"widened by {n - rd * k} halo positions; no affine unit fits)",
+            )
+            d.at_least(kq[w], 2 * m)
+            summed.append(kq[w])
+            d.keep(kr[o], f"{where} (the shifts of a window as long as its input)")
+        elif ld == 1 and 0 < n - s * m <= HALO and not reversal[i]:
+            # a valid window over a tile widened by halos (XLA's partitioned spatial
+            # dimension: n = stride x output + a constant): input and output are one class
+            # whose sizes differ by that constant, which only an affine unit keeps; the
+            # kernel keeps its taps, as a sliding window's
+            d.tie(kl[a], kr[o])
+            detail = _why_kept(n, k, m, s, lo, hi, ld, rd)
+            d.split_unevenly(kl[a], f"{where} ({detail}; no affine unit fits)")
+            d.keep(kq[w], where)
+            d.at_least(kr[o], -(-lo // s) + -(-hi // s) + 2)
+            d.at_least(kl[a], 2 * span)
         else:
             detail = _why_kept(n, k, m, s, lo, hi, ld, rd)
             for key in (kl[a], kq[w], kr[o]):

@@ -10,6 +10,7 @@ holds. Kept classes have factor 1.
 
 from __future__ import annotations
 
+from .affine import affine_unit
 from .classes import DimClasses, Key
 
 
@@ -37,12 +38,15 @@ def smallest_prime(n: int) -> int:
 
 
 def can_shrink(d: DimClasses, members: list[Key]) -> bool:
-    """Whether the class of `members` may get a factor above 1: not kept, and its bounds
-    (every member's size, offsets, lower bounds) allow one. A class that cannot keeps a
-    factor of 1 whatever else is decided (`choose` only ever lowers factors)."""
+    """Whether the class of `members` may shrink: not kept, and its bounds (every member's
+    size, offsets, lower bounds) allow a factor above 1, or an affine unit (`affine.py`: a
+    ragged split). A class that cannot keeps its size whatever else is decided (`choose`
+    only ever lowers factors)."""
     if d.reason_kept(members) is not None:
         return False
-    return _largest_divisor(*d.bound(members)) > 1
+    if d.reason_uneven(members) is None and _largest_divisor(*d.bound(members)) > 1:
+        return True
+    return affine_unit(d, members) is not None
 
 
 def choose(d: DimClasses) -> dict[Key, int]:
@@ -51,7 +55,7 @@ def choose(d: DimClasses) -> dict[Key, int]:
     limits: dict[Key, tuple[int, int]] = {}
     for root, members in classes.items():
         g, cap = d.bound(members)
-        if d.reason_kept(members) is not None:
+        if d.reason_kept(members) is not None or d.reason_uneven(members) is not None:
             g, cap = 1, 1
         limits[root] = (g, cap)
     defs, pinned = _products(d)

@@ -17,6 +17,7 @@ from tv_ir.ir.program import Block, Function, Module, Op, Region, TensorType, Va
 from tv_ir.semantics.layout import Layout
 from tv_ir.semantics.ops.shape import TABLE_ATTR
 
+from .affine import Affine
 from .classes import DimClasses
 from .rules import ELEMENTWISE, Rescale
 
@@ -42,9 +43,11 @@ class Rewriter:
         normalised: dict | None = None,
         splats: dict | None = None,
         tables: dict | None = None,
+        affine: dict[tuple[int, int], Affine] | None = None,
     ):
         self.d = d
         self.factor = factor
+        self.affine = affine or {}  # class root -> its affine unit (affine.py)
         self.rescales = {(id(r.op), r.operand): r for r in rescales}
         # (id(op), operand) -> the float constant's value at the reduced size
         self.normalised = normalised or {}
@@ -62,16 +65,25 @@ class Rewriter:
             return 1
         return self.factor.get(self.d.find(key), 1)
 
+    def at(self, vid: int, axis: int, n: int) -> int:
+        """A size or offset n along dimension `axis` of value `vid`, at the reduced size:
+        divided by its class's factor, or mapped by its affine unit."""
+        key = (vid, axis)
+        if key not in self.d.parent:
+            return n
+        aff = self.affine.get(self.d.find(key))
+        if aff is not None:
+            return aff.at(n)
+        k = self.f(vid, axis)
+        if n % k:
+            raise AssertionError(f"factor {k} does not divide {n} (value {vid}, axis {axis})")
+        return n // k
+
     def type_of(self, v: Value):
         t = v.type
         if not isinstance(t, TensorType):
             return t
-        shape = []
-        for a, n in enumerate(t.shape):
-            k = self.f(v.id, a)
-            if n % k:
-                raise AssertionError(f"factor {k} does not divide {n} ({v})")
-            shape.append(n // k)
+        shape = [self.at(v.id, a, n) for a, n in enumerate(t.shape)]
         return TensorType(tuple(shape), t.dtype)
 
     def value(self, v: Value, owner: Op | None = None, index: int = 0) -> Value:
@@ -104,7 +116,8 @@ class Rewriter:
         for k, v in enumerate(op.operands):
             r = self.rescales.get((id(op), k))
             value = self.normalised.get((id(op), k))
-            if r is not None and self.factor.get(self.d.find(r.key), 1) > 1:
+            root = self.d.find(r.key) if r is not None else None
+            if r is not None and (self.factor.get(root, 1) > 1 or root in self.affine):
                 new_ops, nv = self.rescaled(r, v, op)
                 before += new_ops
                 operands.append(nv)
@@ -144,14 +157,14 @@ class Rewriter:
             out = self.type_of(op.results[0]).shape
             strides = attrs.get("strides") or (1,) * len(out)
             for a, (s, st) in enumerate(zip(attrs["start_indices"], strides, strict=True)):
-                s2 = s // self.f(x.id, a)
+                s2 = self.at(x.id, a, s)
                 starts.append(s2)
                 limits.append(s2 + (out[a] - 1) * st + 1 if out[a] else s2)
             attrs["start_indices"], attrs["limit_indices"] = tuple(starts), tuple(limits)
         elif name == "pad":
             x = op.operands[0]
             for key in ("edge_padding_low", "edge_padding_high"):
-                attrs[key] = tuple(p // self.f(x.id, a) for a, p in enumerate(attrs[key]))
+                attrs[key] = tuple(self.at(x.id, a, p) for a, p in enumerate(attrs[key]))
         elif name == "dynamic_slice":
             attrs["slice_sizes"] = tuple(self.type_of(op.results[0]).shape)
         elif name == "convolution":
@@ -185,17 +198,23 @@ class Rewriter:
     def rescaled(self, r: Rescale, v: Value, user: Op) -> tuple[list[Op], Value]:
         """Ops computing r's per-device values at the reduced size, in v's reduced type (at
         its user's shape when the user is elementwise: v may be a shared splat)."""
-        k = self.factor[self.d.find(r.key)]
+        root = self.d.find(r.key)
+        aff = self.affine.get(root)
+        k = self.factor.get(root, 1)
         t = self.operand_type(v, user)
         dt = np.dtype(t.numpy_dtype) if not t.is_float else np.float64
-        vals = [(x + r.bias) // k - r.bias for x in r.values]
+        if aff is not None:
+            vals = [aff.at(x + r.bias) - r.bias for x in r.values]
+        else:
+            vals = [(x + r.bias) // k - r.bias for x in r.values]
         loc = r.op.loc
         if all(x == vals[0] for x in vals):
             return self.splat(np.asarray(vals[0], dtype=dt), t, loc)
         if len(vals) != self.num_partitions:
             raise AssertionError("per-device offsets across replicas")
         mapped = self.vmap.get(v.id)
-        if mapped is not None and mapped.type == t and all((x + r.bias) % k == 0 for x in r.values):
+        exact = aff is None and all((x + r.bias) % k == 0 for x in r.values)
+        if mapped is not None and mapped.type == t and exact:
             # (v + bias) / k - bias, from v itself: exact (k divides v + bias), and a wrong
             # offset stays traceable to the ops that computed it (localisation)
             where = v.owner.loc if v.owner is not None else loc
@@ -281,19 +300,21 @@ def _op(name: str, operands: list, t, loc) -> Op:
     return op
 
 
-def scaled_layout(lay: Layout, factors: list[int]) -> Layout:
-    """The same tiling of a tensor whose dimension a shrank by factors[a]."""
+def scaled_layout(lay: Layout, factors: list) -> Layout:
+    """The same tiling of a tensor whose dimension a shrank by factors[a] (an int), or is
+    mapped by factors[a] (a function of a size or offset: an affine class)."""
     if all(k == 1 for k in factors):
         return lay
+    maps = [k if callable(k) else (lambda n, k=k: n // k) for k in factors]
 
     def box(b):
-        return tuple((s // k, e // k) for (s, e), k in zip(b, factors, strict=True))
+        return tuple((m(s), m(e)) for (s, e), m in zip(b, maps, strict=True))
 
     return dataclasses.replace(
         lay,
-        global_shape=tuple(n // k for n, k in zip(lay.global_shape, factors, strict=True)),
+        global_shape=tuple(m(n) for n, m in zip(lay.global_shape, maps, strict=True)),
         boxes=tuple(box(b) for b in lay.boxes),
-        tile_shape=tuple(n // k for n, k in zip(lay.tile_shape, factors, strict=True)),
+        tile_shape=tuple(m(n) for n, m in zip(lay.tile_shape, maps, strict=True)),
     )
 
 
@@ -329,6 +350,35 @@ def inconsistent(m: Module) -> str | None:
             bad = convolution_mismatch(op, ins[0].shape, ins[1].shape, outs[0].shape)
             if bad:
                 return f"{op} ({bad})"
+        bad = _window_mismatch(op, ins, outs)
+        if bad:
+            return f"{op} ({bad})"
+    return None
+
+
+def _window_mismatch(op: Op, ins: list, outs: list) -> str | None:
+    """Why a pad's, slice's, concatenation's or dynamic_slice's reduced shapes disagree with
+    its attributes (the sizes an affine class maps must still add up), or None."""
+    name = op.short_name
+    if name == "pad":
+        lo, hi = op.attrs["edge_padding_low"], op.attrs["edge_padding_high"]
+        inner = op.attrs["interior_padding"]
+        for a, (n, m) in enumerate(zip(ins[0].shape, outs[0].shape, strict=True)):
+            if lo[a] + hi[a] + n + inner[a] * max(n - 1, 0) != m:
+                return f"dim {a}: {lo[a]} + {n} + {hi[a]} padded is not {m}"
+    elif name == "slice":
+        starts, limits = op.attrs["start_indices"], op.attrs["limit_indices"]
+        for a, (s, e, n) in enumerate(zip(starts, limits, ins[0].shape, strict=True)):
+            if not 0 <= s <= e <= n:
+                return f"dim {a}: [{s}, {e}) is not inside {n}"
+    elif name == "concatenate":
+        axis = op.attrs["dimension"]
+        if sum(t.shape[axis] for t in ins) != outs[0].shape[axis]:
+            return f"the pieces along dim {axis} do not add up to {outs[0].shape[axis]}"
+    elif name == "dynamic_slice":
+        sizes = op.attrs["slice_sizes"]
+        if any(k > n for k, n in zip(sizes, ins[0].shape, strict=True)):
+            return f"slice sizes {tuple(sizes)} exceed {ins[0].shape}"
     return None
 
 

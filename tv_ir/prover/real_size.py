@@ -42,7 +42,7 @@ def replay_at_real_size(
             "it on; it also differs with each shrunk class a prime times larger"
         )
         return True
-    inputs = _blown_up(ce, reduction.arg_factors, spec)
+    inputs = _blown_up(ce, reduction.spec.main.arg_types, spec)
     reduced_location = report.location
     try:
         # the reduced counterexample blown up runs the same ops on the same numbers: where the
@@ -78,13 +78,7 @@ def replay_blown_up(report: Report, spec: Module, impl: Module, placement, reduc
     up to `spec`'s argument shapes (each element repeated over the positions it stands for)
     and replayed on the pair: `refutation(...)`'s result without a location (the caller
     keeps the reduced pair's), or None when they agree there."""
-    factors = [
-        [a // b for a, b in zip(t.shape, r.shape, strict=True)]
-        if isinstance(t, TensorType) and isinstance(r, TensorType)
-        else []
-        for t, r in zip(spec.main.arg_types, reduced_types, strict=True)
-    ]
-    inputs = _blown_up(report.counterexample, factors, spec)
+    inputs = _blown_up(report.counterexample, reduced_types, spec)
     return refutation(spec, impl, placement, inputs, locate=False)
 
 
@@ -92,16 +86,18 @@ def _unlocated(location) -> bool:
     return location is None or location.impl is None
 
 
-def _blown_up(ce, arg_factors, spec: Module) -> list:
-    """The counterexample's inputs with each element repeated over the positions it stands
-    for (arg_factors: per argument, per dimension)."""
+def _blown_up(ce, reduced_types: list, spec: Module) -> list:
+    """The counterexample's inputs (of arguments of `reduced_types`) at `spec`'s argument
+    shapes, each element repeated over the positions it stands for: real position p of a
+    dimension of n reads reduced position p * m // n of its m (a block of n / m positions
+    where a factor shrank it; for an affine class, the nearest position at that fraction)."""
     inputs = []
-    for x, factors, t in zip(ce.inputs.values(), arg_factors, spec.main.arg_types, strict=True):
-        if isinstance(t, TensorType) and x is not None:
+    for x, r, t in zip(ce.inputs.values(), reduced_types, spec.main.arg_types, strict=True):
+        if isinstance(t, TensorType) and isinstance(r, TensorType) and x is not None:
             x = np.asarray(x)
-            for axis, k in enumerate(factors):
-                if k > 1:
-                    x = np.repeat(x, k, axis=axis)
+            for axis, (n, m) in enumerate(zip(t.shape, r.shape, strict=True)):
+                if n != m and m:
+                    x = np.take(x, np.arange(n) * m // n, axis=axis)
         inputs.append(x)
     return inputs
 
@@ -112,13 +108,7 @@ def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
     carry over."""
     reduced_types = reduction.spec.main.arg_types
     for w, (w_spec, w_impl, w_place) in _runnable(reduction.witnesses, [0]):
-        factors = [
-            [a // b for a, b in zip(wt.shape, rt.shape, strict=True)]
-            if isinstance(wt, TensorType) and isinstance(rt, TensorType)
-            else []
-            for wt, rt in zip(w_spec.main.arg_types, reduced_types, strict=True)
-        ]
-        inputs = _blown_up(report.counterexample, factors, w_spec)
+        inputs = _blown_up(report.counterexample, reduced_types, w_spec)
         # whether they differ, not where: the location is the reduced programs'
         if differs(w_spec, w_impl, w_place, inputs) or _differs_anywhere(
             w_spec, w_impl, w_place, seed
