@@ -297,7 +297,10 @@ class TileIndex:
         values `candidates(per_device, limit=0)` names, without making their boxes."""
         local = tuple(np.shape(per_device[0][0]))
         common: set[int] | None = None
-        for arrays in per_device:
+        # the largest values first: a device holding zeros (an idle pipeline stage) equals
+        # every zero tile of every spec value, a costly look-up that a device holding data
+        # usually makes unnecessary (the intersection is empty after it)
+        for arrays in sorted(per_device, key=_magnitude, reverse=True):
             here = {m[0] for m in self._matches(local, arrays, firsts=True)}
             common = here if common is None else common & here
             if not common:
@@ -558,6 +561,17 @@ def _whole_ratios(c: np.ndarray, limit: float = 1e7) -> np.ndarray:
 def _round_ratio(c: float) -> float:
     """c snapped to the exact whole number or reciprocal it is close to."""
     return float(round(c)) if abs(c) >= 1.0 else 1.0 / round(1.0 / c)
+
+
+def _magnitude(arrays: list) -> float:
+    """The largest magnitude in one device's value over every run (0 for non-floats)."""
+    out = 0.0
+    for a in arrays:
+        a = np.asarray(a)
+        if a.size and a.dtype.kind == "f":
+            m = float(np.max(np.abs(a)))
+            out = max(out, m if np.isfinite(m) else np.inf)
+    return out
 
 
 def mesh_groups(n: int) -> list[tuple[tuple[int, ...], ...]]:
