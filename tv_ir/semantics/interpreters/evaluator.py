@@ -8,6 +8,7 @@ uses it to record simulations and to cut symbolic evaluation at proved values.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -38,9 +39,11 @@ class BlockEvaluator:
         self.device = device
         self.env: dict[int, object] = {}
         # id(op) -> (op, its operand/result/attribute containers, evaluator, context, result
-        # checks): what an op needs besides its operands, built once (a loop's body runs
-        # its ops once per iteration on every device); rebuilt if a pass replaced them
+        # checks): what an op run more than once needs besides its operands, built once (a
+        # loop's body runs its ops once per iteration on every device); rebuilt if a pass
+        # replaced them
         self._prepared: dict[int, tuple] = {}
+        self._seen: set[int] = set()  # ids of ops evaluated once (prepared the second time)
 
     def run(self, fn: Function | None = None, args: list | None = None) -> list:
         fn = fn or self.module.main
@@ -78,7 +81,12 @@ class BlockEvaluator:
         ):
             fn = lookup(op.name, op.loc)
             refuse_complex(op)
-            ctx = self.context(op)
+            if id(op) not in self._seen:  # evaluated once so far: nothing kept (most ops
+                self._seen.add(id(op))  # run once; kept contexts cost garbage collections)
+                ctx = self.context(op)
+                operands = [self.env[v.id] for v in op.operands]
+                return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
+            ctx = self.context(op, weak=True)
             prepared = (op, op.operands, op.results, op.attrs, fn, ctx, result_checks(op))
             self._prepared[id(op)] = prepared
         fn, ctx, checks = prepared[4:]
@@ -87,17 +95,21 @@ class BlockEvaluator:
         out = run_evaluator(op, lambda: fn(ctx, *operands))
         return _checked(out, checks)
 
-    def context(self, op: Op) -> OpContext:
-        """What an evaluator of `op` sees; its regions run in this interpreter."""
+    def context(self, op: Op, weak: bool = False) -> OpContext:
+        """What an evaluator of `op` sees; its regions run in this interpreter. `weak`: the
+        context refers to this interpreter weakly (a context it keeps would otherwise make
+        a reference cycle, and its environment's arrays would live until a garbage
+        collection instead of until the run ends)."""
+        me = weakref.ref(self) if weak else (lambda: self)
         return OpContext(
             name=op.name,
             attrs=op.attrs,
             operand_types=[v.type for v in op.operands],
             result_types=[v.type for v in op.results],
             alg=self.alg,
-            run_region=lambda i, args, op=op: self._block(op.regions[i].block, args, top=False),
+            run_region=lambda i, args, op=op: me()._block(op.regions[i].block, args, top=False),
             regions=op.regions,
-            call=self.call,
+            call=lambda name, args: me().call(name, args),
             device=self.device,
             loc=op.loc,
         )
