@@ -8,7 +8,6 @@ uses it to record simulations and to cut symbolic evaluation at proved values.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -38,12 +37,6 @@ class BlockEvaluator:
         self.hook = hook
         self.device = device
         self.env: dict[int, object] = {}
-        # id(op) -> (op, its operand/result/attribute containers, evaluator, context, result
-        # checks): what an op run more than once needs besides its operands, built once (a
-        # loop's body runs its ops once per iteration on every device); rebuilt if a pass
-        # replaced them
-        self._prepared: dict[int, tuple] = {}
-        self._seen: set[int] = set()  # ids of ops evaluated once (prepared the second time)
 
     def run(self, fn: Function | None = None, args: list | None = None) -> list:
         fn = fn or self.module.main
@@ -72,44 +65,23 @@ class BlockEvaluator:
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
-        prepared = self._prepared.get(id(op))
-        if (
-            prepared is None
-            or prepared[1] is not op.operands
-            or prepared[2] is not op.results
-            or prepared[3] is not op.attrs
-        ):
-            fn = lookup(op.name, op.loc)
-            refuse_complex(op)
-            if id(op) not in self._seen:  # evaluated once so far: nothing kept (most ops
-                self._seen.add(id(op))  # run once; kept contexts cost garbage collections)
-                ctx = self.context(op)
-                operands = [self.env[v.id] for v in op.operands]
-                return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
-            ctx = self.context(op, weak=True)
-            prepared = (op, op.operands, op.results, op.attrs, fn, ctx, result_checks(op))
-            self._prepared[id(op)] = prepared
-        fn, ctx, checks = prepared[4:]
-        env = self.env
-        operands = [env[v.id] for v in op.operands]
-        out = run_evaluator(op, lambda: fn(ctx, *operands))
-        return _checked(out, checks)
+        fn = lookup(op.name, op.loc)
+        refuse_complex(op)
+        operands = [self.env[v.id] for v in op.operands]
+        ctx = self.context(op)
+        return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
 
-    def context(self, op: Op, weak: bool = False) -> OpContext:
-        """What an evaluator of `op` sees; its regions run in this interpreter. `weak`: the
-        context refers to this interpreter weakly (a context it keeps would otherwise make
-        a reference cycle, and its environment's arrays would live until a garbage
-        collection instead of until the run ends)."""
-        me = weakref.ref(self) if weak else (lambda: self)
+    def context(self, op: Op) -> OpContext:
+        """What an evaluator of `op` sees; its regions run in this interpreter."""
         return OpContext(
             name=op.name,
             attrs=op.attrs,
             operand_types=[v.type for v in op.operands],
             result_types=[v.type for v in op.results],
             alg=self.alg,
-            run_region=lambda i, args, op=op: me()._block(op.regions[i].block, args, top=False),
+            run_region=lambda i, args, op=op: self._block(op.regions[i].block, args, top=False),
             regions=op.regions,
-            call=lambda name, args: me().call(name, args),
+            call=self.call,
             device=self.device,
             loc=op.loc,
         )
@@ -145,35 +117,20 @@ def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
 
 def checked_results(op: Op, out) -> list:
     """An evaluator's output as a list of results checked against the op's result types."""
-    return _checked(out, result_checks(op))
-
-
-def result_checks(op: Op) -> list:
-    """Per result: (type, shape, numpy dtype) to check an evaluator's result against, or
-    None for a result without a shape (a token, a tuple)."""
-    out = []
-    for v in op.results:
-        t = v.type
-        out.append((t, tuple(t.shape), np.dtype(t.numpy_dtype)) if hasattr(t, "shape") else None)
-    return out
-
-
-def _checked(out, checks: list) -> list:
     if not isinstance(out, list):
         out = [out]
-    return [_shaped(r, c) for r, c in zip(out, checks, strict=True)]
+    return [_shaped(r, v.type) for r, v in zip(out, op.results, strict=True)]
 
 
-def _shaped(r, check):
+def _shaped(r, t):
     """Check an evaluator's result against the op's declared type."""
-    if check is None or isinstance(r, tuple):
+    if isinstance(r, tuple) or not hasattr(t, "shape"):
         return r
-    t, shape, dtype = check
     r = np.asarray(r)
-    if r.shape != shape and not (shape == () and REGION_ON_ARRAYS.get()):
+    if r.shape != tuple(t.shape) and not (t.shape == () and REGION_ON_ARRAYS.get()):
         raise InterpreterError(f"result shape {r.shape} does not match declared {t}")
-    if r.dtype != object and r.dtype != dtype:
-        r = r.astype(dtype)
+    if r.dtype != object and r.dtype != np.dtype(t.numpy_dtype):
+        r = r.astype(t.numpy_dtype)
     elif r.dtype == object and t.is_integer:  # terms: reduce to the type's machine range
         from tv_ir.semantics.symbolic import machine_integers
 
