@@ -43,6 +43,8 @@ BUGS = {
     "psum": "each stage's last layer (every layer with stack='scan'): its FFN output not "
     "psum'd over 'model'",
     "micro": "the loss share is not divided by the number of micro-batches",
+    "one_layer": "one layer (global layer `bug_layer`, the last one if fewer) adds its update "
+    "to the residual twice (with stack='scan' the scanned layer carries its index)",
 }
 
 
@@ -65,6 +67,12 @@ class Config:
     # how the layers are written (STACKS): a Python for over `w[i]`, or `jax.lax.scan` over
     # the stacked weights (spec and implementation alike)
     stack: str = "for"
+    bug_layer: int = 17  # the global layer the "one_layer" bug is planted in
+
+    @property
+    def planted_layer(self) -> int:
+        """The global layer the "one_layer" bug is in: `bug_layer`, or the last layer."""
+        return min(self.bug_layer, self.layers - 1)
 
     @property
     def head_dim(self) -> int:
@@ -346,16 +354,31 @@ def pipeline_loss(params, batch, cfg: Config, bug: str | None, style: str):
         x = x + reduce(attention(enter(rms_norm(x, p["attn_norm"], cfg.eps)), p, tables, cfg))
         return x + ffn(enter(rms_norm(x, p["mlp_norm"], cfg.eps)), p)
 
+    bug_stage, bug_local = divmod(cfg.planted_layer, per_stage)
+
+    def counted_block(carry, p):  # the scanned layer with its index i in this stage
+        x, i = carry
+        y = block(x, p, tables, cfg, enter, reduce)
+        hit = (stage == bug_stage) & (i == bug_local)
+        y = jnp.where(hit, y + (y - x), y)  # BUG: one_layer: layer K's update added twice
+        return (y, i + 1), None
+
     def stage_layers(x):
         if cfg.stack == "scan":  # this stage's layers (the local slice of the stack)
             if bug == "psum":  # every layer of the stage: a scan has one body
                 return scanned(x, params["layers"], buggy_block)
+            if bug == "one_layer":
+                (x, _), _ = jax.lax.scan(counted_block, (x, 0), params["layers"])
+                return x
             return scanned(
                 x, params["layers"], lambda h, p: block(h, p, tables, cfg, enter, reduce)
             )
         for i in range(per_stage):
             p = layer(params, i)
-            if bug == "psum" and i == per_stage - 1:
+            if bug == "one_layer" and i == bug_local:
+                y = block(x, p, tables, cfg, enter, reduce)
+                x = jnp.where(stage == bug_stage, y + (y - x), y)  # BUG: one_layer
+            elif bug == "psum" and i == per_stage - 1:
                 x = x + reduce(
                     attention(enter(rms_norm(x, p["attn_norm"], cfg.eps)), p, tables, cfg)
                 )

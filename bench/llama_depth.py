@@ -48,17 +48,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--depths", default="2,8,32", help="comma-separated layer counts")
     ap.add_argument("--no-bug", action="store_true", help="skip the planted-bug rows")
+    ap.add_argument(
+        "--bugs", default="psum", help="comma-separated planted bugs (bench/llama3.py BUGS)"
+    )
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
     ap.add_argument("--time-limit", type=float, default=900.0, help="tv's time_limit per row")
     ap.add_argument("--memory", type=float, default=4000.0, help="tv's memory_limit (MB)")
     ap.add_argument(
         "--stack", choices=sorted(M.STACKS), default="for", help="how layers are written"
     )
+    ap.add_argument("--bug-only", action="store_true", help="only the planted-bug rows")
     ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args()
 
     header = (
-        f"{'layers':>6} {'bug':>5} {'verdict':>15} {'stages':>6} {'hits':>5} {'tv s':>7} "
+        f"{'layers':>6} {'bug':>9} {'verdict':>15} {'stages':>6} {'hits':>5} {'tv s':>7} "
         f"{'lower':>6} {'import':>6} {'sim':>5} {'prove':>6} {'confirm':>7} {'layers':>6} "
         f"{'lconf':>6} {'peak MB':>7} {'xla s':>6} {'TV s':>6}"
     )
@@ -71,7 +75,8 @@ def main() -> None:
     results = []
     for layers in (int(d) for d in a.depths.split(",")):
         cfg = M.with_(M.TRAINVERIFY, layers=layers, stack=a.stack)
-        for bug in (None,) if a.no_bug else (None, "psum"):
+        bugs = a.bugs.split(",")
+        for bug in (None,) if a.no_bug else (*bugs,) if a.bug_only else (None, *bugs):
             row = S.llama_row(cfg, bug, note="TrainVerify")
             args = ["verify", json.dumps(row), str(a.time_limit), str(a.memory)]
             res, peak = S.run_child(args, a.time_limit + 120, a.memory + 200)
@@ -83,7 +88,7 @@ def main() -> None:
             imp = ph.get("import")  # parsing, passes and shape reduction (after lowering)
             tv = TRAINVERIFY_S.get(layers) if bug is None else None
             print(
-                f"{layers:>6} {bug or '-':>5} {res['verdict']:>15} "
+                f"{layers:>6} {bug or '-':>9} {res['verdict']:>15} "
                 f"{S.fmt(res.get('stages'), 'd'):>6} {S.fmt(res.get('cache_hits'), 'd'):>5} "
                 f"{S.fmt(res.get('seconds')):>7} {S.fmt(res.get('lower_s')):>6} "
                 f"{S.fmt(imp):>6} {S.fmt(ph.get('simulate')):>5} {S.fmt(ph.get('prove')):>6} "

@@ -252,11 +252,14 @@ class TileIndex:
         vid, tile, row = member
         return vid, tile_box(tuple(self.shapes[vid]), tile, row)
 
-    def _matches(self, local: tuple, arrays, firsts: bool = False) -> list[tuple[int, tuple, int]]:
+    def _matches(
+        self, local: tuple, arrays, firsts: bool = False, one: bool = False
+    ) -> list[tuple[int, tuple, int]]:
         """The index members (spec value, tile shape, row) of every tile the arrays (one
         device's value in every run) equal, at most ALTERNATIVES equal ones per value and
         tile shape (no caller uses more); `_member` gives their boxes. `firsts`: one member
-        per spec value (all that a caller looking for the values needs)."""
+        per spec value (all that a caller looking for the values needs); `one`: the first
+        member found only (whether there is one)."""
         key = self._project(local, arrays)
         if key is None:
             return []
@@ -284,6 +287,8 @@ class TileIndex:
             if same:
                 out += [(vid, tile, row) for row in (rows[:1] if firsts else rows)]
                 seen.add(vid)
+                if one:
+                    break
         return out
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
@@ -297,7 +302,10 @@ class TileIndex:
         values `candidates(per_device, limit=0)` names, without making their boxes."""
         local = tuple(np.shape(per_device[0][0]))
         common: set[int] | None = None
-        for arrays in per_device:
+        # the largest values first: a device holding zeros (an idle pipeline stage) equals
+        # every zero tile of every spec value, a costly look-up that a device holding data
+        # usually makes unnecessary (the intersection is empty after it)
+        for arrays in sorted(per_device, key=_magnitude, reverse=True):
             here = {m[0] for m in self._matches(local, arrays, firsts=True)}
             common = here if common is None else common & here
             if not common:
@@ -306,7 +314,7 @@ class TileIndex:
 
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""
-        return bool(self._matches(tuple(np.shape(arrays[0])), arrays, firsts=True))
+        return bool(self._matches(tuple(np.shape(arrays[0])), arrays, firsts=True, one=True))
 
     def _norm_index(self, local: tuple) -> _NormIndex:
         """Spec tiles divided by their largest-magnitude element (scale-free keys), sorted.
@@ -558,6 +566,24 @@ def _whole_ratios(c: np.ndarray, limit: float = 1e7) -> np.ndarray:
 def _round_ratio(c: float) -> float:
     """c snapped to the exact whole number or reciprocal it is close to."""
     return float(round(c)) if abs(c) >= 1.0 else 1.0 / round(1.0 / c)
+
+
+def largest_first(per_device: list) -> list[int]:
+    """Device numbers, the one with the largest values (over its runs) first: the order in
+    which to ask whether every device's value matches (a device holding zeros matches
+    many tiles, one holding data usually none, which settles the question)."""
+    return sorted(range(len(per_device)), key=lambda d: -_magnitude(per_device[d]))
+
+
+def _magnitude(arrays: list) -> float:
+    """The largest magnitude in one device's value over every run (0 for non-floats)."""
+    out = 0.0
+    for a in arrays:
+        a = np.asarray(a)
+        if a.size and a.dtype.kind == "f":
+            m = float(np.max(np.abs(a)))
+            out = max(out, m if np.isfinite(m) else np.inf)
+    return out
 
 
 def mesh_groups(n: int) -> list[tuple[tuple[int, ...], ...]]:

@@ -28,7 +28,7 @@ from tv_ir.semantics.ops.registry import COLLECTIVES
 
 from ..errors import TvError
 from ..limits import OutOfMemoryBudget, OutOfTime, check_time, deadline, time_left
-from .correspond import MOVEMENT_OPS, TileIndex, box_index, mesh_groups
+from .correspond import MOVEMENT_OPS, TileIndex, box_index, largest_first, mesh_groups
 from .simulate import (
     Trace,
     close,
@@ -502,7 +502,9 @@ class _Walk:
         idle = self.idle_devices(v)
         if all(idle):
             return IDLE
-        if all(i or self.index.holds_tile([x]) for i, x in zip(idle, vals, strict=True)):
+        if all(
+            idle[d] or self.index.holds_tile([vals[d]]) for d in largest_first([[x] for x in vals])
+        ):
             return MIXED
         return None
 
@@ -514,7 +516,10 @@ class _Walk:
         return (
             any(idle)
             and not all(idle)
-            and all(i or self.index.holds_tile([x]) for i, x in zip(idle, vals, strict=True))
+            and all(
+                idle[d] or self.index.holds_tile([vals[d]])
+                for d in largest_first([[x] for x in vals])
+            )
         )
 
     def idle_devices(self, v) -> list[bool]:
