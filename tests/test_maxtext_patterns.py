@@ -4,6 +4,9 @@ step in its own environment, docs/jax.md "MaxText")."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -490,3 +493,90 @@ def test_global_norm_clipping_after_a_token_weighted_loss():
 
     report = _verify_clipped_step(_clipped_step(loss), time_limit=60)
     assert report.verdict == EQUIVALENT, report
+
+
+# MaxText's shard_map collective matmul (maxtext/examples/shmap_collective_matmul.py): a
+# bidirectional ring in a fori_loop filling an accumulator block by block. Every block is
+# a tile of the spec's product, so a mistake in one shows only in the finished buffer; the
+# report must name the producer of the wrong block, not only the buffer's last write.
+def _collective_matmul(bug: str | None = None):
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:4]).reshape(1, 4), ("fsdp", "tp"))
+    ring = P("fsdp", "tp", None)
+
+    @functools.partial(
+        jax.shard_map,
+        mesh=mesh,
+        in_specs=(ring, ring),
+        out_specs=P("fsdp", None, "tp", None),
+        check_vma=False,
+    )
+    def collective_matmul(activations, weights):
+        axis_size = jax.lax.psum(1, axis_name="tp")
+        axis_index = jax.lax.axis_index(axis_name="tp")
+        chunk_size = activations.shape[1]
+        mid_chunk = chunk_size // 2
+        shape = (activations.shape[0], chunk_size * axis_size, *weights.shape[1:])
+        accum = jnp.zeros(shape, dtype=activations.dtype)
+        update = jnp.einsum("bsE,Ehd->bshd", activations, weights)
+        if bug == "scale":
+            update = update * 2.0  # SCALED BLOCK
+        accum = jax.lax.dynamic_update_slice(accum, update, (0, axis_index * chunk_size, 0, 0))
+        forward, backward = jnp.split(activations, 2, axis=1)
+        ahead = [(j, (j + 1) % axis_size) for j in range(axis_size)]
+        behind = [(j, (j - 1) % axis_size) for j in range(axis_size)]
+        forward = jax.lax.ppermute(forward, axis_name="tp", perm=ahead)
+        backward = jax.lax.ppermute(backward, axis_name="tp", perm=behind)
+
+        def step(i, carry):
+            accum, forward, backward = carry
+            update_forward = jnp.einsum("bsE,Ehd->bshd", forward, weights)
+            update_backward = jnp.einsum("bsE,Ehd->bshd", backward, weights)
+            perm = behind if bug == "direction" else ahead
+            forward = jax.lax.ppermute(forward, axis_name="tp", perm=perm)  # RING DIRECTION
+            backward = jax.lax.ppermute(backward, axis_name="tp", perm=behind)
+            forward_index = ((axis_index - i - 1) % axis_size) * chunk_size
+            backward_index = ((axis_index + i + 1) % axis_size) * chunk_size + mid_chunk
+            accum = jax.lax.dynamic_update_slice(accum, update_forward, (0, forward_index, 0, 0))
+            accum = jax.lax.dynamic_update_slice(accum, update_backward, (0, backward_index, 0, 0))
+            return accum, forward, backward
+
+        accum, _, _ = jax.lax.fori_loop(0, axis_size - 1, step, (accum, forward, backward))
+        return accum
+
+    return collective_matmul
+
+
+def _dense_matmul(activations, weights):
+    return jnp.einsum("bsE,Ehd->bshd", activations, weights)
+
+
+def _verify_collective_matmul(bug: str | None):
+    a = jax.ShapeDtypeStruct((2, 16, 8), F32)
+    w = jax.ShapeDtypeStruct((8, 4, 2), F32)
+    return verify(_collective_matmul(bug), a, w, spec=_dense_matmul, time_limit=120)
+
+
+def _marked_line(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.rstrip().endswith(f"# {marker}"))
+
+
+def test_collective_matmul_ring_is_proved():
+    report = _verify_collective_matmul(None)
+    assert report.verdict == EQUIVALENT, report
+
+
+@pytest.mark.parametrize(
+    "bug, marker", [("scale", "SCALED BLOCK"), ("direction", "RING DIRECTION")]
+)
+def test_collective_matmul_planted_bug_names_its_line(bug, marker):
+    """A stray scale on the local block, or the forward ring's ppermute sent the wrong way:
+    refuted, and the planted line is among the related sites (before, only the buffer's
+    last write and its offset arithmetic were named)."""
+    report = _verify_collective_matmul(bug)
+    assert report.verdict == NOT_EQUIVALENT, report
+    loc = report.location
+    assert loc is not None and loc.impl is not None, report
+    assert loc.impl.op == "stablehlo.dynamic_update_slice", report
+    lines = [s.line for s in loc.related if s.file == __file__]
+    assert _marked_line(marker) in lines, report

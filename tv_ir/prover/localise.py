@@ -128,10 +128,73 @@ def _location(spec, impl, placement, inputs, spec_tr, impl_tr, differing: int) -
     if used_at is not None and used_at is not blamed:
         loc.used_at = _site(used_at)
     if blamed is not None:
-        loc.related = _body_returns(blamed, impl.main.body.results[differing], walk)
+        loc.related = _wrong_block_sites(blamed, impl, placement, spec_tr, differing, walk)
+        loc.related += _body_returns(blamed, impl.main.body.results[differing], walk)
         loc.related += related_sites(blamed, walk.index_values)
         loc.related = _distinct(loc.related, loc.impl)[:RELATED_LIMIT]
     return loc
+
+
+def _wrong_block_sites(blamed, impl, placement, spec_tr, differing: int, walk) -> list[OpSite]:
+    """For an output assembled block by block (`blamed` is the last write into the buffer a
+    shard_map returns as output `differing`): the ops that computed the blocks written
+    wrong, earliest write first, each followed by where its inputs come from. Each block
+    alone is a tile of the spec's result (a block computed from another device's chunk, or
+    scaled), so no op before the writes diverges and the last write is blamed; the mistake
+    is in the block's producer (a scaled update) or its inputs (a mis-directed ppermute)."""
+    if blamed.name != "stablehlo.dynamic_update_slice":
+        return []
+    if _assembled_by(impl.main.body.results[differing], walk) is not blamed:
+        return []
+    layout = _shard_map_layout(impl, differing, placement.num_devices)
+    if layout is None:
+        return []
+    spec_out = spec_tr.outputs[differing]
+    expected = [_block(spec_out, layout.box(d)) for d in range(placement.num_devices)]
+    final = walk.tr.values.get(blamed.results[0].id)
+    if final is None:
+        return []
+    sites: list[OpSite] = []
+    for write in reversed(_write_chain(blamed)):
+        if _writes_a_wrong_block(write, expected, final, walk.tr):
+            producer = write.operands[1].owner
+            if producer is not None:
+                if producer.loc.line is not None:
+                    sites.append(_site(producer))
+                sites += related_sites(producer, walk.index_values)
+    return sites
+
+
+def _write_chain(last) -> list:
+    """The dynamic_update_slices that fill one buffer, last write first."""
+    chain = []
+    op = last
+    while op is not None and op.name == "stablehlo.dynamic_update_slice":
+        chain.append(op)
+        op = op.operands[0].owner
+    return chain
+
+
+def _writes_a_wrong_block(write, expected: list, final: list, tr) -> bool:
+    """Does `write` put, on some device, a block that is not the expected one where the
+    finished buffer differs from it too (a block later overwritten does not count)?"""
+    update = tr.values.get(write.operands[1].id)
+    offsets = [tr.values.get(o.id) for o in write.operands[2:]]
+    if update is None or any(o is None for o in offsets):
+        return False
+    for d, want in enumerate(expected):
+        u = np.asarray(update[d])
+        want = np.asarray(want)
+        if u.shape == () or want.shape != np.shape(final[d]):
+            return False
+        starts = [
+            min(max(int(np.asarray(o[d])), 0), n - k)
+            for o, n, k in zip(offsets, want.shape, u.shape, strict=True)
+        ]
+        box = tuple(slice(s, s + k) for s, k in zip(starts, u.shape, strict=True))
+        if not close(want[box], u) and not close(want[box], np.asarray(final[d])[box]):
+            return True
+    return False
 
 
 def _first_difference(spec_tr, impl_tr, spec: Module, impl: Module, placement):
