@@ -306,9 +306,13 @@ def scaled_layout(lay: Layout, factors: list) -> Layout:
     if all(k == 1 for k in factors):
         return lay
     maps = [k if callable(k) else (lambda n, k=k: n // k) for k in factors]
+    seen: dict = {}  # most devices share their box with others (8,192 devices, a few boxes)
 
     def box(b):
-        return tuple((m(s), m(e)) for (s, e), m in zip(b, maps, strict=True))
+        out = seen.get(b)
+        if out is None:
+            out = seen[b] = tuple((m(s), m(e)) for (s, e), m in zip(b, maps, strict=True))
+        return out
 
     return dataclasses.replace(
         lay,
