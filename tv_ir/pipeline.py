@@ -793,6 +793,21 @@ def _partitioned(impl, spec_m: Module, unroll: bool = True):
     return impl_m, placement
 
 
+# the options users pass through the front ends' `verify`: `partition_and_check`'s (a
+# program XLA partitions here), and `check`'s, which adds the mesh reduction of shard_map
+# programs
+PARTITION_OPTIONS = (
+    "timeout",
+    "seed",
+    "progress",
+    "time_limit",
+    "memory_limit",
+    "reduce_shapes",
+    "workers",
+)
+CHECK_OPTIONS = PARTITION_OPTIONS + ("reduce_mesh",)
+
+
 def partition_and_check(
     module,
     timeout: float = 10.0,

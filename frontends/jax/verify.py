@@ -10,17 +10,6 @@ from tv_ir.report.result import Report
 from .lowering import Lowered, lower
 from .mesh import named, resolve_mesh
 
-CHECK_OPTIONS = (
-    "timeout",
-    "seed",
-    "progress",
-    "time_limit",
-    "memory_limit",
-    "reduce_shapes",
-    "reduce_mesh",
-    "workers",
-)
-
 
 def verify(
     fn: Any,
@@ -48,7 +37,7 @@ def verify(
     it; False checks at the real sizes), `workers` (processes for the check's independent
     obligations; default: the idle cores once they have taken a second, or $TV_WORKERS).
     """
-    from tv_ir.pipeline import check, partition_and_check, prepare
+    from tv_ir.pipeline import CHECK_OPTIONS, check, partition_and_check, prepare
 
     unknown = sorted(set(options) - set(CHECK_OPTIONS))
     if unknown:

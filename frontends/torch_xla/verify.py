@@ -10,16 +10,6 @@ from tv_ir.report.result import Report
 from . import runtime
 from .export import Exported, export
 
-CHECK_OPTIONS = (
-    "timeout",
-    "seed",
-    "progress",
-    "time_limit",
-    "memory_limit",
-    "reduce_shapes",
-    "workers",
-)
-
 
 def verify(
     model_or_fn: Any,
@@ -43,7 +33,9 @@ def verify(
     run), `memory_limit` (MB), `seed`, `progress`, `reduce_shapes` (default True),
     `workers` (processes for the check's independent obligations; tv_ir.prover.workers).
     """
-    unknown = sorted(set(options) - set(CHECK_OPTIONS))
+    from tv_ir.pipeline import PARTITION_OPTIONS  # lazily: the runtime is set up first
+
+    unknown = sorted(set(options) - set(PARTITION_OPTIONS))
     if unknown:
         raise BadInput(f"verify: unknown option(s) {', '.join(unknown)}")
     exp = export(
