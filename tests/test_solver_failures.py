@@ -97,3 +97,34 @@ def test_a_solver_query_never_outlives_the_time_limit(monkeypatch) -> None:
         r = smt._solve(smt._Encoder(), [cubes], 600.0)
     assert r.status == "unknown"
     assert timeouts and timeouts[0] <= 500
+
+
+def test_a_query_budget_is_solver_work_not_wall_clock(monkeypatch) -> None:
+    """A query stops on its budget of z3 resource units (`--timeout` seconds' worth), which
+    does not depend on the machine's load: the same query ends at the same point in every
+    run, with one worker or many (issue #12: the same reports with N workers)."""
+    from tv_ir.prover import smt
+
+    spent = []
+    real_check = z3.Solver.check
+
+    def recording_check(self, *args):
+        r = real_check(self, *args)
+        st = self.statistics()
+        spent.append(next(st.get_key_value(k) for k in st.keys() if k == "rlimit count"))
+        return r
+
+    monkeypatch.setattr(z3.Solver, "check", recording_check)
+    monkeypatch.setattr(smt, "WALL_SLACK", 1000.0)  # the wall-clock backstop out of the way
+
+    def ask():
+        with smt._own_context():  # as `check_equal` asks every query
+            x, y, z = z3.Ints("x y z")
+            cubes = z3.And(x > 0, y > 0, z > 0, x * x * x + y * y * y == z * z * z)  # undecided
+            return smt._solve(smt._Encoder(), [cubes], 0.2)
+
+    results = [ask(), ask()]
+    assert [r.status for r in results] == ["unknown", "unknown"]
+    assert [r.reason for r in results] == ["z3: timeout", "z3: timeout"]
+    budget = int(0.2 * smt.RLIMIT_PER_SECOND)
+    assert spent[0] == spent[1] and budget <= spent[0] < budget * 1.01, (spent, budget)

@@ -180,7 +180,7 @@ def _common(p):
         type=float,
         default=10.0,
         metavar="S",
-        help="seconds per solver query (default 10)",
+        help="solver budget per query, in seconds of solver work (z3 resource units; default 10)",
     )
     p.add_argument(
         "--time-limit",

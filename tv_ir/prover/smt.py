@@ -26,6 +26,14 @@ SolverError = z3.Z3Exception  # z3's own exceptions, for modules that do not imp
 # honoured on nonlinear queries)
 INTERRUPT_GRACE_S = 1.0
 
+# A query's budget is counted in z3's resource units (`rlimit`), not in seconds, so that its
+# answer does not depend on the machine's load: two runs, or one worker and N workers, give
+# the same verdicts and reports. A second of `--timeout` buys RLIMIT_PER_SECOND units (z3
+# 5.4 on this project's 2-core machines spends 1.1 to 3.4 million units per CPU second on
+# tv's queries); the wall clock stays a backstop at WALL_SLACK times the budget.
+RLIMIT_PER_SECOND = 1_500_000
+WALL_SLACK = 10.0
+
 # z3's timeout is not always honoured on nonlinear queries (seen with sqrt and inverses):
 # cap its memory so such a query ends as `unknown` instead of exhausting the machine
 MEMORY_MB = 4096
@@ -285,15 +293,17 @@ def _check_equal(pairs: list[tuple], timeout_s: float) -> SmtResult:
 def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
     from ..limits import time_left
 
+    wall_s = timeout_s * WALL_SLACK
     left = time_left()  # a query never outlives the run's time limit
     if left is not None:
-        timeout_s = max(0.01, min(timeout_s, left))
+        wall_s = max(0.01, min(wall_s, left))
     s = z3.Solver()
-    s.set("timeout", int(timeout_s * 1000))
+    s.set("rlimit", max(1, int(timeout_s * RLIMIT_PER_SECOND)))
+    s.set("timeout", int(wall_s * 1000))
     s.add(*enc.side)
     s.add(z3.Or(diffs) if len(diffs) > 1 else diffs[0])
     # z3 does not always honour its timeout on nonlinear queries: interrupt it a little after
-    watchdog = threading.Timer(timeout_s + INTERRUPT_GRACE_S, s.ctx.interrupt)
+    watchdog = threading.Timer(wall_s + INTERRUPT_GRACE_S, s.ctx.interrupt)
     watchdog.daemon = True
     watchdog.start()
     try:
@@ -309,7 +319,12 @@ def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
             v = m.eval(e, model_completion=True)
             model[aid] = _to_int(v) if aid in enc.ints else _to_float(v)
         return SmtResult("sat", model)
-    return SmtResult("unknown", reason=f"z3: {s.reason_unknown()}")
+    return SmtResult("unknown", reason=f"z3: {_unknown_reason(s.reason_unknown())}")
+
+
+def _unknown_reason(z3_reason: str) -> str:
+    """z3 says `canceled` when a query used up its resource budget: that is the timeout."""
+    return "timeout" if z3_reason == "canceled" else z3_reason
 
 
 def _z3_message(e: Exception) -> str:
