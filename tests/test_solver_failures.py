@@ -3,6 +3,8 @@ model) end as `unknown` with a reason, never as a traceback out of `verify` / `c
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -115,7 +117,7 @@ def test_a_query_budget_is_solver_work_not_wall_clock(monkeypatch) -> None:
         return r
 
     monkeypatch.setattr(z3.Solver, "check", recording_check)
-    monkeypatch.setattr(smt, "WALL_SLACK", 1000.0)  # the wall-clock backstop out of the way
+    monkeypatch.setattr(smt, "BACKSTOP_SLACK", 1000.0)  # the backstop out of the way
 
     def ask():
         with smt._own_context():  # as `check_equal` asks every query
@@ -128,3 +130,20 @@ def test_a_query_budget_is_solver_work_not_wall_clock(monkeypatch) -> None:
     assert [r.reason for r in results] == ["z3: timeout", "z3: timeout"]
     budget = int(0.2 * smt.RLIMIT_PER_SECOND)
     assert spent[0] == spent[1] and budget <= spent[0] < budget * 1.01, (spent, budget)
+
+
+def test_a_query_that_ignores_its_budget_is_stopped_by_cpu_time(monkeypatch) -> None:
+    """z3 does not check its resource budget everywhere: the backstop interrupts a query
+    that has used BACKSTOP_SLACK times its seconds of CPU time (here: a budget z3 would never
+    reach, and 0.02 s x 10 of CPU time)."""
+    from tv_ir.prover import smt
+
+    monkeypatch.setattr(smt, "RLIMIT_PER_SECOND", 10**15)
+    with smt._own_context():
+        x, y, z = z3.Ints("x y z")
+        cubes = z3.And(x > 0, y > 0, z > 0, x * x * x + y * y * y == z * z * z)  # undecided
+        cpu0 = time.process_time()
+        r = smt._solve(smt._Encoder(), [cubes], 0.02)
+        spent = time.process_time() - cpu0
+    assert r.status == "unknown"
+    assert spent < 30, spent  # not z3's own (absent) limit: the backstop stopped it

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from dataclasses import dataclass, field
 
 import z3
@@ -30,9 +31,12 @@ INTERRUPT_GRACE_S = 1.0
 # answer does not depend on the machine's load: two runs, or one worker and N workers, give
 # the same verdicts and reports. A second of `--timeout` buys RLIMIT_PER_SECOND units (z3
 # 5.4 on this project's 2-core machines spends 1.1 to 3.4 million units per CPU second on
-# tv's queries); the wall clock stays a backstop at WALL_SLACK times the budget.
+# tv's queries). z3 does not check its budget everywhere: a backstop interrupts a query
+# that has used BACKSTOP_SLACK times its budget's seconds of CPU time (CPU, not wall-clock
+# time, so that load does not decide it either).
 RLIMIT_PER_SECOND = 1_500_000
-WALL_SLACK = 10.0
+BACKSTOP_SLACK = 10.0
+BACKSTOP_POLL_S = 0.05
 
 # z3's timeout is not always honoured on nonlinear queries (seen with sqrt and inverses):
 # cap its memory so such a query ends as `unknown` instead of exhausting the machine
@@ -293,23 +297,26 @@ def _check_equal(pairs: list[tuple], timeout_s: float) -> SmtResult:
 def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
     from ..limits import time_left
 
-    wall_s = timeout_s * WALL_SLACK
-    left = time_left()  # a query never outlives the run's time limit
-    if left is not None:
-        wall_s = max(0.01, min(wall_s, left))
     s = z3.Solver()
     s.set("rlimit", max(1, int(timeout_s * RLIMIT_PER_SECOND)))
-    s.set("timeout", int(wall_s * 1000))
+    left = time_left()  # a query never outlives the run's time limit
+    if left is not None:
+        left = max(0.01, left)
+        s.set("timeout", int(left * 1000))
     s.add(*enc.side)
     s.add(z3.Or(diffs) if len(diffs) > 1 else diffs[0])
-    # z3 does not always honour its timeout on nonlinear queries: interrupt it a little after
-    watchdog = threading.Timer(wall_s + INTERRUPT_GRACE_S, s.ctx.interrupt)
-    watchdog.daemon = True
+    # z3 does not always honour its limits on nonlinear queries: interrupt it past the
+    # backstop (CPU seconds, so a loaded machine does not trigger it) or the time limit
+    done = threading.Event()
+    wall_s = None if left is None else left + INTERRUPT_GRACE_S
+    watchdog = threading.Thread(
+        target=_backstop, args=(s.ctx, timeout_s * BACKSTOP_SLACK, wall_s, done), daemon=True
+    )
     watchdog.start()
     try:
         r = s.check()
     finally:
-        watchdog.cancel()
+        done.set()
     if r == z3.unsat:
         return SmtResult("unsat")
     if r == z3.sat:
@@ -320,6 +327,17 @@ def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
             model[aid] = _to_int(v) if aid in enc.ints else _to_float(v)
         return SmtResult("sat", model)
     return SmtResult("unknown", reason=f"z3: {_unknown_reason(s.reason_unknown())}")
+
+
+def _backstop(ctx, cpu_s: float, wall_s: float | None, done: threading.Event) -> None:
+    """Interrupt z3 once this process has spent `cpu_s` CPU seconds on the query, or
+    `wall_s` seconds have passed (the run's time limit), unless the query ended first."""
+    cpu0, t0 = time.process_time(), time.monotonic()
+    while not done.wait(BACKSTOP_POLL_S):
+        spent = time.process_time() - cpu0
+        if spent > cpu_s or (wall_s is not None and time.monotonic() - t0 > wall_s):
+            ctx.interrupt()
+            return
 
 
 def _unknown_reason(z3_reason: str) -> str:
