@@ -609,6 +609,42 @@ class ShapeRules:
                     self.d.tie(a, b)
             self.untrack(x, f"reduce at {op.loc}")
 
+    def rule_reduce_window(self, op: Op) -> None:
+        n = len(op.operands) // 2
+        self._windowed(op, list(op.operands[:n]) + list(op.results))
+
+    def rule_select_and_scatter(self, op: Op) -> None:
+        self._windowed(op, [op.operands[0], op.operands[1], *op.results])
+
+    def _windowed(self, op: Op, tensors: list[Value]) -> None:
+        """reduce_window, select_and_scatter: along a dimension whose window is one position
+        with stride 1, no padding and no dilation, each result position reads only the
+        same position of its inputs (elementwise along it: a pooling's batch and feature
+        dimensions), so the dimension ties across `tensors`; any other dimension keeps its
+        size. Regions that read values from outside keep everything."""
+        if _captures(op):
+            return self.keep_all(op, f"{op.short_name} at {op.loc} reading outer values")
+        rank = len(op.operands[0].type.shape)
+        ones = (1,) * rank
+        window = op.attrs.get("window_dimensions") or ones
+        strides = op.attrs.get("window_strides") or ones
+        base = op.attrs.get("base_dilations") or ones
+        dilation = op.attrs.get("window_dilations") or ones
+        padding = op.attrs.get("padding")
+        pads = np.zeros((rank, 2), int) if padding is None else np.asarray(padding)
+        pads = pads.reshape(rank, 2)
+        first = self.keys(tensors[0])
+        for a in range(rank):
+            trivial = (window[a], strides[a], base[a], dilation[a]) == (1, 1, 1, 1)
+            trivial = trivial and not pads[a].any()
+            for v in tensors:
+                if trivial:
+                    self.d.tie(first[a], self.keys(v)[a])
+                else:
+                    self.d.keep(self.keys(v)[a], f"a window of {op.short_name} at {op.loc}")
+        for v in op.operands:
+            self.untrack(v, f"{op.short_name} at {op.loc}")
+
     def rule_slice(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
         kx, kr = self.keys(x), self.keys(r)
@@ -852,6 +888,19 @@ class ShapeRules:
 
     def rule_return(self, op: Op) -> None:
         pass
+
+
+def _captures(op: Op) -> bool:
+    """Whether an op inside `op`'s regions reads a value defined outside them."""
+    inside = set()
+    for region in op.regions:
+        inside.update(a.id for a in region.block.args)
+        for inner in walk(region.block):
+            inside.update(r.id for r in inner.results)
+            inside.update(a.id for reg in inner.regions for a in reg.block.args)
+    read = [v for region in op.regions for inner in walk(region.block) for v in inner.operands]
+    read += [v for region in op.regions for v in region.block.results]
+    return any(v.id not in inside for v in read)
 
 
 def _adds(op: Op) -> bool:

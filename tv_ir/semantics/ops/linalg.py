@@ -49,6 +49,8 @@ def cholesky(ctx, a):
     n = a.shape[-1]
     lower = bool(ctx.attr("lower", False))
     zero = _zero(ctx, t)
+    if _concrete_floats(ctx, a):
+        return _cholesky_batched(ctx, a, n, lower, zero)
     out = []
     for b in np.ndindex(*a.shape[:-2]):
         m = a[b]
@@ -70,6 +72,54 @@ def cholesky(ctx, a):
     return assemble(t.shape, out)
 
 
+def _concrete_floats(ctx, *xs) -> bool:
+    """Concrete real values: the recurrences run on whole arrays over the batch dimensions
+    (the same scalar operations in the same order per batch element, done once for all)."""
+    return not any(ctx.alg.is_symbolic(x) for x in xs) and all(x.dtype.kind == "f" for x in xs)
+
+
+def _cholesky_batched(ctx, a, n: int, lower: bool, zero) -> np.ndarray:
+    """cholesky's per-matrix recurrence and NaN guard, each entry an array over the batch."""
+    L = _cholesky_lower(
+        ctx, (lambda i, j: a[..., i, j]) if lower else (lambda i, j: a[..., j, i]), n, zero
+    )
+    guard = ctx.alg.multiply(
+        zero, _sum(ctx, zero, (L[i][j] for i in range(n) for j in range(i + 1)))
+    )
+    entries = {}
+    for i in range(n):
+        for j in range(n):
+            v = L[i][j] if lower else L[j][i]
+            keep = (j <= i) == lower or i == j
+            entries[i, j] = np.asarray(ctx.alg.add(v if keep else zero, guard))
+    out = np.empty(a.shape, dtype=np.result_type(*entries.values()))
+    for (i, j), v in entries.items():
+        out[..., i, j] = v
+    return out
+
+
+def _triangular_solve_batched(ctx, a, b, left, m_lower, transpose, unit, one) -> np.ndarray:
+    """triangular_solve's substitution, each row an array over the batch and columns."""
+    alg = ctx.alg
+    n = a.shape[-1]
+
+    def coef(i, j):  # op(a)[i, j] over the batch, against a row of the right-hand side
+        if i == j and unit:
+            return one
+        return (a[..., j, i] if transpose else a[..., i, j])[..., None]
+
+    get, r = (coef, b) if left else ((lambda i, j: coef(j, i)), np.swapaxes(b, -1, -2))
+    order = range(n) if m_lower else range(n - 1, -1, -1)
+    x = [None] * n
+    for i in order:
+        acc = r[..., i, :]
+        for j in range(i) if m_lower else range(i + 1, n):
+            acc = alg.subtract(acc, alg.multiply(get(i, j), x[j]))
+        x[i] = np.asarray(acc if unit else alg.divide(acc, get(i, i)))
+    sol = np.stack(x, axis=-2)  # [..., n, cols]
+    return sol if left else np.swapaxes(sol, -1, -2)
+
+
 @op("stablehlo.triangular_solve")
 def triangular_solve(ctx, a, b):
     """x with op(a) x = b (left_side) or x op(a) = b, op(a) the `lower` (or upper) triangle
@@ -87,6 +137,10 @@ def triangular_solve(ctx, a, b):
     n = a.shape[-1]
     one = np.asarray(ctx.alg.constant(np.ones(()), TensorType((), t.dtype)))
     alg = ctx.alg
+    if _concrete_floats(ctx, a, b):
+        m_lower = lower != transpose if left else lower == transpose
+        sol = _triangular_solve_batched(ctx, a, b, left, m_lower, transpose, unit, one)
+        return sol.astype(np.float64)
     out = np.empty(t.shape, dtype=object)
     for bi in np.ndindex(*a.shape[:-2]):
         m, rhs = a[bi], b[bi]

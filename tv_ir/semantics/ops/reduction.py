@@ -10,6 +10,7 @@ import numpy as np
 from tv_ir.ir.program import TensorType
 from tv_ir.limits import OutOfMemoryBudget, OutOfTime
 from tv_ir.semantics.ops import complex_numbers
+from tv_ir.semantics.ops.checked_sort import checked_sort_lanes
 from tv_ir.semantics.ops.lane_merge_sort import merge_sort_lanes
 from tv_ir.semantics.ops.registry import REGION_ON_ARRAYS, op
 from tv_ir.semantics.ops.shape import _pad_dim
@@ -248,7 +249,8 @@ def sort_with(ctx, operands, dim: int, less) -> list:
         return [np.moveaxis(o, -1, dim) for o in _sort_network(ctx, outs, lanes, n, less)]
     token = REGION_ON_ARRAYS.set(True)
     try:  # the comparator on whole arrays: fast; a region that needs scalars falls back
-        return [np.moveaxis(o, -1, dim) for o in merge_sort_lanes(moved, less)]
+        done = checked_sort_lanes(moved, less) or merge_sort_lanes(moved, less)
+        return [np.moveaxis(o, -1, dim) for o in done]
     except (OutOfTime, OutOfMemoryBudget, MemoryError):
         raise
     except Exception:  # noqa: BLE001 - a comparator that cannot run on arrays
