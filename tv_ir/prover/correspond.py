@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tv_ir.limits import check_time
-from tv_ir.semantics.closeness import close_elementwise
+from tv_ir.semantics.closeness import RTOL, close_elementwise
 
 from .simulate import Trace
 
@@ -432,11 +432,36 @@ class TileIndex:
                 }
             if not found:
                 return []
-        ordered = sorted(found, key=lambda v: self.order.get(v, 0))
+        # values that equal their tiles at their own magnitude first: matching floors the
+        # scale at 1, so a value of tiny elements (a gradient behind a saturated softmax)
+        # equals every near-zero tile, and earlier spec values would be tried before its own
+        ordered = sorted(
+            found,
+            key=lambda v: (
+                not self._fits_closely(v, [b[0] for b in found[v]], per_device, local),
+                self.order.get(v, 0),
+            ),
+        )
         return [
             Correspondence(v, tuple(b[0] for b in found[v]), tuple(found[v]))
             for v in (ordered[:limit] if limit else ordered)
         ]
+
+    def _fits_closely(self, vid: int, boxes: list, per_device: list[list], local) -> bool:
+        """Every device's value equals its tile of `vid` in every run to a relative RTOL of
+        the elements' own magnitudes (no floor at 1: tiny values must agree too)."""
+        for d, arrays in enumerate(per_device):
+            for i, a in enumerate(arrays):
+                x = np.asarray(a)
+                y = np.asarray(self._tile(vid, boxes[d], i, local))
+                if x.dtype.kind != "f" or y.dtype.kind != "f":
+                    continue
+                x, y = x.astype(np.float64), y.astype(np.float64)
+                both = np.isfinite(x) & np.isfinite(y)
+                scale = np.maximum(np.abs(x), np.abs(y))[both]
+                if not np.all(np.abs(x - y)[both] <= RTOL * scale):
+                    return False
+        return True
 
 
 @dataclass(frozen=True)
