@@ -432,35 +432,43 @@ class TileIndex:
                 }
             if not found:
                 return []
-        # values that equal their tiles at their own magnitude first: matching floors the
-        # scale at 1, so a value of tiny elements (a gradient behind a saturated softmax)
-        # equals every near-zero tile, and earlier spec values would be tried before its own
-        ordered = sorted(
-            found,
-            key=lambda v: (
-                not self._fits_closely(v, [b[0] for b in found[v]], per_device, local),
-                self.order.get(v, 0),
-            ),
-        )
-        return [
-            Correspondence(v, tuple(b[0] for b in found[v]), tuple(found[v]))
-            for v in (ordered[:limit] if limit else ordered)
-        ]
+        # values that equal their tiles at their own magnitude first, at those tiles: matching
+        # floors the scale at 1, so a value of tiny elements (a gradient behind a saturated
+        # softmax) equals every near-zero tile, and earlier spec values would be tried first
+        close = {v: self._closest_boxes(v, found[v], per_device, local) for v in found}
+        ordered = sorted(found, key=lambda v: (close[v] is None, self.order.get(v, 0)))
+        out = []
+        for v in ordered[:limit] if limit else ordered:
+            boxes = close[v] or tuple(b[0] for b in found[v])
+            alternatives = tuple(
+                (box, *(b for b in bs if b != box)) for box, bs in zip(boxes, found[v], strict=True)
+            )
+            out.append(Correspondence(v, boxes, alternatives))
+        return out
 
-    def _fits_closely(self, vid: int, boxes: list, per_device: list[list], local) -> bool:
-        """Every device's value equals its tile of `vid` in every run to a relative RTOL of
-        the elements' own magnitudes (no floor at 1: tiny values must agree too)."""
-        for d, arrays in enumerate(per_device):
-            for i, a in enumerate(arrays):
-                x = np.asarray(a)
-                y = np.asarray(self._tile(vid, boxes[d], i, local))
-                if x.dtype.kind != "f" or y.dtype.kind != "f":
-                    continue
-                x, y = x.astype(np.float64), y.astype(np.float64)
-                both = np.isfinite(x) & np.isfinite(y)
-                scale = np.maximum(np.abs(x), np.abs(y))[both]
-                if not np.all(np.abs(x - y)[both] <= RTOL * scale):
-                    return False
+    def _closest_boxes(self, vid: int, alternatives: list, per_device: list[list], local):
+        """Per device, the first of its boxes whose tile of `vid` equals its value in every
+        run to a relative RTOL of the elements' own magnitudes (no floor at 1: tiny values
+        must agree too); None if a device has none."""
+        out = []
+        for boxes, arrays in zip(alternatives, per_device, strict=True):
+            box = next((b for b in boxes if self._equal_closely(vid, b, arrays, local)), None)
+            if box is None:
+                return None
+            out.append(box)
+        return tuple(out)
+
+    def _equal_closely(self, vid: int, box: Box, arrays: list, local) -> bool:
+        for i, a in enumerate(arrays):
+            x = np.asarray(a)
+            y = np.asarray(self._tile(vid, box, i, local))
+            if x.dtype.kind != "f" or y.dtype.kind != "f":
+                continue
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            both = np.isfinite(x) & np.isfinite(y)
+            scale = np.maximum(np.abs(x), np.abs(y))[both]
+            if not np.all(np.abs(x - y)[both] <= RTOL * scale):
+                return False
         return True
 
 
