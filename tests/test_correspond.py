@@ -180,3 +180,17 @@ def test_the_values_held_are_those_every_candidate_names(seed) -> None:
         per_device = [[t] for t in tiles_]
         named = {c.spec_value for c in index.candidates(per_device, limit=0)}
         assert index.values_held(per_device) == named
+
+
+def test_a_tiny_value_finds_its_own_tile_before_earlier_near_zero_ones() -> None:
+    """Matching floors the scale at 1, so a value of tiny elements (MaxText's query-kernel
+    gradient behind a saturated softmax, ~1e-12) equals every near-zero tile; five earlier
+    spec values of such tiles came first, and its own was not among the four tried."""
+    rng = np.random.default_rng(0)
+    own = 1e-12 * rng.standard_normal((4, 4))
+    spec = {k: 1e-11 * rng.standard_normal((4, 4)) for k in range(1, 6)}
+    spec[6] = own
+    index = TileIndex([Trace(values=spec)], {k: (4, 4) for k in spec}, {k: k for k in spec})
+    per_device = [[own[:2]], [own[2:]]]
+    found = index.candidates(per_device)
+    assert found and found[0].spec_value == 6, [c.spec_value for c in found]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tv_ir.limits import check_time
-from tv_ir.semantics.closeness import close_elementwise
+from tv_ir.semantics.closeness import RTOL, close_elementwise
 
 from .simulate import Trace
 
@@ -432,11 +432,44 @@ class TileIndex:
                 }
             if not found:
                 return []
-        ordered = sorted(found, key=lambda v: self.order.get(v, 0))
-        return [
-            Correspondence(v, tuple(b[0] for b in found[v]), tuple(found[v]))
-            for v in (ordered[:limit] if limit else ordered)
-        ]
+        # values that equal their tiles at their own magnitude first, at those tiles: matching
+        # floors the scale at 1, so a value of tiny elements (a gradient behind a saturated
+        # softmax) equals every near-zero tile, and earlier spec values would be tried first
+        close = {v: self._closest_boxes(v, found[v], per_device, local) for v in found}
+        ordered = sorted(found, key=lambda v: (close[v] is None, self.order.get(v, 0)))
+        out = []
+        for v in ordered[:limit] if limit else ordered:
+            boxes = close[v] or tuple(b[0] for b in found[v])
+            alternatives = tuple(
+                (box, *(b for b in bs if b != box)) for box, bs in zip(boxes, found[v], strict=True)
+            )
+            out.append(Correspondence(v, boxes, alternatives))
+        return out
+
+    def _closest_boxes(self, vid: int, alternatives: list, per_device: list[list], local):
+        """Per device, the first of its boxes whose tile of `vid` equals its value in every
+        run to a relative RTOL of the elements' own magnitudes (no floor at 1: tiny values
+        must agree too); None if a device has none."""
+        out = []
+        for boxes, arrays in zip(alternatives, per_device, strict=True):
+            box = next((b for b in boxes if self._equal_closely(vid, b, arrays, local)), None)
+            if box is None:
+                return None
+            out.append(box)
+        return tuple(out)
+
+    def _equal_closely(self, vid: int, box: Box, arrays: list, local) -> bool:
+        for i, a in enumerate(arrays):
+            x = np.asarray(a)
+            y = np.asarray(self._tile(vid, box, i, local))
+            if x.dtype.kind != "f" or y.dtype.kind != "f":
+                continue
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            both = np.isfinite(x) & np.isfinite(y)
+            scale = np.maximum(np.abs(x), np.abs(y))[both]
+            if not np.all(np.abs(x - y)[both] <= RTOL * scale):
+                return False
+        return True
 
 
 @dataclass(frozen=True)

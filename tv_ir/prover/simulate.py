@@ -53,6 +53,53 @@ def random_inputs(fn: Function, rng: np.random.Generator, extremes: bool = False
     return out
 
 
+# ops that carry an integer input's elements to a comparison unchanged (copies, moves)
+_CARRYING = frozenset(
+    "stablehlo." + n for n in "broadcast_in_dim reshape transpose slice convert".split()
+)
+
+
+def compared_ids(fn: Function) -> list[int]:
+    """The integer arguments whose elements are compared for equality with an integer
+    argument's elements (ids against ids: `seg[:, :, None] == seg[:, None, :]`, the mask
+    of sequence packing). Their positions, in argument order."""
+    from tv_ir.ir.program import walk
+
+    arg_of = {v.id: i for i, v in enumerate(fn.args)}
+
+    def source(v) -> int | None:  # the argument `v` carries, if any
+        while v.owner is not None and v.owner.name in _CARRYING:
+            v = v.owner.operands[0]
+        i = arg_of.get(v.id) if v.owner is None else None
+        t = None if i is None else fn.arg_types[i]
+        return i if isinstance(t, TensorType) and t.is_integer else None
+
+    found: set[int] = set()
+    for op in walk(fn.body):
+        if op.name != "stablehlo.compare" or str(op.attrs.get("comparison_direction")) not in (
+            "EQ",
+            "NE",
+        ):
+            continue
+        sides = [source(v) for v in op.operands]
+        if None not in sides:
+            found.update(sides)
+    return sorted(found)
+
+
+def with_equal_ids(fn: Function, inputs: list) -> list:
+    """`inputs` with every id compared against ids (`compared_ids`) set to 1 throughout.
+    Small random ids make almost every pair unequal at reduced sizes (a packing mask over 2
+    positions leaves each query one key), so what the equal pairs compute (attention over
+    several keys, and its gradients) is exactly 0 or 1 in every run: values the same in
+    every run, which simulation cannot match to spec values. One run with all ids equal
+    (one segment, nonzero) takes that path; the other runs keep the unequal one."""
+    out = list(inputs)
+    for i in compared_ids(fn):
+        out[i] = np.ones_like(out[i])
+    return out
+
+
 def compared_constants(*modules: Module, limit: int = 16) -> list[float]:
     """Finite float constants that the programs compare values against (thresholds,
     sentinels), so simulation can land on both sides of each guard."""
