@@ -22,8 +22,10 @@ class DimClasses:
     real: dict[Key, int] = field(default_factory=dict)
     # a member whose reduced size must stay >= min(its lower bound, real size)
     lower: dict[Key, int] = field(default_factory=dict)
-    # integers (slice offsets, pad widths, shard boundaries) that the factor must divide
-    offsets: dict[Key, list[int]] = field(default_factory=lambda: defaultdict(list))
+    # integers (slice offsets, pad widths, shard boundaries) that the factor must divide,
+    # each once, in the order first recorded (a dict as an ordered set: 8,192 devices' shard
+    # boundaries repeat a few hundred offsets)
+    offsets: dict[Key, dict[int, None]] = field(default_factory=lambda: defaultdict(dict))
     kept: dict[Key, str] = field(default_factory=dict)
     # members split unevenly (a ragged last shard): no factor, an affine unit may (affine.py)
     uneven: dict[Key, str] = field(default_factory=dict)
@@ -67,9 +69,10 @@ class DimClasses:
         """The class's factor must divide `offset` (an index that scales with the class).
         `ratio_only`: a digit read at a fraction of another member (`_digits`), which an
         affine unit, reading offsets as they are, does not need."""
-        self.offsets[key].append(abs(int(offset)))
+        o = abs(int(offset))
+        self.offsets[key][o] = None
         if ratio_only:
-            self.ratio_only.add((key, abs(int(offset))))
+            self.ratio_only.add((key, o))
 
     def keep(self, key: Key, why: str) -> None:
         self.kept.setdefault(key, why)

@@ -68,7 +68,8 @@ class LayerLoop:
 
 def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
     """`loop` as a layer loop, or why it is not one. `known`: value id -> per-device values
-    of integers folded before the loop (the counter's start must be 0 on every device)."""
+    (`per_device.PerDevice`) of integers folded before the loop (the counter's start must
+    be 0 on every device)."""
     cond, body = loop.regions[0].block, loop.regions[1].block
     ints = [
         k
@@ -83,7 +84,7 @@ def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
         return "its state holds integers other than scalar counters and constants"
     for j in ints:
         start = known.get(loop.operands[j].id)
-        if start is None or any(int(np.asarray(s).reshape(-1)[0]) != 0 for s in start):
+        if start is None or any(int(np.asarray(s).reshape(-1)[0]) != 0 for s in start.values):
             return "its counter does not start at 0"
     found = [(j, _bound(cond, j)) for j in ints]
     bounded = [(j, trips, bound) for j, (trips, bound) in found if trips is not None]

@@ -203,14 +203,14 @@ class Rewriter:
         k = self.factor.get(root, 1)
         t = self.operand_type(v, user)
         dt = np.dtype(t.numpy_dtype) if not t.is_float else np.float64
-        if aff is not None:
+        if aff is not None:  # r.values are the distinct values (r.which: each device's)
             vals = [aff.at(x + r.bias) - r.bias for x in r.values]
         else:
             vals = [(x + r.bias) // k - r.bias for x in r.values]
         loc = r.op.loc
         if all(x == vals[0] for x in vals):
             return self.splat(np.asarray(vals[0], dtype=dt), t, loc)
-        if len(vals) != self.num_partitions:
+        if len(r.which) != self.num_partitions:
             raise AssertionError("per-device offsets across replicas")
         mapped = self.vmap.get(v.id)
         exact = aff is None and all((x + r.bias) % k == 0 for x in r.values)
@@ -228,8 +228,8 @@ class Rewriter:
                 ops += [const, _op(f"stablehlo.{name}", [x, const], t, where)]
                 x = ops[-1]
             return ops, ops[-1].results[0]
-        table = _op("stablehlo.constant", [], TensorType((len(vals),), t.dtype), loc)
-        table.attrs["value"] = np.array(vals, dtype=dt)
+        table = _op("stablehlo.constant", [], TensorType((len(r.which),), t.dtype), loc)
+        table.attrs["value"] = np.array(vals, dtype=dt)[r.which]
         pid = _op("stablehlo.partition_id", [], TensorType((), "ui32"), loc)
         pick = _op("stablehlo.dynamic_slice", [table, pid], TensorType((1,), t.dtype), loc)
         pick.attrs["slice_sizes"] = (1,)
@@ -314,10 +314,15 @@ def scaled_layout(lay: Layout, factors: list) -> Layout:
             out = seen[b] = tuple((m(s), m(e)) for (s, e), m in zip(b, maps, strict=True))
         return out
 
+    boxes = lay.boxes
+    if boxes and boxes.count(boxes[0]) == len(boxes):  # one box on every device (whole)
+        boxes = (box(boxes[0]),) * len(boxes)
+    else:
+        boxes = tuple(box(b) for b in boxes)
     return dataclasses.replace(
         lay,
         global_shape=tuple(m(n) for n, m in zip(lay.global_shape, maps, strict=True)),
-        boxes=tuple(box(b) for b in lay.boxes),
+        boxes=boxes,
         tile_shape=tuple(m(n) for n, m in zip(lay.tile_shape, maps, strict=True)),
     )
 

@@ -27,6 +27,7 @@ from ..expand_batch_norm import NORMALISED_LANE
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
+from .per_device import PerDevice, batched, combinations, results
 from .sorts import sort_rule
 
 ELEMENTWISE = {
@@ -58,13 +59,16 @@ FOLD_LIMIT = 4096  # known integer tensors are folded up to this many elements p
 @dataclass
 class Rescale:
     """Operand `operand` of `op` is a known integer in units of class `key`, one value per
-    device: the reduced program reads (values[d] + bias) / factor - bias on device d."""
+    device: the reduced program reads (value + bias) / factor - bias on each device.
+    `values` are the distinct values, and device d reads `values[which[d]]` (`which` None:
+    the one value on every device)."""
 
     op: Op
     operand: int
     key: Key
     values: list[int]
     bias: int = 0
+    which: np.ndarray | None = None
 
 
 @dataclass
@@ -82,7 +86,7 @@ class Normaliser:
 @dataclass
 class Positions:
     index: dict[int, Key] = field(default_factory=dict)  # value id -> its positions' class
-    known: dict[int, list[np.ndarray]] = field(default_factory=dict)  # per device
+    known: dict[int, PerDevice] = field(default_factory=dict)  # per device (distinct values)
     independent: set[int] = field(default_factory=set)  # value ids that read no input
     rescales: list[Rescale] = field(default_factory=list)
     numbers: set[int] = field(default_factory=set)  # positions converted to floats
@@ -230,7 +234,9 @@ class ShapeRules:
     # -- positions and known integers ------------------------------------------------------
 
     def fold(self, op: Op) -> None:
-        """Fold op per device when all its operands are known (small integer tensors)."""
+        """Fold op on every device when all its operands are known (small integer tensors):
+        once per distinct combination of its operands' values (per_device.py); an op that
+        reads the device itself (not in the op table of device-independent ops) on each."""
         if op.regions or not all(v.id in self.pos.known for v in op.operands):
             return
         if any(
@@ -238,37 +244,77 @@ class ShapeRules:
             for r in op.results
         ):
             return
+        from tv_ir.semantics.ops.registry import OPS
+
+        operands = [self.pos.known[v.id] for v in op.operands]
+        try:  # not foldable here: the value is simply not known
+            if op.name in OPS:
+                folded = self._fold_distinct(op, operands)
+            else:
+                folded = self._fold_each(op, operands)
+        except Exception:
+            return
+        for r, x in zip(op.results, folded, strict=True):
+            self.pos.known[r.id] = x
+
+    def _fold_distinct(self, op: Op, operands: list[PerDevice]) -> list[PerDevice]:
+        """A device-independent op, evaluated once per distinct combination of operand
+        values (an elementwise op over all of them at once)."""
+        from tv_ir.semantics.interpreters.evaluator import refuse_complex, run_evaluator
+        from tv_ir.semantics.ops.registry import OPS
+
+        combos, which = combinations(operands)
+        ev = self._evaluator(int(np.argmax(which == 0)) if len(which) else 0)
+        types = [v.type for v in (*op.operands, *op.results)]
+        stack = batched(types, operands, combos) if op.name in ELEMENTWISE else None
+        if stack is not None and len(combos) > 1:
+            arrays, wide = stack
+            refuse_complex(op)
+            ctx = ev.context(op)
+            ctx.operand_types = [wide(v.type) for v in op.operands]
+            ctx.result_types = [wide(r.type) for r in op.results]
+            out = run_evaluator(op, lambda: OPS[op.name](ctx, *arrays))
+            out = out if isinstance(out, list) else [out]
+            outs = []
+            for x, r in zip(out, op.results, strict=True):
+                outs.append(np.asarray(x).astype(r.type.numpy_dtype))
+                if outs[-1].shape != (len(combos), *r.type.shape):
+                    raise ValueError(f"{op.name} folded to shape {outs[-1].shape}")
+            return results([[x[k] for x in outs] for k in range(len(combos))], which)
+        per_combo = []
+        for c in combos:
+            for v, x, i in zip(op.operands, operands, c, strict=True):
+                ev.env[v.id] = x.values[i]
+            per_combo.append(ev.evaluate_op(op))
+        return results(per_combo, which)
+
+    def _fold_each(self, op: Op, operands: list[PerDevice]) -> list[PerDevice]:
+        """An op that may read the device (`partition_id`, a collective), on every device."""
         outs = []
         for dev in range(self.num_devices):
             ev = self._evaluator(dev)
-            for v in op.operands:
-                ev.env[v.id] = self.pos.known[v.id][dev]
-            try:
-                outs.append(ev.evaluate_op(op))
-            except Exception:  # not foldable here: the value is simply not known
-                return
-        for k, r in enumerate(op.results):
-            self.pos.known[r.id] = [o[k] for o in outs]
+            for v, x in zip(op.operands, operands, strict=True):
+                ev.env[v.id] = x[dev]
+            outs.append(ev.evaluate_op(op))
+        return [PerDevice.of([o[k] for o in outs]) for k in range(len(op.results))]
 
     def fold_into(self, b: Value) -> None:
         if b.owner is not None:
             self.fold(b.owner)
 
     def _evaluator(self, dev: int):
+        """Device dev's evaluator of single ops (made when first used)."""
         from tv_ir.semantics.algebra import NumpyAlgebra
         from tv_ir.semantics.interpreters.evaluator import BlockEvaluator
         from tv_ir.semantics.interpreters.process_grid import Device
 
         if self._evaluators is None:
-            self._evaluators = [
-                BlockEvaluator(
-                    self.module,
-                    NumpyAlgebra(),
-                    device=Device(d // self.num_partitions, d % self.num_partitions, d),
-                )
-                for d in range(self.num_devices)
-            ]
-        return self._evaluators[dev]
+            self._evaluators = {}
+        ev = self._evaluators.get(dev)
+        if ev is None:
+            device = Device(dev // self.num_partitions, dev % self.num_partitions, dev)
+            ev = self._evaluators[dev] = BlockEvaluator(self.module, NumpyAlgebra(), device=device)
+        return ev
 
     def in_units(self, op: Op, operand: int, key: Key, bias: int = 0) -> bool:
         """Operand `operand` of op is an offset in class `key`'s units: it must be known on
@@ -279,17 +325,14 @@ class ShapeRules:
         if vals is None:
             self.d.keep(key, f"{op.short_name} at {op.loc} offsets positions by input values")
             return False
-        scalars = []
-        for arr in vals:
-            flat = np.asarray(arr).reshape(-1)
-            if flat.size == 0 or np.any(flat != flat[0]):
-                self.d.keep(key, f"{op.short_name} at {op.loc} offsets positions unevenly")
-                return False
-            scalars.append(int(flat[0]))
+        scalars = vals.scalars()  # the distinct values, in the order of the first device
+        if scalars is None:
+            self.d.keep(key, f"{op.short_name} at {op.loc} offsets positions unevenly")
+            return False
         for x in scalars:
             self.d.divides(key, x + bias)
         if any(scalars):
-            self.pos.rescales.append(Rescale(op, operand, key, scalars, bias))
+            self.pos.rescales.append(Rescale(op, operand, key, scalars, bias, vals.which))
         return True
 
     def normaliser(self, op: Op) -> None:
@@ -438,10 +481,11 @@ class ShapeRules:
             self.pos.floats[r.id] = float(value.reshape(-1)[0])
         if isinstance(r.type, TensorType) and not r.type.is_float:
             if value.size <= FOLD_LIMIT:
-                self.pos.known[r.id] = [value] * self.num_devices
+                self.pos.known[r.id] = PerDevice.same(value, self.num_devices)
             elif splat:
                 flat = np.asarray(value.reshape(-1)[:1]).reshape(())
-                self.pos.known[r.id] = [np.broadcast_to(flat, value.shape)] * self.num_devices
+                wide = np.broadcast_to(flat, value.shape)
+                self.pos.known[r.id] = PerDevice.same(wide, self.num_devices)
 
     def rule_iota(self, op: Op) -> None:
         r = op.results[0]
@@ -454,15 +498,15 @@ class ShapeRules:
 
     def rule_partition_id(self, op: Op) -> None:
         self.pos.independent.add(op.results[0].id)
-        self.pos.known[op.results[0].id] = [
-            np.asarray(d % self.num_partitions, dtype=np.uint32) for d in range(self.num_devices)
-        ]
+        ids = np.arange(self.num_devices)
+        partitions = [np.asarray(p, dtype=np.uint32) for p in range(self.num_partitions)]
+        self.pos.known[op.results[0].id] = PerDevice(partitions, ids % self.num_partitions)
 
     def rule_replica_id(self, op: Op) -> None:
         self.pos.independent.add(op.results[0].id)
-        self.pos.known[op.results[0].id] = [
-            np.asarray(d // self.num_partitions, dtype=np.uint32) for d in range(self.num_devices)
-        ]
+        ids = np.arange(self.num_devices)
+        replicas = [np.asarray(r, dtype=np.uint32) for r in range(len(ids) // self.num_partitions)]
+        self.pos.known[op.results[0].id] = PerDevice(replicas, ids // self.num_partitions)
 
     def rule_broadcast_in_dim(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
@@ -515,10 +559,11 @@ class ShapeRules:
             return
         if r.type.size <= FOLD_LIMIT:
             self.fold(op)
-        elif all(np.asarray(v).size == 1 for v in vals):
-            self.pos.known[r.id] = [
-                np.broadcast_to(np.asarray(v).reshape(()), r.type.shape) for v in vals
-            ]
+        elif all(np.asarray(v).size == 1 for v in vals.values):
+            shape = r.type.shape
+            self.pos.known[r.id] = vals.mapped(
+                lambda v: np.broadcast_to(np.asarray(v).reshape(()), shape)
+            )
 
     def rule_reshape(self, op: Op) -> None:
         x, r = op.operands[0], op.results[0]
@@ -847,9 +892,9 @@ class ShapeRules:
         for bop, operand, bias in found.bounds:
             n = found.trips - bias
             self.d.divides(key, n + bias)
-            self.pos.rescales.append(Rescale(bop, operand, key, [n] * self.num_devices, bias))
+            self.pos.rescales.append(Rescale(bop, operand, key, [n], bias))
         for mop, operand, k in found.markers:  # layer K singled out: K // factor reduced
-            self.pos.rescales.append(Rescale(mop, operand, key, [k] * self.num_devices))
+            self.pos.rescales.append(Rescale(mop, operand, key, [k]))
         self.pos.layer_loops.append(found)
         self.block(cond)
         self.block(body)

@@ -282,10 +282,13 @@ def _build(
 
 
 def _whole(shape: Shape, n: int, desc: str, manual: bool = False, unreduced: bool = False):
-    """Every device holds the whole tensor; each its own instance if `manual`."""
-    zero = (0,) * len(shape)
-    cells = {d: (zero, d if manual else None, 0 if unreduced else None) for d in range(n)}
-    return _build(shape, n, (1,) * len(shape), cells, desc)
+    """Every device holds the whole tensor; each its own instance if `manual`. (What `_build`
+    makes of one tile per device, built directly: one box shared by all n devices.)"""
+    whole = tuple((0, size) for size in shape)
+    alone = tuple((d,) for d in range(n))
+    together = (tuple(range(n)),) if n else ()
+    groups = (alone if manual else together) if unreduced else ()
+    return Layout(shape, n, (whole,) * n, tuple(shape), groups, alone if manual else (), None, desc)
 
 
 def _maximal(shape: Shape, n: int, device: int, desc: str) -> Layout:

@@ -1,0 +1,130 @@
+"""Integers known on every device, held once per distinct value.
+
+Shape reduction folds the integers a program computes from constants and `partition_id`
+on every device of the real mesh (rules.py: offsets, shard starts, a device's coordinate).
+Devices share few distinct values (a coordinate along an axis takes as many values as the
+axis has positions), so a value is held as its distinct values and, per device, which of
+them it holds; an op is evaluated once per distinct combination of its operands' values,
+and an elementwise op over all of those combinations at once. What this costs follows the
+number of distinct values, not the number of devices: 8,192 devices whose coordinates take
+512 values fold 512 values, not 8,192 (only `partition_id` itself has one per device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tv_ir.ir.program import TensorType
+
+
+class PerDevice:
+    """Device d holds `values[which[d]]`; `values` are distinct, in the order of the first
+    device holding each."""
+
+    __slots__ = ("values", "which")
+
+    def __init__(self, values: Sequence[np.ndarray], which: np.ndarray):
+        self.values = list(values)
+        self.which = which
+
+    @classmethod
+    def same(cls, value: np.ndarray, devices: int) -> PerDevice:
+        """One value on every device."""
+        return cls([value], np.zeros(devices, dtype=np.intp))
+
+    @classmethod
+    def of(cls, arrays: Sequence[np.ndarray]) -> PerDevice:
+        """From one array per device (equal arrays held once)."""
+        return _distinct([np.asarray(a) for a in arrays], np.arange(len(arrays)))
+
+    def __len__(self) -> int:
+        return len(self.which)
+
+    def __getitem__(self, device: int) -> np.ndarray:
+        return self.values[self.which[device]]
+
+    def per_device(self) -> list[np.ndarray]:
+        """One array per device (shared where devices hold the same value)."""
+        return [self.values[i] for i in self.which]
+
+    def mapped(self, fn: Callable[[np.ndarray], np.ndarray]) -> PerDevice:
+        """fn applied to each distinct value (fn must be injective: a broadcast view)."""
+        return PerDevice([fn(v) for v in self.values], self.which)
+
+    def scalars(self) -> list[int] | None:
+        """The distinct values as numbers when each is one number (a scalar, or a scalar
+        broadcast), else None."""
+        out = []
+        for v in self.values:
+            flat = np.asarray(v).reshape(-1)
+            if flat.size == 0 or np.any(flat != flat[0]):
+                return None
+            out.append(int(flat[0]))
+        return out
+
+
+def combinations(operands: Sequence[PerDevice]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The distinct combinations of the operands' values that devices hold (as indices into
+    each operand's `values`, in the order of the first device holding each), and which
+    combination each device holds."""
+    devices = len(operands[0]) if operands else 0
+    if not operands:
+        return [()], np.zeros(devices, dtype=np.intp)
+    if len(operands) == 1:
+        return [(i,) for i in range(len(operands[0].values))], operands[0].which
+    key = np.zeros(devices, dtype=np.int64)
+    for x in operands:  # mixed radix over the operands' value counts
+        key = key * len(x.values) + x.which
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=np.intp)
+    rank[order] = np.arange(len(order))
+    combos = [tuple(int(x.which[first[k]]) for x in operands) for k in order]
+    return combos, rank[inverse.reshape(-1)]
+
+
+def results(per_combination: list[list[np.ndarray]], which: np.ndarray) -> list[PerDevice]:
+    """Each result of an op evaluated once per combination (`combinations`), per device."""
+    count = len(per_combination[0]) if per_combination else 0
+    return [_distinct([out[k] for out in per_combination], which) for k in range(count)]
+
+
+def batched(
+    types: Sequence[TensorType], operands: Sequence[PerDevice], combos: list[tuple[int, ...]]
+) -> tuple[list[np.ndarray], Callable[[TensorType], TensorType]] | None:
+    """Operands stacked along a new leading dimension, one row per combination, for an
+    elementwise op whose operands and results all have one shape (a scalar operand beside a
+    tensor, as `select` and `clamp` allow, is not stacked: None); and the map from a type to
+    its stacked type."""
+    shapes = {tuple(t.shape) for t in types if isinstance(t, TensorType)}
+    if len(shapes) != 1 or not all(isinstance(t, TensorType) for t in types):
+        return None
+    m = len(combos)
+    stacked = [
+        np.stack([np.asarray(x.values[c[i]]) for c in combos]) for i, x in enumerate(operands)
+    ]
+    return stacked, lambda t: TensorType((m, *t.shape), t.dtype)
+
+
+def _distinct(arrays: list[np.ndarray], which: np.ndarray) -> PerDevice:
+    """`arrays[which[d]]` on device d, equal arrays held once."""
+    label: dict[bytes, int] = {}
+    values: list[np.ndarray] = []
+    relabel = np.empty(len(arrays), dtype=np.intp)
+    for k, a in enumerate(arrays):
+        key = a.dtype.str.encode() + a.tobytes()
+        if key not in label:
+            label[key] = len(values)
+            values.append(a)
+        relabel[k] = label[key]
+    which = relabel[which]
+    if len(values) > 1:  # renumber in the order of the first device holding each
+        _, first = np.unique(which, return_index=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty(len(values), dtype=np.intp)
+        rank[order] = np.arange(len(values))
+        values = [values[i] for i in order]
+        which = rank[which]
+    return PerDevice(values, which)
