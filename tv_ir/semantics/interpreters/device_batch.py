@@ -14,9 +14,10 @@ per-device environments) sees what device-by-device evaluation gives.
 Only ops whose batched form is the same function on each device slice are batched:
 element-wise ops with operands of the result's shape, the data-movement ops, `dot_general`,
 `reduce` with a known reducer, `dynamic_slice` / `dynamic_update_slice` whose start indices
-(and `pad` / `reduce` whose scalar operands) are the same on every device, and ops that
-read no operand (`constant`, `iota`: evaluated once, shared). Anything else, or any failure
-of the batched form, is evaluated device by device as before.
+(and `pad` / `reduce` whose scalar operands) are the same on every device, and ops whose
+operands every device holds as the same objects (`constant`, `iota`, and what is computed
+from them alone: evaluated once, shared). Anything else, or any failure of the batched
+form, is evaluated device by device as before.
 """
 
 from __future__ import annotations
@@ -62,25 +63,27 @@ class DeviceBatch:
         self.batched = 0  # ops evaluated once for all devices (stats, tests)
         self._stacks: dict[int, tuple[np.ndarray, tuple]] = {}  # value id -> (stack, objects)
         self._owner: dict[int, int] = {}  # id(device 0's object) -> value id of its stack
+        self._plans: dict[int, tuple] = {}  # id(op) -> (op, rule, batched result types)
 
     def evaluate(self, op: Op, procs: list) -> list | None:
         """Each device's results of `op` (as `[device][result]`), or None when the op is
         not batched here (the caller evaluates it device by device)."""
-        name = op.name
-        if name in SHARED:
-            return self._shared(op, procs)
-        rule = _RULES.get(name) or (_elementwise if name in ELEMENTWISE else None)
-        if rule is None or _complex(op):
+        plan = self._plans.get(id(op))
+        if plan is None or plan[0] is not op:
+            plan = self._plans[id(op)] = (op, *_plan(op, self.n))
+        _, rule, result_types = plan
+        if rule is None:
             return None
         per = [[p.env[v.id] for p in procs] for v in op.operands]
+        if all(_one_object(values) for values in per):
+            return self._shared(op, procs)
         try:
             call = rule(op, per, self)
             if call is None:
                 return None
             attrs, operands, operand_types = call
-            result_types = [_batched_type(v.type, self.n) for v in op.results]
             ctx = OpContext(
-                name=name,
+                name=op.name,
                 attrs=attrs,
                 operand_types=operand_types,
                 result_types=result_types,
@@ -89,7 +92,7 @@ class DeviceBatch:
                 regions=op.regions,
                 loc=op.loc,
             )
-            out = lookup(name, op.loc)(ctx, *operands)
+            out = lookup(op.name, op.loc)(ctx, *operands)
             out = out if isinstance(out, list) else [out]
             stacks = [_checked(r, t) for r, t in zip(out, result_types, strict=True)]
         except (MemoryError, RecursionError):
@@ -97,17 +100,27 @@ class DeviceBatch:
         except Exception:  # not batchable after all: device by device decides (and errs)
             return None
         self.batched += 1
-        per_result = []
-        for v, r in zip(op.results, stacks, strict=True):
-            views = tuple(r[d, ...] for d in range(self.n))
-            self._remember(v.id, r, views)
-            per_result.append(views)
+        if len(stacks) == 1:
+            views = self._views(op.results[0].id, stacks[0])
+            return [[x] for x in views]
+        per_result = [self._views(v.id, r) for v, r in zip(op.results, stacks, strict=True)]
         return [[views[d] for views in per_result] for d in range(self.n)]
 
-    def stacked(self, vid: int, values: list) -> np.ndarray | None:
+    def _views(self, vid: int, r: np.ndarray) -> tuple:
+        """Each device's result: a view of its slice of the stacked result `r`."""
+        views = tuple(r) if r.ndim > 1 else tuple(r[d, ...] for d in range(self.n))
+        self._remember(vid, r, views)
+        return views
+
+    def stacked(self, vid: int, values: list, one: bool = False) -> np.ndarray | None:
         """The devices' `values` of value `vid` stacked along a leading device axis (the
-        remembered stack when they are still its objects), or None for non-arrays."""
-        for key in (vid, self._owner.get(id(values[0]))):
+        remembered stack when they are still its objects), or None for non-arrays. With
+        `one`, a value every device holds as the same object is given with a device axis of
+        1 (for element-wise ops: numpy broadcasts it)."""
+        first = values[0]
+        if one and _one_object(values) and isinstance(first, np.ndarray):
+            return first[None]
+        for key in (vid, self._owner.get(id(first))):
             known = self._stacks.get(key) if key is not None else None
             if known is not None and all(a is b for a, b in zip(known[1], values, strict=True)):
                 if key != vid:
@@ -115,12 +128,14 @@ class DeviceBatch:
                 return known[0]
         if not all(isinstance(x, np.ndarray) for x in values):
             return None
-        first = values[0]
         if first.dtype == object or any(
             x.shape != first.shape or x.dtype != first.dtype for x in values
         ):
             return None
-        r = np.stack(values)
+        if _one_object(values):
+            r = np.broadcast_to(first, (self.n, *first.shape))
+        else:
+            r = np.stack(values)
         self._remember(vid, r, tuple(values))
         return r
 
@@ -132,14 +147,32 @@ class DeviceBatch:
         self._owner[id(objects[0])] = vid
 
     def _shared(self, op: Op, procs: list) -> list:
-        """An op without operands (a constant, an iota) is the same on every device:
-        evaluated once, its value shared."""
+        """An op whose operands every device holds as the same objects (none, for a
+        constant or an iota) computes the same values on every device: evaluated once,
+        its results shared."""
         results = procs[0].evaluate_op(op)
-        for v, r in zip(op.results, results, strict=True):
-            if isinstance(r, np.ndarray) and r.dtype != object:
-                self._remember(v.id, np.broadcast_to(r, (self.n, *r.shape)), (r,) * self.n)
         self.batched += 1
         return [list(results) for _ in range(self.n)]
+
+
+def _one_object(values: list) -> bool:
+    first = values[0]
+    return all(x is first for x in values)
+
+
+def _plan(op: Op, n: int) -> tuple:
+    """(the op's batching rule, its batched result types), or (None, None): not batched."""
+    name = op.name
+    rule = _RULES.get(name) or (_elementwise if name in ELEMENTWISE else None)
+    if name in SHARED:
+        rule = _never  # no operands: always evaluated once and shared
+    if rule is None or _complex(op):
+        return None, None
+    return rule, [_batched_type(v.type, n) for v in op.results]
+
+
+def _never(op, per, batch):
+    return None
 
 
 def _no_region(i, args):
@@ -199,9 +232,12 @@ def _elementwise(op: Op, per: list, batch: DeviceBatch):
     shape = tuple(op.results[0].type.shape)
     if any(tuple(v.type.shape) != shape for v in op.operands):
         return None  # a scalar predicate or bound beside tensors: not batched
-    xs = _stacks(op, per, batch, range(len(op.operands)))
-    if xs is None:
-        return None
+    xs = []
+    for k, v in enumerate(op.operands):  # a value shared by all devices: broadcast
+        x = batch.stacked(v.id, per[k], one=True)
+        if x is None:
+            return None
+        xs.append(x)
     return op.attrs, xs, _types(op, batch.n, [True] * len(xs))
 
 
