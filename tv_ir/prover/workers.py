@@ -264,20 +264,19 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
 class Beside:
     """`job()` computed in a forked child while the caller goes on with other work (the
     concrete checks at the real layer count beside the proof at fewer layers), when a core
-    is idle for it (`pool_size`'s rule: the user's --workers, else the idle cores); else
-    computed in this process when asked for. Use as a context manager: the caller's memory
-    ceiling is lowered by the child's share while it runs, and a result no one asked for
-    is abandoned (the child stopped) on leaving."""
+    is free for it (`_core_free`); else computed in this process when asked for. Use as a
+    context manager: the caller's memory ceiling is lowered by the child's share while it
+    runs, and a result no one asked for is abandoned (the child stopped) on leaving."""
 
     def __init__(self, job: Callable[[], Any]):
         self.job = job
         self.child: _Child | None = None
         self.share: float | None = None
         self._aside = None
-        if _in_child[0] or not hasattr(os, "fork") or pool_size(2, worth_it=True) < 2:
+        if _in_child[0] or not hasattr(os, "fork") or not _core_free():
             return
         left = memory_left_mb()
-        self.share = None if left is None else max(left, 1.0) / 2
+        self.share = None if left is None else max(left, 1.0) * BESIDE_SHARE
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -322,6 +321,25 @@ class Beside:
         if self.child is not None:
             self.child.stop()
             self.child = None
+
+
+# the share of the memory left that a child working beside the caller may use (the caller's
+# ceiling is lowered by as much): a quarter, as the concrete checks it runs are small
+BESIDE_SHARE = 0.25
+
+
+def _core_free() -> bool:
+    """Whether a child beside this process gets a core of its own: the user's --workers
+    (2 or more), else at least half a core idle by the load average (which counts this
+    process). A child costs a fork, not a pool's start-up, so half a core is enough."""
+    n = requested()
+    if n is not None:
+        return n >= 2
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return cores() >= 2
+    return cores() >= 2 and load <= cores() - 0.5
 
 
 def _attempt(job: Callable[[int], Any], i: int) -> Any:
