@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from tv_ir.pipeline import prepare
 from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters import device_batch
 from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH
 from tv_ir.semantics.interpreters.spmd import SpmdInterpreter
 
@@ -67,7 +68,10 @@ def run(module, batched: bool, hook=None):
     return interp, outs
 
 
-def test_batched_run_matches_device_by_device_and_jax(mesh):
+@pytest.mark.parametrize("keep_copies", [True, False])
+def test_batched_run_matches_device_by_device_and_jax(mesh, keep_copies, monkeypatch):
+    if not keep_copies:  # stacks copied from the devices' arrays made again at each use
+        monkeypatch.setattr(device_batch, "KEEP_COPIES_BYTES", 0)
     impl = stack_step(mesh)
     x, ws = args()
     expected = jax.jit(impl)(x, ws)

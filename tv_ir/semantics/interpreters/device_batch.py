@@ -46,6 +46,10 @@ ELEMENTWISE = frozenset(
 DEVICE_BATCH = contextvars.ContextVar(
     "device_batch", default=os.environ.get("TV_DEVICE_BATCH", "1") != "0"
 )
+# a stack copied from the devices' own arrays (a collective's results, a shard_map's
+# pieces) is kept for the value's next uses only up to this size: a larger one is copied
+# again at each use rather than held beside the devices' arrays
+KEEP_COPIES_BYTES = 1 << 20
 SHARED = frozenset({"stablehlo.constant", "stablehlo.iota"})  # no operands: one value for all
 
 
@@ -136,6 +140,8 @@ class DeviceBatch:
             r = np.broadcast_to(first, (self.n, *first.shape))
         else:
             r = np.stack(values)
+            if r.nbytes > KEEP_COPIES_BYTES:  # a copy kept would double the value's memory
+                return r
         self._remember(vid, r, tuple(values))
         return r
 
