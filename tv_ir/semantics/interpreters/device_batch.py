@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import math
 import os
 
 import numpy as np
@@ -50,6 +51,9 @@ DEVICE_BATCH = contextvars.ContextVar(
 # pieces) is kept for the value's next uses only up to this size: a larger one is copied
 # again at each use rather than held beside the devices' arrays
 KEEP_COPIES_BYTES = 1 << 20
+# an op whose results on all devices together are larger is evaluated device by device:
+# batching it gains little, and its temporaries would be the devices' all at once
+BATCH_BYTES = 16 << 20
 SHARED = frozenset({"stablehlo.constant", "stablehlo.iota"})  # no operands: one value for all
 
 
@@ -174,7 +178,10 @@ def _plan(op: Op, n: int) -> tuple:
         rule = _never  # no operands: always evaluated once and shared
     if rule is None or _complex(op):
         return None, None
-    return rule, [_batched_type(v.type, n) for v in op.results]
+    types = [_batched_type(v.type, n) for v in op.results]
+    if sum(math.prod(t.shape) * np.dtype(t.numpy_dtype).itemsize for t in types) > BATCH_BYTES:
+        return None, None  # large arrays: the call overhead is small beside the work
+    return rule, types
 
 
 def _never(op, per, batch):
