@@ -357,3 +357,50 @@ def test_a_loop_carrying_a_token_is_no_crash_under_shape_reduction():
     assert report.verdict == "unknown" and "depends on the inputs" in report.reason, str(report)
     bad = TOKEN_LOOP.replace("stablehlo.add %acc, %acc", "stablehlo.multiply %acc, %acc")
     assert tv_ir.check(TOKEN_LOOP, bad, **LIMITS).verdict == "not_equivalent"
+
+
+def float_counter(flip: bool):
+    """The float counter of `test_a_difference_past_the_reduced_count_is_not_proved`."""
+
+    def f(w, x):
+        def body(carry, wi):
+            c, t = carry
+            return (c, t + 1.0), 2 * wi
+
+        (c, t), ys = jax.lax.scan(body, (x, jnp.float32(0)), w)
+        return (jnp.where(t < 2.5, c, -c) if flip else c), ys
+
+    return f
+
+
+@pytest.mark.parametrize("pair", ["pipelined", "float counter"])
+def test_real_count_checks_run_beside_the_proof(pair, monkeypatch):
+    """With a core free for it (here: workers=2) the concrete checks at the real layer count
+    run in a forked child while the pair at fewer layers is proved; a difference the child
+    finds still overturns the proof (the float counter, with the real programs treated as
+    too large to run: only that check shows it)."""
+    from tv_ir.prover import workers
+
+    forked = []
+
+    class Recorded(workers.Beside):
+        def __init__(self, job):
+            super().__init__(job)
+            forked.append(self.forked)
+
+    monkeypatch.setattr(workers, "Beside", Recorded)
+    if pair == "pipelined":
+        args = (sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+        spec, impl = lower(scanned(dense), *args), lower(pipelined(dense), *args)
+    else:
+        monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
+        args = (sds(6, 3), sds(3))
+        spec, impl = lower(float_counter(False), *args), lower(float_counter(True), *args)
+    report = tv_ir.check(spec, impl, workers=2, **LIMITS)
+    assert forked[:1] == [True]
+    if pair == "pipelined":
+        assert report.verdict == "equivalent", report.reason
+        assert any("checked concretely at the real layer count" in n for n in report.notes)
+    else:
+        assert report.verdict == "not_equivalent", report.reason
+        assert "but at 6 (other classes reduced) the programs differ" in str(report.notes)

@@ -210,6 +210,21 @@ def memory_budget(mb: float | None):
         _budget.reset(token)
 
 
+@contextlib.contextmanager
+def memory_set_aside(mb: float | None):
+    """Lower the enclosed work's memory ceiling by `mb` MB: what a forked child working
+    beside it may use (tv_ir.prover.workers.beside), so the run's limit holds for both."""
+    outer = _budget.get()
+    if mb is None or outer is None:
+        yield
+        return
+    token = _budget.set(_Budget(outer.mb, outer.ceiling - mb, outer.run_mb))
+    try:
+        yield
+    finally:
+        _budget.reset(token)
+
+
 def memory_limit() -> float | None:
     """The MB the current run may add to the process (None: no limit)."""
     budget = _budget.get()

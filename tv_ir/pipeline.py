@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
@@ -368,12 +369,8 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     from tv_ir.passes.shape_reduction import reduce_pair
 
     from .passes.inline_calls import run_in_loops
-    from .prover.real_size import (
-        LAYER_WITNESS_LIMIT,
-        REPLAY_LIMIT,
-        differs_on_random_inputs,
-        replay_blown_up,
-    )
+    from .prover.real_size import REPLAY_LIMIT, differs_on_random_inputs, replay_blown_up
+    from .prover.workers import Beside
 
     t0 = time.perf_counter()
     try:
@@ -388,43 +385,37 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     except Exception as e:  # a program the layer reduction misreads: unrolled, as before
         return f"layer reduction: {type(e).__name__}: {e}"
     t_layers = time.perf_counter() - t0
-    report = _check(
-        f_spec,
-        f_impl,
-        options.timeout,
-        options.seed,
-        options.progress,
-        f_place,
-        True,
-        None,
-        induction=False,
-        reduce_mesh=reduce_mesh,
-    )
-    t1 = time.perf_counter()
-    layers = ", ".join(f"{w} {n} -> {k}" for w, n, k in red.layer_loops if k < n)
-    if report.verdict == EQUIVALENT and red.singled_out:
-        # the layers are not one function repeated: fewer of them say nothing of N
-        return f"proved at fewer layers, but not used: {'; '.join(red.singled_out)}"
-    if report.verdict == EQUIVALENT:
-        for w in red.layer_witnesses:
-            try:
-                w_spec, w_impl, w_place = w.build()
-            except Exception as e:  # shapes an op forbids: this check cannot be made
-                return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
-            if elements(w_spec) + elements(w_impl) > LAYER_WITNESS_LIMIT:
-                return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
-            # one run: random inputs show a difference of these small programs, or none is
-            # there to show (the real layer count unrolled costs what depth costs)
-            if differs_on_random_inputs(w_spec, w_impl, w_place, options.seed, runs=1):
-                return (
-                    f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
-                    "reduced) the programs differ"
-                )
-        report.notes.append(
-            f"layer loops proved at fewer layers ({layers}); checked concretely at the real "
-            f"layer count and a larger one too (other classes reduced)"
+    # the concrete checks at the real layer count do not depend on the proof: with an idle
+    # core they run beside it in a forked child (a proof with a layer singled out is not
+    # used, so they are not made for it)
+    checks = None if red.singled_out else Beside(lambda: _layer_checks(red, options.seed))
+    with checks or contextlib.nullcontext():
+        report = _check(
+            f_spec,
+            f_impl,
+            options.timeout,
+            options.seed,
+            options.progress,
+            f_place,
+            True,
+            None,
+            induction=False,
+            reduce_mesh=reduce_mesh,
         )
-    elif report.verdict == NOT_EQUIVALENT and report.counterexample is not None:
+        t1 = time.perf_counter()
+        layers = ", ".join(f"{w} {n} -> {k}" for w, n, k in red.layer_loops if k < n)
+        if report.verdict == EQUIVALENT and red.singled_out:
+            # the layers are not one function repeated: fewer of them say nothing of N
+            return f"proved at fewer layers, but not used: {'; '.join(red.singled_out)}"
+        if report.verdict == EQUIVALENT:
+            why_not = checks.result()
+            if why_not is not None:
+                return why_not
+            report.notes.append(
+                f"layer loops proved at fewer layers ({layers}); checked concretely at the "
+                "real layer count and a larger one too (other classes reduced)"
+            )
+    if report.verdict == NOT_EQUIVALENT and report.counterexample is not None:
         if elements(spec) + elements(impl) <= REPLAY_LIMIT:
             found = replay_blown_up(report, spec, impl, placement, f_spec.main.arg_types)
             if found is None:
@@ -447,12 +438,35 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
                 "replayed there; the real programs are too large to run, and at the real layer "
                 "count (other classes reduced) they differ too"
             )
-    else:
+    elif report.verdict != EQUIVALENT:
         return f"at fewer layers the verdict was {report.verdict} ({report.reason})"
     report.reduction = {**(report.reduction or {}), "layer_loops": red.to_json()["layer_loops"]}
     report.stats.seconds["layers"] = t_layers
     report.stats.seconds["layers confirm"] = time.perf_counter() - t1
     return report
+
+
+def _layer_checks(red, seed: int) -> str | None:
+    """The concrete checks a proof at fewer layers needs (docs/equivalence.md, "Why it is
+    not enough"): the pair at the real layer count and at a larger one, every other class
+    reduced, agree on random inputs. None when they do, else why the proof is not used."""
+    from .prover.real_size import LAYER_WITNESS_LIMIT, differs_on_random_inputs
+
+    for w in red.layer_witnesses:
+        try:
+            w_spec, w_impl, w_place = w.build()
+        except Exception as e:  # shapes an op forbids: this check cannot be made
+            return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
+        if elements(w_spec) + elements(w_impl) > LAYER_WITNESS_LIMIT:
+            return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
+        # one run: random inputs show a difference of these small programs, or none is
+        # there to show (the real layer count unrolled costs what depth costs)
+        if differs_on_random_inputs(w_spec, w_impl, w_place, seed, runs=1):
+            return (
+                f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
+                "reduced) the programs differ"
+            )
+    return None
 
 
 def _unrolled(module: Module) -> Module:

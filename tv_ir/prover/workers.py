@@ -47,10 +47,12 @@ from typing import Any
 
 from ..errors import BadInput, TvError
 from ..limits import (
+    OutOfMemoryBudget,
     OutOfTime,
     check_memory,
     enforced_limits,
     memory_left_mb,
+    memory_set_aside,
     time_left,
     time_limit_reason,
     worker_memory_budget,
@@ -257,6 +259,87 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
     finally:
         for child in children:
             child.stop()
+
+
+class Beside:
+    """`job()` computed in a forked child while the caller goes on with other work (the
+    concrete checks at the real layer count beside the proof at fewer layers), when a core
+    is free for it (`_core_free`); else computed in this process when asked for. Use as a
+    context manager: the caller's memory ceiling is lowered by the child's share while it
+    runs, and a result no one asked for is abandoned (the child stopped) on leaving."""
+
+    def __init__(self, job: Callable[[], Any]):
+        self.job = job
+        self.child: _Child | None = None
+        self.share: float | None = None
+        self._aside = None
+        if _in_child[0] or not hasattr(os, "fork") or not _core_free():
+            return
+        left = memory_left_mb()
+        self.share = None if left is None else max(left, 1.0) * BESIDE_SHARE
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            self.child = _spawn(lambda _: job(), self.share, [])
+            self.child.send(0)
+        except OSError:  # no process for it: computed here when asked
+            self.child, self.share = None, None
+
+    def __enter__(self) -> Beside:
+        self._aside = memory_set_aside(self.share if self.child is not None else None)
+        self._aside.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._aside.__exit__(*exc)
+        self.stop()
+
+    @property
+    def forked(self) -> bool:
+        return self.child is not None
+
+    def result(self) -> Any:
+        """job()'s result (its exception raised here); computed in this process when no
+        child ran it, or the child died or ran out of its share of the memory."""
+        child, self.child = self.child, None
+        if child is not None:
+            try:
+                _wait([child], {0: 0})
+                got = child.receive()
+            finally:
+                child.stop()
+            if got is not None:
+                out, lines = got
+                _pass_on(lines)
+                if not isinstance(out, Failed):
+                    return out
+                if not isinstance(out.error, OutOfMemoryBudget):
+                    raise out.error
+        return self.job()
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+            self.child = None
+
+
+# the share of the memory left that a child working beside the caller may use (the caller's
+# ceiling is lowered by as much): a quarter, as the concrete checks it runs are small
+BESIDE_SHARE = 0.25
+
+
+def _core_free() -> bool:
+    """Whether a child beside this process gets a core of its own: the user's --workers
+    (2 or more), else at least half a core idle by the load average (which counts this
+    process). A child costs a fork, not a pool's start-up, so half a core is enough."""
+    n = requested()
+    if n is not None:
+        return n >= 2
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return cores() >= 2
+    return cores() >= 2 and load <= cores() - 0.5
 
 
 def _attempt(job: Callable[[int], Any], i: int) -> Any:

@@ -39,6 +39,8 @@ from tv_ir.errors import BadInput, Unsupported
 from tv_ir.ir.attrs import SdySharding
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType
 from tv_ir.limits import check_time
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH, DeviceBatch
 from tv_ir.semantics.interpreters.evaluator import (
     BlockEvaluator,
     InterpreterError,
@@ -105,6 +107,12 @@ class SpmdInterpreter:
             meshes=module.attrs.get("sdy.meshes"),
         )
         self.procs = [BlockEvaluator(module, alg, device=d) for d in self.grid.devices]
+        # concrete runs evaluate ordinary ops once for all devices (device_batch)
+        self.batch = (
+            DeviceBatch(len(self.procs), alg)
+            if type(alg) is NumpyAlgebra and len(self.procs) > 1 and DEVICE_BATCH.get()
+            else None
+        )
         self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
         self._lockstep = {
             "stablehlo.while": self._while,
@@ -173,6 +181,10 @@ class SpmdInterpreter:
             operands = self._operands(op)
             out = run_evaluator(op, lambda: lockstep(op, operands))
             return [checked_results(op, o) for o in out]
+        if self.batch is not None:
+            out = self.batch.evaluate(op, self.procs)
+            if out is not None:
+                return out
         return [self._on_device(proc, op) for proc in self.procs]
 
     def _on_device(self, proc: BlockEvaluator, op: Op) -> list:

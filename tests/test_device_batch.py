@@ -1,0 +1,111 @@
+"""Concrete SPMD runs evaluate ordinary ops once for all devices (interpreters/device_batch):
+the results are what device-by-device evaluation and XLA give, ops whose operands differ
+per device in a way the batched form cannot follow are evaluated device by device, and a
+hook that replaces values is seen by the ops after it."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from tv_ir.pipeline import prepare
+from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters import device_batch
+from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH
+from tv_ir.semantics.interpreters.spmd import SpmdInterpreter
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+
+
+def stack_step(mesh):
+    """A scan over stacked layers per device (dynamic_slice / dynamic_update_slice at the
+    counter), dot_general, reduce, broadcast, transpose, pad, concatenate, select, a
+    psum, and a slice at each device's own offset (axis_index: differs per device)."""
+
+    def layer(h, w):
+        y = jnp.tanh(h @ w)
+        return y + jnp.mean(y, axis=-1, keepdims=True), jnp.sum(y * y)
+
+    def body(x, ws):
+        h, norms = jax.lax.scan(layer, x, ws)
+        h = jax.lax.psum(h, "model")
+        h = jnp.where(h > 0, h, 0.5 * h).T
+        padded = jnp.pad(h, ((1, 2), (0, 0)))
+        k = jax.lax.axis_index("model")
+        own = jax.lax.dynamic_slice_in_dim(padded, k, 2, axis=0)
+        return jnp.concatenate([own, own * 2], axis=0), norms
+
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P("data", None), P()),
+        out_specs=(P("data", "model"), P("data")),
+        check_vma=False,
+    )
+
+
+def args():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    ws = rng.standard_normal((3, 16, 16)).astype(np.float32) * 0.3
+    return x, ws
+
+
+def run(module, batched: bool, hook=None):
+    token = DEVICE_BATCH.set(batched)
+    try:
+        interp = SpmdInterpreter(module, NumpyAlgebra(), hook=hook)
+        outs = interp.run([list(args()) for _ in range(interp.num_devices)])
+    finally:
+        DEVICE_BATCH.reset(token)
+    return interp, outs
+
+
+@pytest.mark.parametrize("keep_copies", [True, False])
+def test_batched_run_matches_device_by_device_and_jax(mesh, keep_copies, monkeypatch):
+    if not keep_copies:  # stacks copied from the devices' arrays made again at each use
+        monkeypatch.setattr(device_batch, "KEEP_COPIES_BYTES", 0)
+    impl = stack_step(mesh)
+    x, ws = args()
+    expected = jax.jit(impl)(x, ws)
+    module = prepare(jax.jit(impl).lower(x, ws).as_text(), "impl")
+    batched, outs = run(module, True)
+    plain, ref = run(module, False)
+    assert plain.batch is None
+    assert batched.batch.batched > 20  # the loop body's ops, once per iteration
+    for d in range(8):
+        for k in range(2):
+            np.testing.assert_allclose(outs[d][k], ref[d][k], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(outs[d][k], np.asarray(expected[k]), rtol=1e-5, atol=1e-5)
+
+
+def test_hook_replacing_values_is_seen_by_batched_ops(mesh):
+    """A stacked value is reused only while the devices still hold its very objects: a
+    hook's replacement (the prover cuts values this way) is what the next op reads."""
+    impl = stack_step(mesh)
+    x, ws = args()
+    module = prepare(jax.jit(impl).lower(x, ws).as_text(), "impl")
+    scaled = []
+
+    def hook(op, results):
+        if op.name == "stablehlo.transpose" and not scaled:
+            scaled.append(op)
+            return [[np.asarray(r) * 3.0 for r in rs] for rs in results]
+        return results
+
+    batched, outs = run(module, True, hook)
+    scaled.clear()
+    plain, ref = run(module, False, hook)
+    assert batched.batch.batched > 0
+    _, unhooked = run(module, False)
+    assert not np.allclose(ref[0][0], unhooked[0][0])  # the replacement shows downstream
+    for d in range(8):
+        for k in range(2):
+            np.testing.assert_allclose(outs[d][k], ref[d][k], rtol=1e-12, atol=1e-12)
