@@ -178,19 +178,10 @@ def test_a_difference_past_the_reduced_count_is_not_proved(at_scale, monkeypatch
     if at_scale:
         monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
 
-    def make(flip):
-        def f(w, x):
-            def body(carry, wi):
-                c, t = carry
-                return (c, t + 1.0), 2 * wi
-
-            (c, t), ys = jax.lax.scan(body, (x, jnp.float32(0)), w)
-            return (jnp.where(t < 2.5, c, -c) if flip else c), ys
-
-        return f
-
     args = (sds(6, 3), sds(3))
-    report = tv_ir.check(lower(make(False), *args), lower(make(True), *args), **LIMITS)
+    report = tv_ir.check(
+        lower(float_counter(False), *args), lower(float_counter(True), *args), **LIMITS
+    )
     assert report.verdict == "not_equivalent", report.reason
     assert "but at 6 (other classes reduced) the programs differ" in str(report.notes)
 
