@@ -302,3 +302,29 @@ def test_perturbations_with_high_powers() -> None:
         assert points.at(moved) == pytest.approx(T.evaluate_with_scale(p, env | moved))
     assert T.Perturbations(T.power_int(a, 6), {_atom_id(a): 1.0}).factors is None
     assert T.Perturbations(T.power_int(a, 3), {_atom_id(a): 1.0}).factors is not None
+
+
+def test_a_cut_symbols_facts_are_worked_out_when_first_asked_for() -> None:
+    """The prover notes a cut symbol's sign and levels for later (`note_later`): most are
+    never asked about, and the sign one op deeper costs a substitution. Asked for, they
+    are what its definition says, one op deeper included; forgotten after the run."""
+    y = T.symbol("later_y")
+    calls = []
+
+    def deeper(d):  # `d` one op deeper: a square
+        calls.append(d)
+        return T.mul(y, y)
+
+    sym = T.symbol("later_var")
+    T.note_later(sym, T.sub(T.symbol("later_v"), T.const(1e-5)), deeper)
+    assert calls == []  # nothing worked out yet
+    assert T.sign(sym) == 1 and len(calls) == 1  # >= 0: seen one op deeper
+    assert T.sign(T.add(sym, T.const(1e-5))) == 2 and len(calls) == 1  # once
+    c = T.symbol("later_c")  # c = 1 - b**t is 0 where t is
+    t = T.symbol("later_t")
+    T.note_later(c, T.sub(T.ONE, T.power(T.const(0.9), t)))
+    # 1 / c is defined where t != 0 (its level 0), not merely where c != 0
+    assert T.as_atom(t).id in T.inverse(c).dom.syms
+    T.note_later(T.symbol("later_unasked"), T.symbol("later_v"), deeper)
+    T.forget_later()
+    assert T.sign(T.symbol("later_unasked")) == 0 and len(calls) == 1

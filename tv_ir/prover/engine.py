@@ -201,6 +201,8 @@ class StageProver:
             report = self._stopped(f"time limit of {self.opt.time_limit:g} s reached")
         except OutOfTime as e:  # the run's deadline, seen by the interpreter
             report = self._stopped(str(e))
+        finally:
+            T.forget_later()  # facts of this run's cut symbols, never asked for
         self.stats.seconds["prove"] = time.perf_counter() - t1
         if report.verdict != EQUIVALENT and suspicious is not None:
             # not proved, and the programs differ on this input beyond float64 noise
@@ -300,9 +302,9 @@ class StageProver:
                 elif key is not None:
                     counter[0] += 1
                     name = T.Key("cut", v.id, v.type.dtype, f"%{op.short_name}{counter[0]}")
-                    sym = T.symbol_array(name, v.type.shape)
-                    for idx in np.ndindex(*v.type.shape):
-                        self.owner[T.as_atom(sym[idx]).id] = (v.id, idx)
+                    sym, ids = T.symbol_array_ids(name, v.type.shape)
+                    for idx, aid in ids:
+                        self.owner[aid] = (v.id, idx)
                     _carry_definedness(sym, r, self._one_level_deeper)
                     self.defs[v.id] = r
                     self.syms[v.id] = sym
@@ -687,6 +689,8 @@ class StageProver:
 
         memo: dict = {}
         limit = MONOMIAL_LIMIT if final else STAGE_MONOMIAL_LIMIT
+        if not final and self._closed_by_latest(work, limit):
+            return _Outcome("proved", "normal_form")
         for level in range(levels):
             self._check_time()
             if level == 1 and reused():
@@ -765,6 +769,36 @@ class StageProver:
             if res.status == "sat":
                 return _Outcome("sat", model=res.model, reason="the solver found a difference")
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
+
+    def _closed_by_latest(self, work: list, limit: int) -> bool:
+        """Does expanding the latest cut value the residues name close them all? A stage
+        is most often an implementation value against one spec value's symbols, equal to
+        that value's definition: this finds that expansion without first perturbing every
+        value in the residues (`_culprits`). When it does not close them, nothing is kept."""
+        latest, latest_order = None, None
+        for w in work:
+            for aid in w.syms if isinstance(w, T.Poly) else _syms(w[0]) | _syms(w[1]):
+                o = self.owner.get(aid)
+                if o is not None:
+                    order = self.spec_order.get(o[0], 0)
+                    if latest is None or order > latest_order:
+                        latest, latest_order = o[0], order
+        if latest is None:
+            return False
+        memo: dict = {}  # its own: a failed attempt leaves nothing behind
+
+        def expand(e):
+            return self._expand_term(e, lambda aid: self._definition(aid, latest), memo, limit)
+
+        for w in work:
+            try:
+                if not _work_done(_map_work(w, expand)):
+                    return False
+            except T.TermTooLarge:
+                return False
+        self.stats.expansions += 1
+        self.stats.proved_by_normal_form += 1
+        return True
 
     def _by_representatives(self, pairs: list, timeout: float) -> _Outcome | None:
         """A stage's residues decided one renaming class at a time (`renaming_classes`):
@@ -1027,11 +1061,9 @@ def _carry_definedness(sym: np.ndarray, definition, deeper=None) -> None:
         if isinstance(d, T.Poly):
             if T.size(d.dom, SETTLE_LIMIT + 1) <= SETTLE_LIMIT:
                 d = T.settle(d)  # an equivalent condition, simpler; too costly when large
-            s = T.sign(d)
-            if not s and deeper is not None:
-                s = T.sign(deeper(d))
-            T.note_sign(sym[idx], s)  # rsqrt(var + eps) stays defined past the cut
-            T.note_levels(sym[idx], d)  # 1 - b1**t and 1 - b2**t: zero where t is, past cuts
+            # its sign (rsqrt(var + eps) stays defined past the cut) and where it is 0 or 1
+            # (1 - b1**t and 1 - b2**t: zero where t is, past cuts), when first asked for
+            T.note_later(sym[idx], d, deeper)
             T.note_extremum(sym[idx], d)  # sum(x == max(x)) >= 1, past cuts
             if d.dom is not T.TRUE:
                 sym[idx] = T.with_dom(sym[idx], d.dom, d.infs)

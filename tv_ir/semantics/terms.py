@@ -351,10 +351,30 @@ def symbol(name, index: tuple = ()) -> Poly:
 def symbol_array(name, shape: tuple) -> np.ndarray:
     """An object array of fresh symbols `name[index]`, one per element (`name`: a string
     or a Key)."""
+    return symbol_array_ids(name, shape)[0]
+
+
+def symbol_array_ids(name, shape: tuple) -> tuple[np.ndarray, list[tuple[tuple, int]]]:
+    """`symbol_array(name, shape)`, with each element's (index, atom id) in index order:
+    the spec's cut-points make one symbol per element of every value, so this is
+    `symbol(name, idx)` without its per-call overhead."""
+    shape = tuple(int(n) for n in shape)
     out = np.empty(shape, dtype=object)
-    for idx in np.ndindex(*shape):
-        out[idx] = symbol(name, idx)
-    return out
+    flat = out.reshape(-1)
+    ids = []
+    for k, idx in enumerate(itertools.product(*map(range, shape))):
+        key = ("sym", (name, idx))
+        a = _ATOMS.get(key)
+        if a is None:
+            a = object.__new__(Atom)
+            a.kind, a.args, a._hash = "sym", key[1], hash(key)
+            a.id = next(_atom_ids)
+            a.syms = frozenset((a.id,))
+            _ATOMS[key] = a
+            ATOM_BY_ID[a.id] = a
+        flat[k] = Poly({((a.id, 1),): 1})
+        ids.append((idx, a.id))
+    return out, ids
 
 
 def instantiate(arr, env: dict[int, float]) -> np.ndarray:
@@ -1046,6 +1066,7 @@ def _atom_equals(aid: int, k: int) -> Bool | None:
     """Where atom `aid` equals the constant k (0 or 1), from its structure (None: unknown)."""
     a = ATOM_BY_ID[aid]
     if a.kind == "sym":
+        _settle_later(aid)
         return _SYM_LEVEL.get((aid, k))
     if a.kind == "pow" and k == 1 and a.args[0].is_const():
         base, exponent = a.args[0].const_value(), a.args[1]
@@ -1061,6 +1082,10 @@ def note_levels(p: Poly, definition: Poly) -> None:
     a = as_atom(p)
     if a is None or a.kind != "sym" or definition.inf:
         return
+    _note_levels(a, definition)
+
+
+def _note_levels(a: Atom, definition: Poly) -> None:
     v = value(definition)
     for k in (0, 1):
         fact = _equals_fact(sub(v, const(k)))
@@ -1229,6 +1254,39 @@ def note_sign(p: Poly, s: int) -> None:
         _ATOM_SIGN[a.id] = s
 
 
+# facts about cut symbols worked out when first asked for: atom id -> (definition, deeper)
+_LATER: dict[int, tuple] = {}
+
+
+def note_later(p: Poly, definition: Poly, deeper=None) -> None:
+    """Record a cut symbol's sign and levels (`note_sign`, `note_levels`) to be worked out
+    from its definition when first asked for: most cut symbols are never asked about,
+    and the sign one op deeper (`deeper(definition)`) costs a substitution. The facts are
+    the same whenever they are worked out (the definition does not change)."""
+    a = as_atom(p)
+    if a is not None and a.kind == "sym":
+        _LATER[a.id] = (definition, deeper)
+
+
+def forget_later() -> None:
+    """Drop the facts not yet worked out (their prover's run is over)."""
+    _LATER.clear()
+
+
+def _settle_later(aid: int) -> None:
+    job = _LATER.pop(aid, None)
+    if job is None:
+        return
+    d, deeper = job
+    s = sign(d)
+    if not s and deeper is not None:
+        s = sign(deeper(d))
+    if s:
+        _ATOM_SIGN[aid] = s
+    if not d.inf:
+        _note_levels(ATOM_BY_ID[aid], d)
+
+
 def sign(p: Poly) -> int:
     """A sign that p has wherever it is defined, from its structure (0: unknown)."""
     if p.inf or not p.terms:
@@ -1266,6 +1324,11 @@ def _atom_sign(aid: int) -> int:
     s = _ATOM_SIGN.get(aid)
     if s is not None:
         return s
+    if aid in _LATER:
+        _settle_later(aid)
+        s = _ATOM_SIGN.get(aid)
+        if s is not None:
+            return s
     a = ATOM_BY_ID[aid]
     k, args = a.kind, a.args
     s = 0

@@ -1,0 +1,73 @@
+"""Concrete checks beside the proof (`workers.ChecksBeside`): shape reduction's confirmation
+(the pair at the real sizes, or each class larger) does not depend on the proof at reduced
+shapes, so with a core free it runs in a forked child while the proof runs. The verdicts
+and reports are those of the same checks made after the proof, in the same process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_shape_reduction import f32
+from test_shape_reduction_witnesses import A, B, N, max_plus_min, sum_ok, sum_spec
+from tv_ir.frontends.jax import verify
+
+from tv_ir import pipeline
+from tv_ir.prover import real_size, workers
+
+
+@pytest.fixture
+def forks(monkeypatch):
+    """Every child `Beside` forks (recorded), as with workers=2, even for small pairs."""
+    forked: list[bool] = []
+
+    class Recorded(workers.Beside):
+        def __init__(self, job):
+            super().__init__(job)
+            forked.append(self.forked)
+
+    monkeypatch.setattr(workers, "Beside", Recorded)
+    monkeypatch.setattr(pipeline, "BESIDE_MIN_OPS", 0)
+    monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)  # confirmed on the witnesses
+    return forked
+
+
+def _comparable(report) -> dict:
+    out = json.loads(report.to_json())
+    out.pop("stats", None)  # timings
+    return out
+
+
+@pytest.mark.parametrize("impl", [sum_ok, max_plus_min], ids=["equal", "bug one class larger"])
+def test_confirmation_beside_the_proof_gives_the_same_report(forks, impl) -> None:
+    beside = verify(impl, f32(N, A, B), spec=sum_spec, workers=2)
+    assert forks == [True]  # the confirmation ran in a child beside the proof
+    after = verify(impl, f32(N, A, B), spec=sum_spec, workers=1)
+    assert forks == [True, False]
+    assert _comparable(beside) == _comparable(after)
+    if impl is sum_ok:
+        assert beside.verdict == "equivalent", beside.reason
+        assert any("each shrunk class checked concretely" in n for n in beside.notes)
+    else:  # the child's difference overturns the proof, as it does after it
+        assert beside.verdict == "unknown", beside.reason
+        assert "at 4 positions instead of 2" in beside.reason
+
+
+def _boom():
+    raise ValueError("the check failed")
+
+
+@pytest.mark.parametrize("fork", [True, False])
+def test_checks_answer_by_name_in_a_child_or_here(monkeypatch, fork) -> None:
+    monkeypatch.setattr(workers, "_core_free", lambda: fork)
+    with workers.ChecksBeside() as checks:
+        checks.add("none", lambda: None)
+        checks.add("text", lambda: "agreed")
+        checks.add("raises", _boom)
+        checks.start()
+        checks.add("later", lambda: 7)  # added after the child started: computed here
+        assert checks.result("text") == "agreed"
+        assert checks.result("none") is None
+        assert checks.result("later") == 7
+        with pytest.raises(ValueError, match="the check failed"):
+            checks.result("raises")
