@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import sys
 import time
@@ -195,7 +194,18 @@ def _check(
     layouts,
     induction=True,
     reduce_mesh=True,
+    aside=None,
 ) -> Report:
+    """`aside`: a `workers.ChecksBeside` whose child takes this check's concrete
+    confirmation too (the caller's checks beside the same proof); else one of its own."""
+    from .prover.workers import ChecksBeside
+
+    if aside is None:
+        with ChecksBeside() as own:
+            return _check(
+                spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts,
+                induction, reduce_mesh, own,
+            )  # fmt: skip
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec", unroll=False)
     impl_m = prepare(impl, "impl", unroll=False)
@@ -250,7 +260,7 @@ def _check(
     plan = _mesh_plan(real, reduce_mesh)
     t_plan = time.perf_counter() - t_plan
     reduction, report, t_import, mesh = _reduce_and_prove(
-        real, reduce_shapes, True, t0, Options(timeout, seed, progress, None), plan
+        real, reduce_shapes, True, t0, Options(timeout, seed, progress, None), plan, aside=aside
     )
     limited = report.reason.startswith(("time limit of ", "memory limit of "))
     if reduction is not None and reduction.tables and report.verdict != EQUIVALENT and not limited:
@@ -293,7 +303,8 @@ def _check(
         elif reduction.reduced and report.verdict == EQUIVALENT:
             from .prover.real_size import confirm_proof
 
-            report = confirm_proof(report, reduction, *real, seed=seed)
+            agreed = aside.result("confirm") if aside.confirms is reduction else None
+            report = confirm_proof(report, reduction, *real, seed=seed, agreed=agreed)
             report.reduction = reduction.to_json()
         report.stats.seconds["confirm"] = time.perf_counter() - t1
     if report.verdict == NOT_EQUIVALENT:
@@ -370,7 +381,7 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
 
     from .passes.inline_calls import run_in_loops
     from .prover.real_size import REPLAY_LIMIT, differs_on_random_inputs, replay_blown_up
-    from .prover.workers import Beside
+    from .prover.workers import ChecksBeside
 
     t0 = time.perf_counter()
     try:
@@ -388,8 +399,9 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     # the concrete checks at the real layer count do not depend on the proof: with an idle
     # core they run beside it in a forked child (a proof with a layer singled out is not
     # used, so they are not made for it)
-    checks = None if red.singled_out else Beside(lambda: _layer_checks(red, options.seed))
-    with checks or contextlib.nullcontext():
+    with ChecksBeside() as checks:
+        if not red.singled_out:
+            checks.add("layers", lambda: _layer_checks(red, options.seed))
         report = _check(
             f_spec,
             f_impl,
@@ -401,6 +413,7 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
             None,
             induction=False,
             reduce_mesh=reduce_mesh,
+            aside=checks,
         )
         t1 = time.perf_counter()
         layers = ", ".join(f"{w} {n} -> {k}" for w, n, k in red.layer_loops if k < n)
@@ -408,7 +421,7 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
             # the layers are not one function repeated: fewer of them say nothing of N
             return f"proved at fewer layers, but not used: {'; '.join(red.singled_out)}"
         if report.verdict == EQUIVALENT:
-            why_not = checks.result()
+            why_not = checks.result("layers")
             if why_not is not None:
                 return why_not
             report.notes.append(
@@ -599,6 +612,7 @@ def _reduce_and_prove(
     options: Options,
     mesh=None,
     walk_below: int | None = None,
+    aside=None,
 ):
     """(reduction or None, report at the reduced shapes, seconds from t0 to the proof, the
     mesh reduction used or None). Shapes shrink first, on the real mesh; the shape-reduced
@@ -639,6 +653,10 @@ def _reduce_and_prove(
         except BadInput as e:
             raise BadInput(f"{role}: {e}") from None
     refuse_unaffordable(_simulation_mb(spec_m, impl_m, placement), _simulation_what(reduction))
+    if aside is not None:
+        if reduction is not None and reduction.reduced and _worth_a_child(spec_m, impl_m):
+            _confirm_beside(aside, reduction, mesh, real, options.seed)
+        aside.start()
     t_import = time.perf_counter() - t0
     left = time_left()  # what import left of the time limit is the prover's
     if left is not None and left <= 0:
@@ -655,6 +673,30 @@ def _reduce_and_prove(
         with without_location():
             return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
     return reduction, _prove(spec_m, impl_m, placement, options), t_import, mesh
+
+
+def _confirm_beside(aside, reduction, mesh, real, seed: int) -> None:
+    """The concrete confirmation of a proof at `reduction`'s shapes (`confirm_proof`: the
+    real sizes, or each class larger) does not depend on the proof: it joins the checks
+    computed beside it. On the pair `_check` confirms on (the real sizes on the reduced
+    mesh when the mesh shrinks)."""
+    from .prover.real_size import agreement_note
+
+    if aside.confirms is not None:
+        return  # one confirmation beside the proof (the first reduction's)
+    if mesh is not None:
+        real = (mesh.spec, mesh.impl, _replicated(mesh))
+    aside.confirms = reduction
+    aside.add("confirm", lambda: agreement_note(reduction, *real, seed=seed))
+
+
+# a proof of fewer top-level ops than this takes about what a child costs (a fork, its
+# answer): its confirmation is made after it, in the same process
+BESIDE_MIN_OPS = 1000
+
+
+def _worth_a_child(spec: Module, impl: Module) -> bool:
+    return len(spec.main.body.ops) + len(impl.main.body.ops) >= BESIDE_MIN_OPS
 
 
 # a pair with its constant tables kept more than this many times larger than with them

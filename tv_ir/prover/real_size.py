@@ -191,14 +191,31 @@ def _differs_anywhere(spec: Module, impl: Module, placement, seed: int) -> bool:
     return any(differs(spec, impl, placement, random_inputs(spec.main, rng)) for _ in range(RUNS))
 
 
-def confirm_proof(report: Report, reduction, spec, impl, placement, seed: int = 0) -> Report:
+def agreement_note(reduction, spec, impl, placement, seed: int = 0) -> str | None:
+    """What `confirm_proof` notes on a proof when the pair agrees concretely; None when a
+    check differs (then `confirm_proof` itself says what follows). It does not depend on
+    the proof, so it can be computed beside it (`workers.ChecksBeside`)."""
+    from tv_ir.report.result import EQUIVALENT
+
+    probe = Report(EQUIVALENT)
+    out = confirm_proof(probe, reduction, spec, impl, placement, seed)
+    return out.notes[-1] if out is probe and out.verdict == EQUIVALENT and out.notes else None
+
+
+def confirm_proof(
+    report: Report, reduction, spec, impl, placement, seed: int = 0, agreed: str | None = None
+) -> Report:
     """A proof at reduced shapes stands only if the pair also agrees, concretely, at the real
     sizes (when they fit in memory) or else with each reduced class a prime times larger:
     a difference at the real sizes refutes (replayed there); one at a larger reduced size
     makes the verdict unknown (the pair's meaning depends on that size in a way the
-    reduction does not follow)."""
+    reduction does not follow). `agreed`: `agreement_note` of the same pair, computed
+    already (the checks are not made again)."""
     from tv_ir.report.result import UNKNOWN
 
+    if agreed is not None:
+        report.notes.append(agreed)
+        return report
     if reduction.real_elements <= REPLAY_LIMIT:
         found = _differs(spec, impl, placement, seed)
         if found is None:

@@ -328,6 +328,59 @@ class Beside:
 BESIDE_SHARE = 0.25
 
 
+class ChecksBeside:
+    """Named concrete checks that do not depend on the proof they back (the pair at the
+    real layer count and at a larger one; each reduced class at a larger size), added as
+    they become known and computed together in one forked child (`Beside`) from `start()`
+    on, while the proof runs; each is computed in this process when asked for if no child
+    took it (no core free, added after the start, the child died or ran out of memory).
+    One child, not one per check: on 2 cores a second child would slow the proof."""
+
+    def __init__(self):
+        self.jobs: dict[str, Callable[[], Any]] = {}
+        self.confirms = None  # the shape reduction whose confirmation is a job here
+        self._beside: Beside | None = None
+        self._taken: set[str] = set()
+        self._results: dict[str, Any] | None = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> ChecksBeside:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def add(self, name: str, job: Callable[[], Any]) -> None:
+        self.jobs[name] = job
+
+    def start(self) -> None:
+        """Fork the child for the checks added so far (once)."""
+        if self._beside is not None or not self.jobs:
+            return
+        jobs = dict(self.jobs)
+        beside = Beside(lambda: {k: _attempt(lambda _, f=f: f(), 0) for k, f in jobs.items()})
+        self._beside = self._stack.enter_context(beside)
+        if beside.forked:
+            self._taken = set(jobs)
+
+    def result(self, name: str) -> Any:
+        """Check `name`'s result (its exception raised here)."""
+        if name in self._taken:
+            if self._results is None:
+                try:
+                    self._results = self._beside.result()
+                except Exception:  # the child's wrapper failed: each check is made here
+                    self._results = {}
+            out = self._results.get(name)
+            if out is not None and not isinstance(out, Failed):
+                return out
+            if isinstance(out, Failed) and not isinstance(out.error, OutOfMemoryBudget):
+                raise out.error
+            if name in self._results and out is None:
+                return None
+        return self.jobs[name]()
+
+
 def _core_free() -> bool:
     """Whether a child beside this process gets a core of its own: the user's --workers
     (2 or more), else at least half a core idle by the load average (which counts this
