@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -696,7 +697,10 @@ BESIDE_MIN_OPS = 1000
 
 
 def _worth_a_child(spec: Module, impl: Module) -> bool:
-    return len(spec.main.body.ops) + len(impl.main.body.ops) >= BESIDE_MIN_OPS
+    from tv_ir.ir.program import walk
+
+    ops = itertools.chain(walk(spec.main.body), walk(impl.main.body))
+    return next(itertools.islice(ops, max(BESIDE_MIN_OPS - 1, 0), None), None) is not None
 
 
 # a pair with its constant tables kept more than this many times larger than with them
