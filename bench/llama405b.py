@@ -457,9 +457,15 @@ def main() -> None:
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # the largest child's (the checks beside the proof; a fork shares the parent's pages
+    # until written, so parent + child over-counts what the two held together)
+    child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(report)
     phases = ", ".join(f"{k} {v:.1f}" for k, v in report.stats.seconds.items())
-    print(f"\n{cfg.label()}: {report.verdict} in {seconds:.1f} s, peak {peak:.0f} MB ({phases})")
+    print(
+        f"\n{cfg.label()}: {report.verdict} in {seconds:.1f} s, peak {peak:.0f} MB, "
+        f"largest child {child:.0f} MB ({phases})"
+    )
     sys.exit(report.exit_code)
 
 
