@@ -75,3 +75,17 @@ def test_an_interrupt_dropped_by_a_callback_is_sent_again(monkeypatch) -> None:
     r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
     assert r.verdict == "unknown" and "time limit of 1 s" in r.reason, r.reason
     assert dropped and not finished
+
+
+def test_a_check_collects_garbage_in_bulk_and_restores_the_collector() -> None:
+    """While a check runs (`run_deep`), Python's collector waits for GC_YOUNG_THRESHOLD new
+    objects (a check makes millions that live until it ends); afterwards it is as it was."""
+    import gc
+
+    from tv_ir import limits
+
+    before = gc.get_threshold()
+    during = limits.run_deep(gc.get_threshold)
+    assert during[0] == max(before[0], limits.GC_YOUNG_THRESHOLD) > 700
+    assert during[1:] == before[1:]
+    assert gc.get_threshold() == before
