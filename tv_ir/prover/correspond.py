@@ -168,6 +168,9 @@ class TileIndex:
         self._by_local: dict[tuple, _TileEntries] = {}
         self._by_norm: dict[tuple, _NormIndex] = {}
         self._directions: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        # `_matches` of the value being cut, by its arrays' identities (`forget` clears it):
+        # `candidates` and then `tile_matches` look up the same devices' arrays
+        self._memo: dict[tuple, tuple] | None = None  # off until `forget`
 
     def _direction(self, local: tuple) -> tuple[np.ndarray, np.ndarray]:
         """The random direction values of shape `local` are projected on, and its absolute
@@ -260,6 +263,23 @@ class TileIndex:
         tile shape (no caller uses more); `_member` gives their boxes. `firsts`: one member
         per spec value (all that a caller looking for the values needs); `one`: the first
         member found only (whether there is one)."""
+        if self._memo is None:
+            return self._matches_uncached(local, arrays, firsts, one)
+        memo_key = (local, tuple(map(id, arrays)), firsts, one)
+        hit = self._memo.get(memo_key)
+        if hit is not None:
+            return list(hit)
+        out = self._matches_uncached(local, arrays, firsts, one)
+        self._memo[memo_key] = tuple(out)
+        return out
+
+    def forget(self) -> None:
+        """Look-ups from here on are remembered (by the arrays' identities: the caller keeps
+        the arrays alive) until the next `forget`: call it before each value, whose arrays
+        `candidates` and then `tile_matches` look up in turn."""
+        self._memo = {}
+
+    def _matches_uncached(self, local: tuple, arrays, firsts: bool, one: bool) -> list:
         key = self._project(local, arrays)
         if key is None:
             return []
@@ -466,8 +486,8 @@ class TileIndex:
                 continue
             x, y = x.astype(np.float64), y.astype(np.float64)
             both = np.isfinite(x) & np.isfinite(y)
-            scale = np.maximum(np.abs(x), np.abs(y))[both]
-            if not np.all(np.abs(x - y)[both] <= RTOL * scale):
+            x, y = x[both], y[both]  # (inf - inf, elsewhere, would warn)
+            if not np.all(np.abs(x - y) <= RTOL * np.maximum(np.abs(x), np.abs(y))):
                 return False
         return True
 

@@ -561,6 +561,7 @@ class StageProver:
     def _try_cut(self, v, per_device: list, index: TileIndex, impl_tr) -> list:
         """Prove v equal (on every device) to a block of a spec value; then use its symbols."""
         runs = [[tr.values[v.id][d] for tr in impl_tr] for d in range(len(per_device))]
+        index.forget()  # look-ups of the last value's arrays: `runs` is this value's
         if _input_independent(runs):
             # the same in every run: a constant (a mask, an idle stage's zeros) whose
             # symbolic value is a constant too; tiles of any spec constant would "match"
