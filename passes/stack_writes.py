@@ -152,8 +152,8 @@ def _fold(op: Op, known: dict, scalars: BlockEvaluator) -> None:
     if op.regions or len(op.results) != 1:
         return
     t = op.results[0].type
-    if not isinstance(t, TensorType) or t.shape != () or t.is_float:
-        return
+    if not isinstance(t, TensorType) or t.shape != () or t.is_float or t.is_complex:
+        return  # integers and booleans only
     if not op.operands and op.name != "stablehlo.constant":
         return  # partition_id, replica_id: not a constant of the program
     if not all(v.id in known for v in op.operands):

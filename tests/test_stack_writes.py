@@ -87,3 +87,21 @@ def test_scanned_step_still_proved_and_refuted():
     impl = jax.jit(buggy).lower(*args).as_text(debug_info=True)
     assert tv_ir.check(spec, spec, time_limit=120).verdict == "equivalent"
     assert tv_ir.check(spec, impl, time_limit=120).verdict == "not_equivalent"
+
+
+def test_complex_scalars_are_not_folded_as_integers():
+    # XLA's partitioned FFT computes complex scalar constants (twiddle factors); the fold of
+    # known scalar integers must leave them alone, not crash on int(complex)
+    text = """
+    func.func @main(%x: tensor<3xcomplex<f32>>) -> tensor<3xcomplex<f32>> {
+      %c = stablehlo.constant dense<(0.5, 0.25)> : tensor<complex<f32>>
+      %cc = stablehlo.multiply %c, %c : tensor<complex<f32>>
+      %b = stablehlo.broadcast_in_dim %cc, dims = []
+        : (tensor<complex<f32>>) -> tensor<3xcomplex<f32>>
+      %y = stablehlo.multiply %x, %b : tensor<3xcomplex<f32>>
+      return %y : tensor<3xcomplex<f32>>
+    }"""
+    module = stack_writes.run(tv_ir.load(text))
+    x = np.array([1, 2j, -1], np.complex64)
+    (out,) = evaluate(module, [x])
+    np.testing.assert_allclose(np.asarray(out), x * (0.5 + 0.25j) ** 2, rtol=1e-6)
