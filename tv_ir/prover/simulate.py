@@ -180,6 +180,9 @@ _TOTAL = frozenset(
 )
 
 
+_COMBINING = frozenset({"stablehlo.all_reduce", "stablehlo.reduce_scatter"})
+
+
 def overflowed(module: Module, trace) -> bool:
     """Whether a run overflowed floats: an op that is total over the reals produced an
     infinity from finite operands (integers near their extremes converted to floats and
@@ -200,7 +203,10 @@ def overflowed(module: Module, trace) -> bool:
                 ins = []
                 for x in op.operands:
                     a = trace.values.get(x.id)
-                    ins.append(a[d] if isinstance(a, list) else a)
+                    if isinstance(a, list) and op.name in _COMBINING:
+                        ins += a  # a device's result combines every device's operand
+                    else:
+                        ins.append(a[d] if isinstance(a, list) else a)
                 if all(
                     a is not None and (np.asarray(a).dtype.kind != "f" or np.all(np.isfinite(a)))
                     for a in ins
