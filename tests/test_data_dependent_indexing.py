@@ -151,3 +151,54 @@ def test_reducing_an_empty_axis_symbolically():
         lower(lambda a: a.sum(axis=1), x), lower(lambda a: jnp.zeros(2) + a.max(initial=0.0), x)
     )
     assert r.verdict == "equivalent", str(r)
+
+
+def min_put(x, idx, u):  # scatter-min; out-of-range updates dropped
+    return jnp.asarray(x).at[idx].min(u, mode="drop")
+
+
+def min_put_by_halves(x, idx, u):  # as a partitioner writes it: halves padded with +inf
+    pad = jnp.full_like(x, jnp.inf)
+    lo = pad.at[idx[:2]].min(u[:2], mode="drop")
+    hi = pad.at[idx[2:]].min(u[2:], mode="drop")
+    return jnp.minimum(x, jnp.minimum(hi, lo))
+
+
+def min_put_padded_with_zero(x, idx, u):  # the wrong identity: 0 where nothing lands
+    pad = jnp.zeros_like(x)
+    return jnp.minimum(x, pad.at[idx].min(u, mode="drop"))
+
+
+def max_put_reversed(x, idx, u):
+    return jnp.asarray(x).at[idx[::-1]].max(u[::-1], mode="drop")
+
+
+U4 = np.array([0.5, -1.0, 2.0, 3.0], np.float32)
+IDX4 = np.array([1, 4, 1, 0], np.int32)
+
+
+def test_min_scatter_padded_with_its_identity_and_combined_is_proved():
+    # the partitioned form of a min scatter (each part's updates into +inf, then a min
+    # across the parts): guarded items of one flat min; +inf only ever weighed by order
+    r = tv_ir.check(lower(min_put, X, IDX4, U4), lower(min_put_by_halves, X, IDX4, U4))
+    assert r.verdict == "equivalent", str(r)
+    spec = lower(lambda x, i, u: x.at[i].max(u, mode="drop"), X, IDX4, U4)
+    r = tv_ir.check(spec, lower(max_put_reversed, X, IDX4, U4))
+    assert r.verdict == "equivalent", str(r)
+
+
+def test_min_scatter_padded_with_the_wrong_identity_is_refuted():
+    r = tv_ir.check(lower(min_put, X, IDX4, U4), lower(min_put_padded_with_zero, X, IDX4, U4))
+    assert r.verdict == "not_equivalent", str(r)
+    x, i, u = (np.asarray(a) for a in r.counterexample.inputs.values())
+    assert not np.array_equal(min_put(x, i, u), min_put_padded_with_zero(x, i, u))
+
+
+def test_min_scatter_that_loses_an_update_is_refuted():
+    def drops_last(x, idx, u):
+        return jnp.minimum(x, jnp.full_like(x, jnp.inf).at[idx[:3]].min(u[:3], mode="drop"))
+
+    r = tv_ir.check(lower(min_put, X, IDX4, U4), lower(drops_last, X, IDX4, U4))
+    assert r.verdict == "not_equivalent", str(r)
+    x, i, u = (np.asarray(a) for a in r.counterexample.inputs.values())
+    assert not np.array_equal(min_put(x, i, u), drops_last(x, i, u))

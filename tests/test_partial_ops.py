@@ -337,3 +337,25 @@ def test_a_cut_symbol_takes_a_sign_shown_one_op_below_it() -> None:
     _carry_definedness(seen, plus_eps, lambda d: T.substitute(d, below))
     assert T.sign(seen[0]) == 2
     assert T.compare("EQ", seen[0], T.ZERO) is T.FALSE  # a division by it needs no guard
+
+
+def test_a_function_of_a_padded_infinity_is_its_ieee_value():
+    # XLA pads a tile with zeros; rsqrt(0) is inf there, and sin(inf) NaN, in elements no
+    # output keeps: the padded form is proved, not unknown
+    import jax
+
+    def padded(x):
+        return jnp.sin(jax.lax.rsqrt(jnp.pad(x, (1, 1))))[1:-1]
+
+    def plain(x):
+        return jnp.sin(jax.lax.rsqrt(x))
+
+    x = np.ones(4, np.float32)
+    r = _verdict(padded, plain, x)
+    assert r.verdict == "equivalent", str(r)
+    r = _verdict(
+        lambda x: jnp.sqrt(jax.lax.rsqrt(jnp.pad(x, (1, 1))))[1:-1],
+        lambda x: jnp.sqrt(jax.lax.rsqrt(x)),
+        x,
+    )
+    assert r.verdict == "equivalent", str(r)

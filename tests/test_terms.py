@@ -328,3 +328,39 @@ def test_a_cut_symbols_facts_are_worked_out_when_first_asked_for() -> None:
     T.note_later(T.symbol("later_unasked"), T.symbol("later_v"), deeper)
     T.forget_later()
     assert T.sign(T.symbol("later_unasked")) == 0 and len(calls) == 1
+
+
+def test_an_update_guarded_into_an_extremum_is_one_more_flat_item() -> None:
+    x, u, v = T.symbol("x"), T.symbol("u"), T.symbol("v")
+    c, d = T.compare("GT", u, x), T.compare("GT", v, x)
+    # c ? min(x, u) : x  ==  min(x, c ? u : +inf), in any order of the updates
+    one = T.select(c, T.maximum([x, u], False), x)
+    assert one == T.maximum([x, T.select(c, u, T.POS_INF)], False)
+    a = T.select(d, T.maximum([one, v], False), one)
+    b0 = T.select(d, T.maximum([x, v], False), x)
+    b = T.select(c, T.maximum([b0, u], False), b0)
+    assert a == b
+    # the same for max, with -inf
+    m = T.select(c, T.maximum([x, u]), x)
+    assert m == T.maximum([x, T.select(c, u, T.NEG_INF)])
+
+
+def test_infinities_are_weighed_in_smt_but_never_computed_with() -> None:
+    x, u = T.symbol("x"), T.symbol("u")
+    c = T.compare("GT", u, T.const(0))
+    padded = T.maximum([x, T.select(c, u, T.POS_INF)], False)
+    # min(x, c ? u : +inf) against c ? min(x, u) : x, written out by hand as an atom
+    by_cases = T.atom_poly(T.Atom("select", (c, T.maximum([x, u], False), x)))
+    assert smt.check_equal([(padded, by_cases)]).status == "unsat"
+    # c ? u : +inf is not u: where c fails it is the infinity, above every finite u
+    assert smt.check_equal([(T.select(c, u, T.POS_INF), u)]).status == "sat"
+    assert smt.check_equal([(T.select(c, u, T.POS_INF), T.POS_INF)]).status == "sat"
+    # an infinity inside arithmetic is not encoded: no large number stands for it there
+    r = smt.check_equal([(T.atom_poly(T.Atom("pow", (T.POS_INF, x))), x)])
+    assert r.status == "unknown" and "infinite" in r.reason
+
+
+def test_a_math_function_of_an_infinity_folds_as_in_ieee() -> None:
+    assert T.fn("sin", T.POS_INF) == T.NAN
+    assert T.fn("sqrt", T.POS_INF) == T.POS_INF
+    assert T.fn("exp", T.NEG_INF) == T.ZERO

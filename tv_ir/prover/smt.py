@@ -76,6 +76,8 @@ class _Encoder:
         self.ints: set[int] = set()  # atom ids of integer symbols
         self.bools: dict = {}
         self.names: dict = {}  # what a variable stands for -> its name in this query
+        self.big = None  # the variable standing for +inf (-big: -inf), once one is met
+        self.ordered: list = []  # finite values a max, min or select may weigh against it
 
     def _name(self, key, what: str) -> str:
         """A variable's name, numbered in the order this query meets it: never a term's
@@ -93,9 +95,17 @@ class _Encoder:
             self.funcs[name] = f
         return f
 
-    def poly(self, p: T.Poly):
+    def poly(self, p: T.Poly, ordered: bool = False):
+        """p as a Z3 Real. An infinity is allowed only where it is `ordered` (compared,
+        chosen by a select, taken the max or min of): there it is a variable `big` (or
+        -big) above every finite value weighed against it (docs/equivalence.md, "Infinities
+        in SMT")."""
         if p.inf:
-            raise ValueError("infinite term")
+            if not ordered:
+                raise ValueError("infinite term")
+            if self.big is None:
+                self.big = z3.Real(self._name("big", "big"))
+            return self.big if p.inf > 0 else -self.big
         out = []
         for m, c in p.terms.items():
             factors = []
@@ -126,12 +136,12 @@ class _Encoder:
         elif k == "fn":
             e = self._function(args[0], self.poly(args[1]))
         elif k in ("max", "min"):
-            items = [self.poly(x) for x in args[0]]
+            items = [self._weighed(x) for x in args[0]]
             e = items[0]
             for x in items[1:]:
                 e = z3.If(x > e, x, e) if k == "max" else z3.If(x < e, x, e)
         elif k == "select":
-            e = z3.If(self.boolean(args[0]), self.poly(args[1]), self.poly(args[2]))
+            e = z3.If(self.boolean(args[0]), self._weighed(args[1]), self._weighed(args[2]))
         elif k in ("pow", "atan2"):
             e = self.fn(k, 2)(self.poly(args[0]), self.poly(args[1]))
         elif k == "opaque":  # one float operation's result on a non-finite operand
@@ -142,6 +152,21 @@ class _Encoder:
             raise ValueError(f"cannot encode atom kind {k}")
         self.atoms[a.id] = e
         return e
+
+    def _weighed(self, p: T.Poly):
+        """An operand of a max, min or select: it may be an infinity; a finite one is
+        recorded, for `big` to lie above it."""
+        e = self.poly(p, ordered=True)
+        if not T._may_be_infinite(p):
+            self.ordered.append(e)
+        return e
+
+    def big_facts(self) -> list:
+        """`big` above every finite value a max, min or select weighs: in the programs such
+        a value meets the infinity itself, which exceeds it (none when no infinity)."""
+        if self.big is None:
+            return []
+        return [z3.And(self.big > e, self.big > -e) for e in self.ordered]
 
     def _symbol(self, a: T.Atom):
         """A symbol's variable, named by its atom id (printed names may repeat); an integer
@@ -217,17 +242,17 @@ class _Encoder:
         """Where a and b differ: one defined and not the other, or both with other values."""
         if a.dom is b.dom:
             if a.dom is T.TRUE:
-                return self.poly(a) != self.poly(b)
-            return z3.And(self.boolean(a.dom), self.poly(a) != self.poly(b))
+                return self.poly(a, True) != self.poly(b, True)
+            return z3.And(self.boolean(a.dom), self.poly(a, True) != self.poly(b, True))
         da, db = self.boolean(a.dom), self.boolean(b.dom)
-        return z3.Or(da != db, z3.And(da, self.poly(a) != self.poly(b)))
+        return z3.Or(da != db, z3.And(da, self.poly(a, True) != self.poly(b, True)))
 
     def boolean(self, b: T.Bool):
         k, args = b.kind, b.args
         if k == "const":
             return z3.BoolVal(bool(args[0]))
         if k == "cmp":
-            p = self.poly(args[1])
+            p = self.poly(args[1], ordered=True)
             return p > 0 if args[0] == ">" else p >= 0 if args[0] == ">=" else p == 0
         if k == "not":
             return z3.Not(self.boolean(args[0]))
@@ -303,7 +328,7 @@ def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
     if left is not None:
         left = max(0.01, left)
         s.set("timeout", int(left * 1000))
-    s.add(*enc.side)
+    s.add(*enc.side, *enc.big_facts())
     s.add(z3.Or(diffs) if len(diffs) > 1 else diffs[0])
     # z3 does not always honour its limits on nonlinear queries: interrupt it past the
     # backstop (CPU seconds, so a loaded machine does not trigger it) or the time limit

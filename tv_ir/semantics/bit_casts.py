@@ -81,14 +81,16 @@ def _function(src: TensorType, dst: TensorType, piece: int | None, packed: int =
     signed = src.is_integer and np.issubdtype(s_np, np.signedinteger)
 
     def value(v):
+        if isinstance(v, int):  # an integer's exact value (64-bit ones exceed a float's)
+            return _one(v)
         v = np.asarray(v, dtype=np.float64)
         out = np.empty(v.shape, dtype=np.float64)
         for idx in np.ndindex(*v.shape):
             out[idx] = _one(float(v[idx]))
         return out if out.shape else np.float64(out[()])
 
-    def _one(v: float) -> float:
-        if not np.isfinite(v):
+    def _one(v):
+        if not isinstance(v, int) and not np.isfinite(v):
             return float("nan")
         if packed > 1:  # the pieces of sum_j a_j 2^(ws j)
             n, pieces = int(v), []
@@ -103,7 +105,8 @@ def _function(src: TensorType, dst: TensorType, piece: int | None, packed: int =
             with np.errstate(all="ignore"):
                 bits = np.array([v]).astype(s_np)
         cast = bits.view(d_np).reshape(-1)
-        return float(cast[piece or 0])
+        out = cast[piece or 0]
+        return int(out) if isinstance(v, int) and out.dtype.kind in "iu" else float(out)
 
     UNARY[name] = value
     return name

@@ -731,7 +731,15 @@ def fn(name: str, p: Poly) -> Poly:
             return const(float(p.inf))
         if name == "logistic":
             return ZERO if p.inf < 0 else ONE
-        raise Unsupported(f"{name}(inf) in a symbolic computation")
+        from tv_ir.semantics.algebra import UNARY
+
+        if name not in UNARY:
+            raise Unsupported(f"{name}(inf) in a symbolic computation")
+        # the function at the infinity itself, in float64 as for any constant: sin(inf) is
+        # NaN (undefined), sqrt(inf) is inf (a padded tile's rsqrt(0), then its sine)
+        with np.errstate(all="ignore"):
+            v = float(np.asarray(UNARY[name](np.float64(math.inf * p.inf))).reshape(()))
+        return with_dom(const(v), p.dom, p.infs)
     v = value(p)
     if p.is_const():
         return with_dom(_fold(name, p.const_value()), p.dom, p.infs)
@@ -1495,12 +1503,38 @@ def select(c: Bool, x: Poly, y: Poly) -> Poly:
     x, y = value(x), value(y)
     if x == y:
         return with_dom(x, dom, infs)
+    folded = _select_into_extremum(c, x, y)
+    if folded is not None:
+        return with_dom(folded, dom, infs)
     if c.kind == "not":
         c, x, y = c.args[0], y, x
     if c.kind == "cmp" and c.args[0] == ">=":
         # q >= 0 is not(-q > 0): keep one form so equal selects share one atom
         c, x, y = _cmp(">", neg(c.args[1])), y, x
     return with_dom(atom_poly(Atom("select", (c, x, y))), dom, infs)
+
+
+def _select_into_extremum(c: Bool, x: Poly, y: Poly) -> Poly | None:
+    """c ? max(y, u, ...) : y as max(y, c ? max(u, ...) : -inf) (min: +inf), exactly: an
+    update combined into an accumulator where a condition holds (a max or min scatter, a
+    guarded running max) becomes one more guarded item of a flat max, so the same updates
+    combined in another order, or on other devices and then across them, meet the same
+    normal form. Not for integers: their evaluation has no infinities."""
+    if _integral_poly(x) or _integral_poly(y):
+        return None
+    for branch, other, cond in ((x, y, c), (y, x, None)):
+        a = as_atom(branch)
+        if a is None or a.kind not in ("max", "min"):
+            continue
+        b = as_atom(other)
+        kept = b.args[0] if b is not None and b.kind == a.kind else frozenset((other,))
+        if not kept < a.args[0]:
+            continue
+        is_max = a.kind == "max"
+        rest = maximum(list(a.args[0] - kept), is_max)
+        cond = c if cond is not None else logical_not(c)
+        return maximum([*kept, select(cond, rest, NEG_INF if is_max else POS_INF)], is_max)
+    return None
 
 
 # -- lifting -----------------------------------------------------------------------------
@@ -2115,7 +2149,13 @@ def _int_atom_value(a: Atom, env, memo):
     if k in ("max", "min"):
         vals = [_eval_int(x, env, memo) for x in a.args[0]]
         return max(vals) if k == "max" else min(vals)
-    v = env[a.id] if k == "sym" else _eval_atom(a, env, memo)
+    if k == "fn" and a.args[0].startswith(("bitcast_i", "bitcast_ui")):  # exact on 64 bits
+        from tv_ir.semantics.algebra import UNARY
+
+        x = _eval_int(a.args[1], env, memo)
+        v = UNARY[a.args[0]](x) if isinstance(x, int) else _eval_atom(a, env, memo)
+    else:
+        v = env[a.id] if k == "sym" else _eval_atom(a, env, memo)
     if isinstance(v, (int, np.integer)):
         return int(v)
     f = float(v)
