@@ -160,6 +160,8 @@ def scatter(ctx, *operands):
     shape = inputs[0].shape
     scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
     rule = _update_rule(ctx, n)
+    if not symbolic and rule is not None and _windows_last(dn, updates[0].ndim):
+        return _scatter_windows(dn, results, starts, updates, rule)
     for update_index in np.ndindex(*updates[0].shape):
         scatter_index = tuple(update_index[d] for d in scatter_dims)
         start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
@@ -172,6 +174,37 @@ def scatter(ctx, *operands):
         olds = [np.asarray(r[ri]) for r in results]
         for r, v in zip(results, _combined(ctx, rule, olds, updates, update_index), strict=True):
             r[ri] = np.asarray(v)[()]
+    return results
+
+
+def _windows_last(dn, update_rank: int) -> bool:
+    """The update window dimensions are the updates' last ones: the element-by-element
+    order (row-major over the updates) is then window by window, in scatter order."""
+    k = len(dn.update_window_dims)
+    return list(dn.update_window_dims) == list(range(update_rank - k, update_rank))
+
+
+def _scatter_windows(dn, results: list, starts, updates: list, rule) -> list:
+    """Concrete scatter one update window at a time (numpy on the window's block): the
+    same combinations, in the same order, as element by element, when the window
+    dimensions come last (`_windows_last`); a position is in a window at most once."""
+    shape = results[0].shape
+    scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
+    batch = updates[0].shape[: len(scatter_dims)]
+    for scatter_index in np.ndindex(*batch):
+        start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
+        if any(s < 0 or s + e > m for s, e, m in zip(start, extent, shape, strict=True)):
+            continue
+        at = tuple(
+            slice(start[d], start[d] + extent[d]) if d in window_dims else start[d]
+            for d in range(len(shape))
+        )
+        news = [np.asarray(u[scatter_index]) for u in updates]
+        if rule == "replace":
+            for r, v in zip(results, news, strict=True):
+                r[at] = v
+        else:
+            results[0][at] = rule(results[0][at], news[0])
     return results
 
 
