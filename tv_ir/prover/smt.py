@@ -345,13 +345,44 @@ def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
     if r == z3.unsat:
         return SmtResult("unsat")
     if r == z3.sat:
-        m = s.model()
+        m = _moderate_model(s, enc, s.model())
         model = {}
         for aid, e in enc.symbols.items():
             v = m.eval(e, model_completion=True)
             model[aid] = _to_int(v) if aid in enc.ints else _to_float(v)
         return SmtResult("sat", model)
     return SmtResult("unknown", reason=f"z3: {_unknown_reason(s.reason_unknown())}")
+
+
+# a model whose real values reach this magnitude is asked for again within it: a float32
+# replay cannot tell apart values near 2^31 (its spacing there is 128), so such a model
+# (picked beside integer indices, or above an infinity's stand-in) often fails to replay
+MODEL_MAGNITUDE = 2.0**20
+
+
+def _moderate_model(s, enc: _Encoder, m):
+    """A model with the real symbols within MODEL_MAGNITUDE when one exists, else `m`:
+    only which difference is shown changes, never whether one exists."""
+    reals = [e for aid, e in enc.symbols.items() if aid not in enc.ints]
+    large = False
+    for e in reals:
+        v = m.eval(e, model_completion=True)
+        if z3.is_rational_value(v) and abs(_to_float(v)) >= MODEL_MAGNITUDE:
+            large = True
+            break
+    if not large:
+        return m
+    s.push()
+    try:
+        bound = z3.RealVal(MODEL_MAGNITUDE)
+        s.add(*[z3.And(e > -bound, e < bound) for e in reals])
+        if s.check() == z3.sat:
+            return s.model()
+    except z3.Z3Exception:
+        pass
+    finally:
+        s.pop()
+    return m
 
 
 def _backstop(ctx, cpu_s: float, wall_s: float | None, done: threading.Event) -> None:
