@@ -710,7 +710,7 @@ def _fn_domain(name: str, v: Poly) -> Bool:
     return TRUE
 
 
-def _fold(name: str, c: Num) -> Poly:
+def _fold(name: str, c: Num | float) -> Poly:
     """A math function of a constant, in float64 (NaN: undefined; +-inf: the constant)."""
     from tv_ir.semantics.algebra import UNARY
 
@@ -735,11 +735,9 @@ def fn(name: str, p: Poly) -> Poly:
 
         if name not in UNARY:
             raise Unsupported(f"{name}(inf) in a symbolic computation")
-        # the function at the infinity itself, in float64 as for any constant: sin(inf) is
-        # NaN (undefined), sqrt(inf) is inf (a padded tile's rsqrt(0), then its sine)
-        with np.errstate(all="ignore"):
-            v = float(np.asarray(UNARY[name](np.float64(math.inf * p.inf))).reshape(()))
-        return with_dom(const(v), p.dom, p.infs)
+        # the function at the infinity itself, folded as any constant: sin(inf) is NaN
+        # (undefined), sqrt(inf) is inf (a padded tile's rsqrt(0), then its sine)
+        return with_dom(_fold(name, math.inf * p.inf), p.dom, p.infs)
     v = value(p)
     if p.is_const():
         return with_dom(_fold(name, p.const_value()), p.dom, p.infs)

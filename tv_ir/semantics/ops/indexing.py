@@ -161,11 +161,11 @@ def scatter(ctx, *operands):
     scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
     rule = _update_rule(ctx, n)
     if not symbolic and rule is not None and _windows_last(dn, updates[0].ndim):
-        return _scatter_windows(dn, results, starts, updates, rule)
+        return _scatter_windows(dn, results, starts, updates, rule, window_dims, extent)
     for update_index in np.ndindex(*updates[0].shape):
         scatter_index = tuple(update_index[d] for d in scatter_dims)
-        start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
-        if any(s < 0 or s + e > m for s, e, m in zip(start, extent, shape, strict=True)):
+        start = _window_start(dn, starts, scatter_index, shape, extent)
+        if start is None:
             continue
         ri = list(start)
         for d, u in zip(window_dims, dn.update_window_dims, strict=True):
@@ -184,16 +184,24 @@ def _windows_last(dn, update_rank: int) -> bool:
     return list(dn.update_window_dims) == list(range(update_rank - k, update_rank))
 
 
-def _scatter_windows(dn, results: list, starts, updates: list, rule) -> list:
+def _window_start(dn, starts, scatter_index: tuple, shape: tuple, extent: list):
+    """Where the update window `scatter_index` starts in the operand, or None when it does
+    not fit there (XLA's rule: skipped whole)."""
+    start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
+    if any(s < 0 or s + e > m for s, e, m in zip(start, extent, shape, strict=True)):
+        return None
+    return start
+
+
+def _scatter_windows(dn, results, starts, updates, rule, window_dims, extent) -> list:
     """Concrete scatter one update window at a time (numpy on the window's block): the
     same combinations, in the same order, as element by element, when the window
     dimensions come last (`_windows_last`); a position is in a window at most once."""
     shape = results[0].shape
-    scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
-    batch = updates[0].shape[: len(scatter_dims)]
+    batch = updates[0].shape[: updates[0].ndim - len(dn.update_window_dims)]
     for scatter_index in np.ndindex(*batch):
-        start = _scatter_start(dn, starts[scatter_index], scatter_index, len(shape))
-        if any(s < 0 or s + e > m for s, e, m in zip(start, extent, shape, strict=True)):
+        start = _window_start(dn, starts, scatter_index, shape, extent)
+        if start is None:
             continue
         at = tuple(
             slice(start[d], start[d] + extent[d]) if d in window_dims else start[d]
