@@ -27,13 +27,13 @@ reading what it read before (docs/equivalence.md, "Loops": why this preserves me
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir.attrs import ChannelHandle, EnumAttr
+from tv_ir.ir.attrs import EnumAttr
 from tv_ir.ir.program import Block, Function, Module, Op, Region, TensorType, Value, walk
+from tv_ir.ir.structure import op_signature
 
 from .inline_calls import _clone_op, clone_block
 
@@ -90,7 +90,6 @@ def _free_operands(op: Op) -> list[Value]:
     return [v for o in walk(Block([], [op], [])) for v in o.operands if v.id not in inner]
 
 
-PAIRED_BY_CHANNEL = {"stablehlo.send", "stablehlo.recv"}  # the channel id is their meaning
 SLICES = {"stablehlo.slice", "stablehlo.dynamic_slice"}
 
 
@@ -146,69 +145,10 @@ def _post_order(flow: list[Op], results: list[Value]) -> list[Op]:
     return out
 
 
-def _attr_key(value) -> object:
-    if isinstance(value, np.ndarray):
-        return ("array", value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, list | tuple):
-        return tuple(_attr_key(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _attr_key(v)) for k, v in value.items()))
-    return repr(value)
-
-
-def _signature(op: Op) -> tuple:
-    """What must be equal for two ops to be the same op of two blocks (not their operands'
-    identities). A collective's channel id (XLA numbers them one by one) only says whether
-    it is positive: all that its meaning reads of it."""
-    attrs = []
-    for k, v in sorted(op.attrs.items()):
-        if k == "channel_handle" and op.name not in PAIRED_BY_CHANNEL:
-            v = (getattr(v, "type", None), _channel(v) > 0)
-        attrs.append((k, _attr_key(v)))
-    regions = tuple(_region_signature(r.block) for r in op.regions)
-    return (
-        op.name,
-        tuple(attrs),
-        tuple(str(r.type) for r in op.results),
-        tuple(str(v.type) for v in op.operands),
-        regions,
-    )
-
-
-def _channel(handle) -> int:
-    """The handle's id (mhlo's opaque form read from its text)."""
-    if isinstance(handle, ChannelHandle):
-        return handle.handle
-    m = re.search(r"handle\s*=\s*(-?\d+)", str(getattr(handle, "text", handle)))
-    return int(m.group(1)) if m else 0
-
-
-def _region_signature(block: Block) -> tuple:
-    """A region's ops with their operands numbered inside it; a value from outside the
-    region makes the signature unique (such ops never repeat)."""
-    local = {a.id: ("arg", k) for k, a in enumerate(block.args)}
-    out = []
-    for n, op in enumerate(block.ops):
-        operands = []
-        for v in op.operands:
-            if v.id not in local:
-                return (object(),)
-            operands.append(local[v.id])
-        out.append((_signature(op), tuple(operands)))
-        for k, r in enumerate(op.results):
-            local[r.id] = ("op", n, k)
-    results = []
-    for v in block.results:
-        if v.id not in local:
-            return (object(),)
-        results.append(local[v.id])
-    return (tuple(out), tuple(results))
-
-
 def _find_runs(flow: list[Op], body: Block, trips: set[int]) -> list[Run]:
     """Non-overlapping runs, the ones covering most ops first."""
     ids: dict[tuple, int] = {}
-    sig = np.array([ids.setdefault(_signature(op), len(ids)) for op in flow], dtype=np.int64)
+    sig = np.array([ids.setdefault(op_signature(op), len(ids)) for op in flow], dtype=np.int64)
     n = len(flow)
     candidates = []
     for period in range(1, n // MIN_BLOCKS + 1):
