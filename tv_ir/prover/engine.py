@@ -31,6 +31,7 @@ from tv_ir.semantics import terms as T
 from tv_ir.semantics.algebra import NumpyAlgebra
 from tv_ir.semantics.interpreters.interp import Interpreter
 from tv_ir.semantics.interpreters.spmd import SpmdInterpreter, device_name
+from tv_ir.semantics.ops.control import TRIP_LIMIT, LoopTooLong
 from tv_ir.semantics.symbolic import TABLE_VALUES, SymbolicAlgebra
 
 from ..errors import TvError, Unsupported
@@ -48,10 +49,13 @@ from .simulate import (
     random_inputs,
     run_traced,
     run_traced_devices,
+    with_dominant_diagonals,
     with_equal_ids,
 )
 
 SIM_RUNS = 2
+# iterations a loop may run in the simulations on extreme integers and on guard sets (zeros)
+EXTREME_TRIPS = 10_000
 # relative difference above which a simulated output difference refutes at once; smaller
 # differences (above float64 noise, see simulate.RTOL) refute only if the proof fails
 CLEAR_DIFFERENCE = 1e-6
@@ -163,11 +167,17 @@ class StageProver:
         rng = np.random.default_rng(self.opt.seed)
         inputs = [random_inputs(self.spec.main, rng) for _ in range(SIM_RUNS)]
         inputs[-1] = with_equal_ids(self.spec.main, inputs[-1])  # one run with equal ids
-        if any(isinstance(t, TensorType) and t.is_integer for t in self.spec.main.arg_types):
-            inputs.append(random_inputs(self.spec.main, rng, extremes=True))  # where ints wrap
+        inputs[0] = with_dominant_diagonals(self.spec.main, inputs[0], self.spec, self.impl)
         try:
             spec_tr = [run_traced(self.spec, x) for x in inputs]
             impl_tr = [self._run_impl(x) for x in inputs]
+            if any(isinstance(t, TensorType) and t.is_integer for t in self.spec.main.arg_types):
+                extreme = random_inputs(self.spec.main, rng, extremes=True)  # where ints wrap
+                traces = self._extreme_run(extreme)
+                if traces is not None:
+                    inputs.append(extreme)
+                    spec_tr.append(traces[0])
+                    impl_tr.append(traces[1])
         except Unsupported as e:
             return self._unsupported(e)
         if len(inputs) > SIM_RUNS and any(
@@ -227,11 +237,16 @@ class StageProver:
         degenerate (all equal), which would match anything."""
         constants = compared_constants(self.spec, self.impl)
         for x in guard_inputs(self.spec.main, constants, rng):
+            token = TRIP_LIMIT.set(EXTREME_TRIPS)
             try:
                 s = run_traced(self.spec, x)
                 i = self._run_impl(x)
+            except LoopTooLong:
+                continue  # zeros double forever: no evidence from this input
             except Unsupported:
                 return None
+            finally:
+                TRIP_LIMIT.reset(token)
             if overflowed(self.spec, s) or overflowed(self.impl, i):
                 continue  # a huge compared constant (a mask) overflowed floats: no evidence
             if not all(close(a, b) for a, b in self._output_copy_pairs(s, i)):
@@ -239,6 +254,17 @@ class StageProver:
                 if refuted.verdict == NOT_EQUIVALENT:
                     return refuted
         return None
+
+    def _extreme_run(self, x: list) -> tuple | None:
+        """Both programs' traces on extreme integers, or None when a loop there runs longer
+        than EXTREME_TRIPS (a counter from -2^31 up to a bound): no evidence then."""
+        token = TRIP_LIMIT.set(EXTREME_TRIPS)
+        try:
+            return run_traced(self.spec, x), self._run_impl(x)
+        except LoopTooLong:
+            return None
+        finally:
+            TRIP_LIMIT.reset(token)
 
     def _run_impl(self, inputs: list):
         p = self.place

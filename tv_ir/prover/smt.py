@@ -148,6 +148,10 @@ class _Encoder:
             e = z3.Real(self._name(("opaque", args[0]), "opaque"))
         elif k == "wrap":
             e = self._wrap(a)
+        elif k == "apply":  # an element of an opaque function's result at its arguments
+            key, result, index, xs = args
+            f = self.fn(self._name(("apply", key, result, index), "apply"), len(xs))
+            e = f(*(self.poly(x) for x in xs))
         else:
             raise ValueError(f"cannot encode atom kind {k}")
         self.atoms[a.id] = e
@@ -261,6 +265,15 @@ class _Encoder:
         if k == "finite_at":
             if args[0] == "integer":
                 return z3.IsInt(self.poly(args[1]))
+            if args[0] == "apply":  # whether an opaque element is finite: a function of the
+                # opaque function's arguments too (not of the element's value)
+                key, result, index, xs = T.as_atom(args[1]).args
+                name = self._name(("finite", key, result, index), "finite")
+                f = self.funcs.get(name)
+                if f is None:
+                    sorts = [z3.RealSort()] * len(xs)
+                    f = self.funcs[name] = z3.Function(f"tv_{name}", *sorts, z3.BoolSort())
+                return f(*(self.poly(x) for x in xs))
             f = self.funcs.get(f"finite_at_{args[0]}")
             if f is None:
                 f = z3.Function(f"tv_finite_at_{args[0]}", z3.RealSort(), z3.BoolSort())

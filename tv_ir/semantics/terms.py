@@ -64,12 +64,46 @@ def _intern(cls, table: dict, kind: str, args: tuple):
     node.kind = kind
     node.args = args
     node._hash = hash((kind, args))
-    syms = frozenset()
-    for x in _flat_args(args):
-        syms |= x.syms
-    node.syms = syms
+    node.syms = _syms_of(args)
     table[(kind, args)] = node
     return node
+
+
+_LONG_ARGS: dict[int, tuple] = {}  # id of a long argument tuple -> (the tuple, its symbols)
+
+
+def _syms_of(args: tuple) -> frozenset:
+    """The symbols of a node's arguments, in one union (`syms |= x.syms` per argument copies
+    the growing set); a long tuple's (an opaque function's hundreds of arguments, shared by
+    every element of its results) computed once."""
+    parts = []
+    for x in args:
+        if isinstance(x, (Poly, Bool)):
+            parts.append(x.syms)
+        elif isinstance(x, (frozenset, tuple)) and len(x) > 16:
+            hit = _LONG_ARGS.get(id(x))
+            if hit is None or hit[0] is not x:
+                if len(_LONG_ARGS) > 10_000:
+                    _LONG_ARGS.clear()
+                hit = _LONG_ARGS[id(x)] = (x, union([y.syms for y in _flat_args(x)]))
+            parts.append(hit[1])
+        elif isinstance(x, (frozenset, tuple)):
+            parts.extend(y.syms for y in _flat_args(x))
+    return union(parts)
+
+
+_NO_SYMS = frozenset()
+
+
+def union(sets) -> frozenset:
+    """The union of frozensets, sharing the one set when they are all the same object (an
+    opaque function's elements share their arguments' symbols)."""
+    distinct = {id(x): x for x in sets if x}
+    if not distinct:
+        return _NO_SYMS
+    if len(distinct) == 1:
+        return next(iter(distinct.values()))
+    return frozenset().union(*distinct.values())
 
 
 class Atom(_Interned):
@@ -192,9 +226,9 @@ class Poly:
             # one union over the distinct atoms: `s |= atom.syms` per occurrence copies the
             # growing set each time, quadratic in a residue of thousands of monomials
             atoms = {aid for m in self.terms for aid, _ in m}
-            s = frozenset().union(*(ATOM_BY_ID[aid].syms for aid in atoms))
+            s = union([ATOM_BY_ID[aid].syms for aid in atoms])
             if self.dom is not TRUE:
-                s |= self.dom.syms | self.infs.syms
+                s = union([s, self.dom.syms, self.infs.syms])
             self._syms = s
         return self._syms
 
@@ -1558,6 +1592,66 @@ def lift_bool(x) -> Bool:
     return bconst(x)
 
 
+# -- opaque functions of many arguments ------------------------------------------------
+
+# A loop whose trip count depends on the inputs (ops/control.py) and a large factorisation or
+# triangular solve (ops/linalg.py) are kept whole: each element of their results is an
+# opaque function of all the elements they read. `key` names the function (what computes
+# it), so the same function of equal arguments is equal in both programs, and nothing else
+# is known of it. OPAQUE_RUNNERS computes it on numbers (registered where it is met), for
+# the values of its terms.
+OPAQUE_RUNNERS: dict = {}  # key -> (argument values) -> [[element values] per result]
+_OPAQUE_RUNS: dict = {}  # (key, argument values) -> results, a small memo
+_OPAQUE_RUNS_KEPT = 256
+
+
+class _Arguments(tuple):
+    """An opaque function's arguments: a tuple hashed once (every element of the function's
+    results is an atom holding it)."""
+
+    def __hash__(self) -> int:
+        h = self.__dict__.get("hash")
+        if h is None:
+            h = self.__dict__["hash"] = tuple.__hash__(self)
+        return h
+
+
+def opaque_elements(key: str, result: int, indices, args: tuple, kind: str) -> list:
+    """Elements `indices` (flat) of result `result` of the function `key` at `args`
+    (numbers or terms, all finite). `kind` is the element type's: "float" (defined where
+    the function's value is finite: a loop may overflow, a factorisation fail), "int" (the
+    caller wraps it to its type) or "pred"."""
+    lifted = _Arguments(lift(p) for p in args)
+    if any(p.dom is not TRUE or p.inf for p in lifted):
+        raise Unsupported(f"{key.split(':')[0]} of a value that may be non-finite")
+    out = []
+    for index in indices:
+        w = atom_poly(Atom("apply", (key, result, index, lifted)))
+        if kind == "pred":
+            out.append(_nonzero(w))
+        elif kind == "float":
+            out.append(with_dom(w, Bool("finite_at", ("apply", w))))
+        else:
+            out.append(w)
+    return out
+
+
+def _eval_opaque_element(a: Atom, env, memo):
+    """An opaque element's value: its function run on the arguments' values."""
+    key, result, index, args = a.args
+    values = tuple(evaluate(x, env, memo) for x in args)
+    out = _OPAQUE_RUNS.get((key, values))
+    if out is None:
+        runner = OPAQUE_RUNNERS.get(key)
+        if runner is None:
+            raise Unsupported(f"cannot evaluate {key}: it was not met in this process")
+        out = runner(values)
+        if len(_OPAQUE_RUNS) >= _OPAQUE_RUNS_KEPT:
+            _OPAQUE_RUNS.clear()
+        _OPAQUE_RUNS[(key, values)] = out
+    return out[result][index]
+
+
 # -- substitution and evaluation ------------------------------------------------------
 
 
@@ -1673,6 +1767,9 @@ def _subst_atom(a: Atom, mapping, memo) -> Poly:
         )
     elif k == "wrap":
         out = wrap(substitute(args[0], mapping, memo), args[1], args[2])
+    elif k == "apply":
+        xs = tuple(lift(substitute(x, mapping, memo)) for x in args[3])
+        out = value(opaque_elements(args[0], args[1], [args[2]], xs, "int")[0])
     else:
         raise Unsupported(f"cannot substitute into atom kind {k}")
     memo[("a", a.id)] = out
@@ -1842,6 +1939,8 @@ def _eval_atom(a: Atom, env, memo) -> float:
         v = _eval_opaque(args[1], [evaluate(x, env, memo) for x in args[2]])
     elif k == "wrap":
         v = float(_eval_wrap(a, env, memo))
+    elif k == "apply":
+        v = _eval_opaque_element(a, env, memo)
     else:
         raise Unsupported(f"cannot evaluate atom kind {k}")
     memo[a.id] = v
@@ -1865,6 +1964,8 @@ def _eval_bool(b: Bool, env, memo) -> bool:
     if k == "finite_at" and args[0] == "integer":
         v = evaluate(args[1], env, memo)
         return bool(np.isfinite(v) and float(v).is_integer())
+    if k == "finite_at" and args[0] == "apply":
+        return bool(np.isfinite(evaluate(args[1], env, memo)))
     if k == "finite_at":
         from tv_ir.semantics.algebra import UNARY
 

@@ -15,6 +15,7 @@ import numpy as np
 from tv_ir.errors import TvError, Unsupported
 from tv_ir.ir.program import Block, Function, Module, Op
 from tv_ir.limits import check_time
+from tv_ir.semantics.algebra import NumpyAlgebra
 from tv_ir.semantics.ops import OpContext, lookup
 from tv_ir.semantics.ops.complex_numbers import COMPLEX_AWARE
 from tv_ir.semantics.ops.registry import REGION_ON_ARRAYS
@@ -84,7 +85,14 @@ class BlockEvaluator:
             call=self.call,
             device=self.device,
             loc=op.loc,
+            run_numeric=lambda i, args, op=op: self._numeric()._block(
+                op.regions[i].block, args, top=False
+            ),
         )
+
+    def _numeric(self) -> BlockEvaluator:
+        """This evaluator's twin on numbers (the same module and device)."""
+        return BlockEvaluator(self.module, NumpyAlgebra(), device=self.device)
 
 
 def refuse_complex(op: Op) -> None:

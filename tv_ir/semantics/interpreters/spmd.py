@@ -51,11 +51,14 @@ from tv_ir.semantics.interpreters.mesh_coords import mesh_coords
 from tv_ir.semantics.interpreters.process_grid import ProcessGrid
 from tv_ir.semantics.layout import Layout
 from tv_ir.semantics.ops.control import (
-    MAX_TRIP_COUNT,
+    TRIP_LIMIT,
+    LoopTooLong,
+    collective_in,
     known_truth,
     refuse_collective_branches,
     select_case,
     select_results,
+    while_,
 )
 from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW
 
@@ -219,13 +222,33 @@ class SpmdInterpreter:
 
     # -- lockstep control flow ---------------------------------------------------------------
     def _while(self, op: Op, operands: PerDevice) -> PerDevice:
+        """Every device's loop in lockstep while the devices agree on going on; once they
+        do not (or it depends on the inputs), a loop that does not talk to other devices
+        goes on on each device alone: the same as in lockstep, as no device waits for
+        another."""
         values = operands
-        for _ in range(MAX_TRIP_COUNT):
-            preds = [self.alg.truth(p[0]) for p in self._region(op, 0, values)]
+        for _ in range(TRIP_LIMIT.get()):
+            preds = [known_truth(self.alg, p[0]) for p in self._region(op, 0, values)]
+            decided = all(p is not None and p == preds[0] for p in preds)
+            if not decided and collective_in(op.regions) is None:
+                return [
+                    self._own_loop(proc, op, v) for proc, v in zip(self.procs, values, strict=True)
+                ]
+            if any(p is None for p in preds):
+                raise Unsupported(
+                    f"{op.name}: the loop predicate depends on the inputs and the loop holds "
+                    f"{collective_in(op.regions)}",
+                    op=op.name,
+                )
             if not self._agreed(op, "the loop predicate", preds):
                 return values
             values = self._region(op, 1, values)
-        raise Unsupported(f"{op.name}: loop did not terminate within {MAX_TRIP_COUNT} iterations")
+        raise LoopTooLong(op.name, op.loc)
+
+    def _own_loop(self, proc: BlockEvaluator, op: Op, values: list) -> list:
+        """One device's loop from `values` on, by itself."""
+        ctx = proc.context(op)
+        return checked_results(op, run_evaluator(op, lambda: while_(ctx, *values)))
 
     def _case(self, op: Op, operands: PerDevice) -> PerDevice:
         n = len(op.regions)

@@ -5,15 +5,28 @@ divisions by pivots and the square roots carry their definedness conditions.
 Where the spec leaves results implementation-defined, these are XLA:CPU's (checked by the
 conformance records): cholesky reads the triangle `lower` names, zeroes the other one, and
 returns NaN everywhere when the factorisation fails (a non-positive pivot).
+
+Written out, the terms of an n x n factorisation or solve grow exponentially with n (a
+32 x 32 solve did not finish in minutes). On symbolic matrices larger than OPAQUE_N each
+result element is instead an opaque function of the elements the op reads
+(`terms.opaque_element`): the same op on equal operands gives equal results, which proves a
+partitioned program that gathers the matrices and runs the op itself, and nothing more.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from tv_ir.ir.program import TensorType
+from tv_ir.semantics import terms as T
+from tv_ir.semantics.algebra import NumpyAlgebra
 from tv_ir.semantics.ops.reduction import assemble
 from tv_ir.semantics.ops.registry import op
+
+OPAQUE_N = 8  # symbolic matrices larger than this are factorised / solved opaquely
+_NUMBERS = SimpleNamespace(alg=NumpyAlgebra())  # a context whose algebra is numbers
 
 
 def _zero(ctx, t: TensorType):
@@ -54,9 +67,14 @@ def cholesky(ctx, a):
     out = []
     for b in np.ndindex(*a.shape[:-2]):
         m = a[b]
-        L = _cholesky_lower(
-            ctx, (lambda i, j, m=m: np.asarray(m[i, j]) if lower else np.asarray(m[j, i])), n, zero
-        )
+
+        def read(i, j, m=m):  # the triangle `lower` names, as a lower one
+            return np.asarray(m[i, j]) if lower else np.asarray(m[j, i])
+
+        if n > OPAQUE_N:
+            out.extend(_opaque_cholesky(read, n, lower, t.dtype))
+            continue
+        L = _cholesky_lower(ctx, read, n, zero)
         # a failed factorisation (a NaN or infinite entry anywhere) is NaN everywhere: 0 * s
         # is non-finite exactly where s is
         guard = ctx.alg.multiply(
@@ -70,6 +88,39 @@ def cholesky(ctx, a):
                 else:
                     out.append(np.asarray(ctx.alg.add(zero, guard)))
     return assemble(t.shape, out)
+
+
+def _lower_triangle(n: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(n) for j in range(i + 1)]
+
+
+def _opaque_cholesky(read, n: int, lower: bool, dtype: str) -> list:
+    """One matrix's result (row-major elements), L's entries opaque functions of the lower
+    triangle read (see the module's docstring), all defined where the factorisation
+    succeeds (an opaque condition of the same arguments: its last pivot is finite), NaN
+    everywhere where it fails, as the recurrence's guard says."""
+    key = f"cholesky:{n}:{dtype}"
+    tri = _lower_triangle(n)
+    if key not in T.OPAQUE_RUNNERS:
+
+        def runner(values: tuple) -> list[list]:
+            m = np.zeros((n, n))
+            for (i, j), v in zip(tri, values, strict=True):
+                m[i, j] = v
+            with np.errstate(all="ignore"):
+                L = _cholesky_lower(_NUMBERS, lambda i, j: m[i, j], n, np.zeros(()))
+            return [[float(L[i][j]) for i, j in tri]]
+
+        T.OPAQUE_RUNNERS[key] = runner
+    args = tuple(T.lift(read(i, j)) for i, j in tri)
+    entries = dict(zip(tri, T.opaque_elements(key, 0, range(len(tri)), args, "int"), strict=True))
+    succeeds = T.Bool("finite_at", ("apply", entries[n - 1, n - 1]))
+    out = []
+    for i in range(n):
+        for j in range(n):
+            at = (i, j) if lower else (j, i)
+            out.append(T.with_dom(entries.get(at, T.ZERO), succeeds))
+    return out
 
 
 def _concrete_floats(ctx, *xs) -> bool:
@@ -142,6 +193,11 @@ def triangular_solve(ctx, a, b):
         sol = _triangular_solve_batched(ctx, a, b, left, m_lower, transpose, unit, one)
         return sol.astype(np.float64)
     out = np.empty(t.shape, dtype=object)
+    if n > OPAQUE_N:
+        solve = _opaque_solve(n, left, lower, unit, transpose, t.dtype)
+        for bi in np.ndindex(*a.shape[:-2]):
+            out[bi] = solve(a[bi], b[bi])
+        return out
     for bi in np.ndindex(*a.shape[:-2]):
         m, rhs = a[bi], b[bi]
 
@@ -169,3 +225,45 @@ def triangular_solve(ctx, a, b):
     if all(isinstance(v, (float, int, np.floating, np.integer)) for v in out.reshape(-1)):
         return out.astype(np.float64)
     return out
+
+
+def _opaque_solve(n: int, left: bool, lower: bool, unit: bool, transpose: bool, dtype: str):
+    """(a, b) -> x for one matrix, each column of x (a row when not `left`) an opaque
+    function of the triangle of a the op reads and that column of b (see the module's
+    docstring): how b's columns are split does not change the function."""
+    key = f"triangular_solve:{n}:{left}:{lower}:{unit}:{transpose}:{dtype}"
+    tri = [
+        (i, j)
+        for i in range(n)
+        for j in range(n)
+        if (i > j if lower else i < j) or (i == j and not unit)
+    ]
+    m_lower = lower != transpose if left else lower == transpose
+    if key not in T.OPAQUE_RUNNERS:
+
+        def runner(values: tuple) -> list[list]:
+            m = np.zeros((n, n))
+            for (i, j), v in zip(tri, values[: len(tri)], strict=True):
+                m[i, j] = v
+            vec = np.asarray(values[len(tri) :], dtype=np.float64)
+            rhs = vec[:, None] if left else vec[None, :]
+            with np.errstate(all="ignore"):
+                x = _triangular_solve_batched(
+                    _NUMBERS, m, rhs, left, m_lower, transpose, unit, np.ones(())
+                )
+            return [np.asarray(x, dtype=np.float64).reshape(-1).tolist()]
+
+        T.OPAQUE_RUNNERS[key] = runner
+
+    def solve(a, b) -> np.ndarray:
+        read = tuple(T.lift(a[i, j]) for i, j in tri)
+        x = np.empty(b.shape, dtype=object)
+        for c in range(b.shape[-1] if left else b.shape[0]):
+            vec = b[:, c] if left else b[c, :]
+            args = read + tuple(T.lift(v) for v in vec)
+            elems = T.opaque_elements(key, 0, range(n), args, "float")
+            for i, e in enumerate(elems):
+                x[(i, c) if left else (c, i)] = e
+        return x
+
+    return solve

@@ -96,6 +96,9 @@ class OpContext:
         None  # tv_ir.semantics.interpreters.process_grid.Device under SPMD execution, else None
     )
     loc: Any = None
+    # evaluate region i on numbers (numpy arrays) whatever `alg` is: what a loop whose trip
+    # count depends on the inputs computes, for the values of its terms
+    run_numeric: Callable[[int, list], list] | None = None
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
