@@ -225,3 +225,52 @@ def test_dilated_weight_gradient_with_shifted_padding_is_refuted() -> None:
     wrong = _dilated_wgrad_per_device(DILATED.replace("[[2, 1]", "[[1, 2]"))
     r = tv_ir.check("module {" + DILATED_WGRAD + "\n}", wrong)
     assert r.verdict == "not_equivalent"
+
+
+# an outer product written as a convolution (XLA's windowed-einsum tests): one input
+# position against a window of 12 padded by 11 on both sides; output o meets tap 11 - o
+OUTER = _conv("8x1x1x4", "12x1x4x8", "8x12x1x8", NHWC, "pad = [[11, 11], [0, 0]]", UNGROUPED)
+# the same as a dot of the input with the kernel reversed along its window
+OUTER_AS_DOT = """
+  func.func @main(%x: tensor<8x1x1x4xf32>, %k: tensor<12x1x4x8xf32>) -> tensor<8x12x1x8xf32> {
+    %r = stablehlo.reverse %k, dims = [0] : tensor<12x1x4x8xf32>
+    %x2 = stablehlo.reshape %x : (tensor<8x1x1x4xf32>) -> tensor<8x4xf32>
+    %k2 = stablehlo.reshape %r : (tensor<12x1x4x8xf32>) -> tensor<12x4x8xf32>
+    %d = stablehlo.dot_general %x2, %k2, contracting_dims = [1] x [1]
+      : (tensor<8x4xf32>, tensor<12x4x8xf32>) -> tensor<8x12x8xf32>
+    %0 = stablehlo.reshape %d : (tensor<8x12x8xf32>) -> tensor<8x12x1x8xf32>
+    return %0 : tensor<8x12x1x8xf32>
+  }"""
+
+
+def test_outer_product_convolution_shrinks_its_window_with_its_output() -> None:
+    impl = _per_device(
+        ["{devices=[2,1,1,1]0,1}", "{replicated}"],
+        "{devices=[2,1,1,1]0,1}",
+        _conv("4x1x1x4", "12x1x4x8", "4x12x1x8", NHWC, "pad = [[11, 11], [0, 0]]", UNGROUPED),
+    )
+    r = tv_ir.check("module {" + OUTER + "\n}", impl)
+    assert r.verdict == "equivalent", r.reason
+    window = _classes(r)["spec argument 1 dim 0"]
+    assert window[2] is None and 2 <= window[1] < 12  # the window shrank (its padding too)
+    shifted = impl.replace("pad = [[11, 11], [0, 0]]", "pad = [[10, 12], [0, 0]]")
+    assert tv_ir.check("module {" + OUTER + "\n}", shifted).verdict == "not_equivalent"
+
+
+def test_outer_product_convolution_reduced_verdicts_are_the_real_ones() -> None:
+    """Against the einsum it stands for (kernel reversed): equal, and without the reversal
+    not, at reduced and at real sizes alike."""
+    # the kernel negated instead of reversed, and the dot negated back: unreversed
+    unreversed = OUTER_AS_DOT.replace("stablehlo.reverse %k, dims = [0]", "stablehlo.negate %k")
+    unreversed = unreversed.replace("%d = ", "%d0 = ").replace(
+        "-> tensor<8x12x8xf32>\n",
+        "-> tensor<8x12x8xf32>\n    %d = stablehlo.negate %d0 : tensor<8x12x8xf32>\n",
+    )
+    for reduce in (True, False):
+        spec = "module {" + OUTER_AS_DOT + "\n}"
+        r = tv_ir.check(spec, "module {" + OUTER + "\n}", reduce_shapes=reduce)
+        assert r.verdict == "equivalent", (reduce, r.reason)
+        r = tv_ir.check(
+            "module {" + unreversed + "\n}", "module {" + OUTER + "\n}", reduce_shapes=reduce
+        )
+        assert r.verdict == "not_equivalent", (reduce, r.reason)

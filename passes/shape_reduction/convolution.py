@@ -21,6 +21,9 @@
     inputs for a valid window, `dilation x kernel + c` for a weight gradient, c a small
     constant): input and output (or kernel) are one class that no factor shrinks, and an
     affine unit may (affine.py: sizes `a U + b`, the constant kept);
+  * one input position against a window padded by its size less one on both sides (an
+    outer product as a convolution: output o meets tap k-1-o only): the window and the
+    output scale together, the padding with them;
   * anything else (lhs dilation, other paddings) keeps the spatial dimensions.
   A sliding window keeps every output whose window reads padding and two interior ones,
   and at least two windows of input (no window reads both edges' padding).
@@ -170,6 +173,13 @@ def _spatial(d: DimClasses, op: Op, dn, kl, kq, kr) -> list[Key]:
             d.keep(kq[w], where)
             d.at_least(kr[o], -(-lo // s) + -(-hi // s) + 2)
             d.at_least(kl[a], 2 * span)
+        elif n == 1 and ld == 1 and s == 1 and rd == 1 and k > 1 and lo == hi == k - 1:
+            # one input position padded by the window on both sides (an outer product
+            # written as a convolution): output o meets tap k-1-o alone (tap o reversed),
+            # so the window and the output are one class, the padding follows the window
+            # (rewrite.py) and the input keeps its one position
+            d.tie(kq[w], kr[o])
+            d.at_least(kq[w], 2)
         else:
             detail = _why_kept(n, k, m, s, lo, hi, ld, rd)
             for key in (kl[a], kq[w], kr[o]):

@@ -169,6 +169,7 @@ class Rewriter:
             attrs["slice_sizes"] = tuple(self.type_of(op.results[0]).shape)
         elif name == "convolution":
             attrs.update(self.group_counts(op))
+            attrs.update(self.outer_padding(op))
         elif name == "gather":  # a dimension taken whole stays whole (rules.rule_gather)
             x = op.operands[0]
             reduced = self.type_of(x).shape
@@ -194,6 +195,23 @@ class Rewriter:
         if op.attrs.get("batch_group_count", 1) > 1:
             out["batch_group_count"] = lhs[dn.input_batch] // r[dn.output_batch]
         return out
+
+    def outer_padding(self, op: Op) -> dict:
+        """A convolution's padding where one input position meets a window padded by its
+        size less one on both sides (`convolution.py`): the reduced window's size less one."""
+        dn, padding = op.attrs.get("dimension_numbers"), op.attrs.get("padding")
+        if dn is None or padding is None:
+            return {}
+        lhs, rhs = op.operands[0].type.shape, op.operands[1].type.shape
+        reduced = self.type_of(op.operands[1]).shape
+        pads = np.asarray(padding).reshape(len(dn.input_spatial), 2).copy()
+        for i, (a, w) in enumerate(zip(dn.input_spatial, dn.kernel_spatial, strict=True)):
+            k = rhs[w]
+            if lhs[a] == 1 and k > 1 and pads[i, 0] == pads[i, 1] == k - 1:
+                pads[i] = reduced[w] - 1
+        if np.array_equal(pads.reshape(np.shape(padding)), np.asarray(padding)):
+            return {}
+        return {"padding": pads.reshape(np.shape(padding)).astype(np.asarray(padding).dtype)}
 
     def rescaled(self, r: Rescale, v: Value, user: Op) -> tuple[list[Op], Value]:
         """Ops computing r's per-device values at the reduced size, in v's reduced type (at
