@@ -31,10 +31,11 @@ INTERRUPT_GRACE_S = 1.0
 # answer does not depend on the machine's load: two runs, or one worker and N workers, give
 # the same verdicts and reports. A second of `--timeout` buys RLIMIT_PER_SECOND units (z3
 # 5.4 on this project's 2-core machines spends 1.1 to 3.4 million units per CPU second on
-# tv's queries). z3 does not check its budget everywhere: a backstop interrupts a query
-# that has used BACKSTOP_SLACK times its budget's seconds of CPU time (CPU, not wall-clock
-# time, so that load does not decide it either).
-RLIMIT_PER_SECOND = 1_500_000
+# some of tv's queries, 4.7 to 7.3 million on others: integer gathers, guarded partial ops;
+# docs/benchmarks.md, "Solver budgets"). z3 does not check its budget everywhere: a
+# backstop interrupts a query that has used BACKSTOP_SLACK times its budget's seconds of
+# CPU time (CPU, not wall-clock time, so that load does not decide it either).
+RLIMIT_PER_SECOND = 3_000_000
 BACKSTOP_SLACK = 10.0
 BACKSTOP_POLL_S = 0.05
 
@@ -325,6 +326,9 @@ def _check_equal(pairs: list[tuple], timeout_s: float) -> SmtResult:
         return SmtResult("unknown", reason=f"not encodable in SMT: {e}")
     try:
         _cap_memory()
+        # the same difference asked once (replicated results repeat it on every device;
+        # z3 shares equal expressions, so their ids are equal)
+        diffs = list({d.get_id(): d for d in diffs}.values())
         return _solve(enc, diffs, timeout_s)
     except z3.Z3Exception as e:  # z3's own failures (out of memory, ...): never a traceback
         return SmtResult("unknown", reason=f"z3 failed: {_z3_message(e)}")
