@@ -364,3 +364,38 @@ def test_a_math_function_of_an_infinity_folds_as_in_ieee() -> None:
     assert T.fn("sin", T.POS_INF) == T.NAN
     assert T.fn("sqrt", T.POS_INF) == T.POS_INF
     assert T.fn("exp", T.NEG_INF) == T.ZERO
+
+
+_QUERY_TEXT = """
+from functools import reduce
+from tv_ir.prover import smt
+from tv_ir.semantics import terms as T
+xs = [T.symbol(T.Key("input", i, name=f"arg{i}"), (i,)) for i in range(8)]
+guard = reduce(T.logical_and, [T.compare("GT", a, b) for a, b in zip(xs, xs[1:])])
+either = reduce(T.logical_or, [T.compare("EQ", a, T.const(k)) for k, a in enumerate(xs)])
+top = T.maximum([T.add(a, T.const(k)) for k, a in enumerate(xs)])
+enc = smt._Encoder()
+print(enc.boolean(guard).sexpr(), enc.boolean(either).sexpr(), enc.poly(top, True).sexpr())
+"""
+
+
+def test_terms_and_queries_are_the_same_in_every_process() -> None:
+    """The items of an `and` or `or` and the operands of a `max` are held in sets ordered
+    by their hashes; Python salts string hashes per process (PYTHONHASHSEED), so terms
+    hashed by their kind's name were met in another order in every run, and z3, given the
+    same query in another order, proved XLA's GatherMerged...PartialGrouping in some runs
+    and ran out of its budget in others. The same terms give the same query text in every
+    process."""
+    import os
+    import subprocess
+    import sys
+
+    texts = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run(
+            [sys.executable, "-c", _QUERY_TEXT], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        texts.add(out.stdout)
+    assert len(texts) == 1

@@ -33,6 +33,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import zlib
 from fractions import Fraction
 
 import numpy as np
@@ -59,11 +60,33 @@ class _Interned:
         return self is other
 
 
+# Python salts the hash of every string per process (PYTHONHASHSEED), so a node hashed
+# with its kind's or a key's name would iterate in another order in every run (the items
+# of an `and`, the operands of a `max`), and z3, given them in that order, may prove a
+# query in one run and run out of its budget in the next. Strings are hashed by their
+# CRC instead: terms, their order and the queries they become are the same in every run.
+_STRING_HASHES: dict[str, int] = {}
+
+
+def stable_hash(x) -> int:
+    """A hash of a term's argument that is the same in every process: strings by their
+    CRC, tuples by their elements' stable hashes, anything else (numbers, terms, keys,
+    frozensets of terms) by its own hash, stable too."""
+    if isinstance(x, str):
+        h = _STRING_HASHES.get(x)
+        if h is None:
+            h = _STRING_HASHES[x] = zlib.crc32(x.encode())
+        return h
+    if type(x) is tuple:
+        return hash(tuple(stable_hash(y) for y in x))
+    return hash(x)
+
+
 def _intern(cls, table: dict, kind: str, args: tuple):
     node = object.__new__(cls)
     node.kind = kind
     node.args = args
-    node._hash = hash((kind, args))
+    node._hash = stable_hash((kind, args))
     node.syms = _syms_of(args)
     table[(kind, args)] = node
     return node
@@ -344,7 +367,7 @@ class Key:
 
     def __init__(self, kind: str, number, dtype: str | None = None, name: str = ""):
         self.kind, self.number, self.dtype, self.name = kind, number, dtype, name
-        self._hash = hash((Key, kind, number, dtype, name))
+        self._hash = stable_hash(("Key", kind, number, dtype, name))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Key) and (
@@ -401,7 +424,7 @@ def symbol_array_ids(name, shape: tuple) -> tuple[np.ndarray, list[tuple[tuple, 
         a = _ATOMS.get(key)
         if a is None:
             a = object.__new__(Atom)
-            a.kind, a.args, a._hash = "sym", key[1], hash(key)
+            a.kind, a.args, a._hash = "sym", key[1], stable_hash(key)
             a.id = next(_atom_ids)
             a.syms = frozenset((a.id,))
             _ATOMS[key] = a
