@@ -78,27 +78,29 @@ def test_backstop_outside_the_solver_wrapper(monkeypatch):
 
 
 def test_a_solver_query_never_outlives_the_time_limit(monkeypatch) -> None:
-    """A query is given at most what is left of the run's time limit (and z3 is interrupted
-    a little after that), not its own per-query timeout: a 600 s query under a 0.5 s limit."""
+    """A query is interrupted at what is left of the run's time limit, not at the end of its
+    own budget: a 600 s query under a 0.5 s limit. z3's own `timeout` is never set (with
+    one, z3 decides some queries another way, and the verdict would depend on whether a
+    time limit was given)."""
     from tv_ir.limits import deadline
     from tv_ir.prover import smt
 
-    timeouts = []
+    params = []
     real_set = z3.Solver.set
 
     def recording_set(self, *args, **kwargs):
-        if args and args[0] == "timeout":
-            timeouts.append(args[1])
-            assert args[1] <= 500, "the query was given its own 600 s"  # fail fast, not in 600 s
+        params.append(args[0] if args else next(iter(kwargs)))
         return real_set(self, *args, **kwargs)
 
     monkeypatch.setattr(z3.Solver, "set", recording_set)
     x, y, z = z3.Ints("x y z")
     cubes = z3.And(x > 0, y > 0, z > 0, x * x * x + y * y * y == z * z * z)  # undecided
+    t0 = time.monotonic()
     with deadline(0.5):
         r = smt._solve(smt._Encoder(), [cubes], 600.0)
     assert r.status == "unknown"
-    assert timeouts and timeouts[0] <= 500
+    assert time.monotonic() - t0 < 60, "the query ran on past the time limit"
+    assert "timeout" not in params and "rlimit" in params
 
 
 def test_a_query_budget_is_solver_work_not_wall_clock(monkeypatch) -> None:

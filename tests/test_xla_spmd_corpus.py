@@ -105,8 +105,10 @@ PROVED = [
     # (tv_ir/semantics/ops/linalg.py)
     "TriangularSolve",
     # a gather of an 8 x 4 integer table by clamped input indices, each device its block
-    # and a masked all-reduce: one solver query, 8 devices' copies of each difference asked
-    # once and a budget of 30 million z3 units (tv_ir/prover/smt.py)
+    # and a masked all-reduce: one solver query of linear integer arithmetic, 8 devices'
+    # copies of each difference asked once, decided by z3's QF_LIA solver (the general one
+    # needed 10 to 50 million units by the order of its variables, and its budget is 30:
+    # proved or not by the process's hash seed; tv_ir/prover/smt.py)
     "GatherMergedTrivialSlicedOperandAndIndexPassthrough_PartialGrouping",
 ]
 # the same verdicts from the StableHLO form (XLA's proto dump) against the plain module
