@@ -150,6 +150,9 @@ class StageProver:
         # spec value id -> its elements, for transposes and reshapes of cut values (`_spec_pass`)
         self.views: dict[int, np.ndarray] = {}
         self.exprs: dict[int, np.ndarray] = {}  # memo of expr()
+        # memo of spec_view() of views: vid -> (how many values were proved then, the view);
+        # a view depends only on which of its values are proved, and `proved` only grows
+        self._views_seen: dict[int, tuple[int, np.ndarray]] = {}
         self.spec_env: dict[int, object] = {}
         self.spec_order: dict[int, int] = {}
         self.input_atoms: dict[int, tuple[int, tuple]] = {}
@@ -435,7 +438,11 @@ class StageProver:
         """What users of spec value `vid` see: its symbols once proved, else its expansion."""
         if vid in self.defs:
             return self.syms[vid] if vid in self.proved else self.expr(vid)
-        return self._expand(self.spec_env[vid], self._unproved_mapping)
+        seen = self._views_seen.get(vid)
+        if seen is None or seen[0] != len(self.proved):
+            seen = (len(self.proved), self._expand(self.spec_env[vid], self._unproved_mapping))
+            self._views_seen[vid] = seen
+        return seen[1]
 
     # -- the proof -----------------------------------------------------------------------
     def _prove(self, spec_tr, impl_tr, sim_inputs) -> Report:
@@ -614,7 +621,21 @@ class StageProver:
         activation than its neighbour). Each replacement is proved for its device; a device
         whose value is no spec tile (an idle stage's work) keeps its value."""
         out = list(per_device)
+        cut: list[tuple[np.ndarray, int]] = []  # the distinct values met, and their device
         for d, a in enumerate(per_device):
+            terms = np.asarray(a)
+            same = None
+            if self.cache is not None:  # proofs reused (Options.reuse_proofs)
+                same = next((e for b, e in cut if _same_terms(terms, b)), None)
+            if same is not None:
+                # the same terms as a device already cut (a value replicated over a tensor
+                # axis): the same obligation, so the same replacement, proved (or not) alike
+                out[d] = out[same]
+                if out[same] is not per_device[same]:
+                    self.stats.stages += 1
+                    self.stats.cache_hits += 1
+                continue
+            cut.append((terms, d))
             if all(not np.any(np.asarray(r)) for r in runs[d]):
                 # all zeros in every run (an idle pipeline stage computing on zeros): zero
                 # tiles of any spec value "match", and expanding one costs without bound
@@ -1163,6 +1184,11 @@ def _work_size(w) -> int:
 
 def _as_pair(w):
     return (w, T.with_dom(T.ZERO, w.dom)) if isinstance(w, T.Poly) else w
+
+
+def _same_terms(a: np.ndarray, b: np.ndarray) -> bool:
+    """Are two devices' values the same terms, element by element?"""
+    return a.shape == b.shape and all(x is y or x == y for x, y in zip(a.flat, b.flat, strict=True))
 
 
 def _syms(e) -> frozenset:
