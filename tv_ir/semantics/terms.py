@@ -63,15 +63,18 @@ class _Interned:
 # Python salts the hash of every string per process (PYTHONHASHSEED), so a node hashed
 # with its kind's or a key's name would iterate in another order in every run (the items
 # of an `and`, the operands of a `max`), and z3, given them in that order, may prove a
-# query in one run and run out of its budget in the next. Strings are hashed by their
-# CRC instead: terms, their order and the queries they become are the same in every run.
+# query in one run and run out of its budget in the next. An interned node's hash is its
+# serial number instead (equal nodes are one object): the order in which a run creates
+# nodes follows the programs and, through these hashes, itself, so terms, their order and
+# the queries they become are the same in every run. A Key is compared by value: its hash
+# is that of its fields, strings by their CRC.
+_node_serials = itertools.count()
 _STRING_HASHES: dict[str, int] = {}
 
 
 def stable_hash(x) -> int:
-    """A hash of a term's argument that is the same in every process: strings by their
-    CRC, tuples by their elements' stable hashes, anything else (numbers, terms, keys,
-    frozensets of terms) by its own hash, stable too."""
+    """A hash that is the same in every process: strings by their CRC, tuples by their
+    elements' stable hashes, anything else by its own hash."""
     if isinstance(x, str):
         h = _STRING_HASHES.get(x)
         if h is None:
@@ -86,7 +89,7 @@ def _intern(cls, table: dict, kind: str, args: tuple):
     node = object.__new__(cls)
     node.kind = kind
     node.args = args
-    node._hash = stable_hash((kind, args))
+    node._hash = next(_node_serials)
     node.syms = _syms_of(args)
     table[(kind, args)] = node
     return node
@@ -424,7 +427,7 @@ def symbol_array_ids(name, shape: tuple) -> tuple[np.ndarray, list[tuple[tuple, 
         a = _ATOMS.get(key)
         if a is None:
             a = object.__new__(Atom)
-            a.kind, a.args, a._hash = "sym", key[1], stable_hash(key)
+            a.kind, a.args, a._hash = "sym", key[1], next(_node_serials)
             a.id = next(_atom_ids)
             a.syms = frozenset((a.id,))
             _ATOMS[key] = a
