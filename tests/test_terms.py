@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -399,3 +400,30 @@ def test_terms_and_queries_are_the_same_in_every_process() -> None:
         assert out.returncode == 0, out.stderr
         texts.add(out.stdout)
     assert len(texts) == 1
+
+
+def test_a_dot_skips_zero_times_a_finite_value_and_keeps_what_may_be_undefined(
+    monkeypatch,
+) -> None:
+    """A convolution's padding makes most of its products 0 * term: they add nothing and
+    are not built (XLA's ConvWithParallelDim... spent half its time lifting those zeros);
+    0 times a term that may be undefined (1/x) or infinite keeps its condition."""
+    undefined = T.inverse(x)  # defined where x != 0
+    cases = [
+        ([0.0, 0, y, np.float32(0)], [x, y, z, T.add(x, y)]),
+        ([0.0, 2.0], [undefined, y]),
+        ([0.0, x], [T.POS_INF, y]),
+        ([np.float64(0.0), 0.0], [np.float64(np.nan), z]),
+    ]
+    for xs, ys in cases:
+        got = T.dot(xs, ys)
+        with monkeypatch.context() as m:
+            m.setattr(T, "_zero_number", lambda v: False)  # every product built
+            assert got == T.dot(xs, ys)
+    assert T.dot([0.0, 2.0], [undefined, y]).dom is undefined.dom
+
+    lifted = []
+    real_lift = T.lift
+    monkeypatch.setattr(T, "lift", lambda v: lifted.append(v) or real_lift(v))
+    assert T.dot([0.0] * 100 + [1.0], [x] * 100 + [y]) == y
+    assert len(lifted) == 2  # the one product that counts

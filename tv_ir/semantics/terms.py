@@ -592,12 +592,33 @@ def sum_of(items) -> Poly:
     return with_dom(Poly({m: _norm(c) for m, c in d.items() if c}), dom, infs)
 
 
+def _zero_number(x) -> bool:
+    """A plain number (not a term) equal to 0."""
+    return isinstance(x, (int, float, Fraction, np.integer, np.floating, np.bool_)) and x == 0
+
+
+def _finite_everywhere(x) -> bool:
+    """A finite number, or a term defined and finite wherever it is evaluated."""
+    if isinstance(x, Poly):
+        return not x.inf and x.dom is TRUE
+    if isinstance(x, (int, Fraction, np.integer, np.bool_)):
+        return True
+    return isinstance(x, (float, np.floating)) and math.isfinite(x)
+
+
 def dot(xs, ys) -> Poly:
     """sum_i xs[i] * ys[i], accumulated in one dictionary."""
     d: dict = {}
     dom = TRUE
     infs = FALSE
     for x, y in zip(xs, ys, strict=True):
+        if (_zero_number(x) and _finite_everywhere(y)) or (
+            _zero_number(y) and _finite_everywhere(x)
+        ):
+            # 0 times a finite value adds nothing and guards nothing (a convolution's
+            # padding: most of its products); 0 times a term that may be undefined or
+            # infinite keeps that term's conditions, below
+            continue
         x, y = lift(x), lift(y)
         if x.inf or y.inf:
             return sum_of(mul(a, b) for a, b in zip(map(lift, xs), map(lift, ys), strict=True))
