@@ -1153,12 +1153,14 @@ def _same(x, y) -> bool:
 
 def _residue(x, y):
     """A numeric pair as one residue x - y (proved when it is 0, where both are defined);
-    booleans, and pairs defined in different places, stay pairs."""
+    booleans, pairs defined in different places, and pairs with an infinite side stay
+    pairs (`-inf - s` is `-inf` whatever `s`: the residue would forget the symbol whose
+    expansion, `-inf - m` for a masked score, makes the two sides equal)."""
     if isinstance(x, T.Bool) or isinstance(y, T.Bool):
         return (x, y)
     try:
         x, y = T.lift(x), T.lift(y)
-        if x.dom is not y.dom:
+        if x.dom is not y.dom or x.inf or y.inf:
             return (x, y)
         d = T.sub(x, y)
     except TvError:
