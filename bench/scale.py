@@ -2,9 +2,10 @@
 configuration (DP x PP x TP), beside XLA's compile time of the same programs.
 
     python bench/scale.py                  # MLP sizes, Llama 3 toy / 2 layers / 32 layers, bugs
+                                           #   (layers as a scan, then as a Python for)
     python bench/scale.py --quick          # toy sizes only
-    python bench/scale.py --sweep          # Llama 3 at hidden 1024..16384, seq 128..8192,
-                                           #   heads 8..128, batch 8..1024
+    python bench/scale.py --sweep          # Llama 3 (32 layers, scanned) at hidden 1024..16384,
+                                           #   seq 128..8192, heads 8..128, batch 8..1024
     python bench/scale.py --only llama --time-limit 300 --memory 6000
     python bench/scale.py --numerics       # the toy Llama steps run on random inputs (no tv)
 
@@ -64,7 +65,7 @@ def rows_for(a) -> list[dict]:
 
     rows: list[dict] = []
     if a.sweep:
-        base = M.with_(M.TRAINVERIFY, layers=a.layers)
+        base = M.with_(M.TRAINVERIFY, layers=a.layers, stack=a.stacks[0])
         groups = [
             ("hidden", [1024, 4096, 16384], {}),
             ("seq", [128, 512, 2048, 8192], {}),
@@ -92,10 +93,11 @@ def rows_for(a) -> list[dict]:
             llama_row(M.with_(toy, tp=1), "micro", a.style),
         ]
         if not a.quick:
-            for layers in (2, 32):
-                cfg = M.with_(M.TRAINVERIFY, layers=layers)
-                rows.append(llama_row(cfg, style=a.style, note="TrainVerify"))
-                rows.append(llama_row(cfg, "psum", a.style, note="TrainVerify"))
+            for stack in a.stacks:
+                for layers in (2, 32):
+                    cfg = M.with_(M.TRAINVERIFY, layers=layers, stack=stack)
+                    rows.append(llama_row(cfg, style=a.style, note="TrainVerify"))
+                    rows.append(llama_row(cfg, "psum", a.style, note="TrainVerify"))
     return rows
 
 
@@ -288,6 +290,13 @@ def main() -> None:
         "(bench/llama3.py STYLES: megatron, vma, shares)",
     )
     ap.add_argument(
+        "--stack",
+        default="scan,for",
+        help="how the TrainVerify rows write their layers (bench/llama3.py STACKS), comma "
+        "separated: scan (jax.lax.scan over the stacked weights, as MaxText does) and for "
+        "(a Python for over w[i], as TrainVerify does); the sweep uses the first",
+    )
+    ap.add_argument(
         "--time-limit", type=float, default=120.0, help="tv's time_limit per row (seconds)"
     )
     ap.add_argument(
@@ -320,6 +329,7 @@ def main() -> None:
     if a.numerics:
         sys.exit(numerics())
 
+    a.stacks = [x for x in a.stack.split(",") if x]
     timeout = a.timeout or a.time_limit + 120
     rows = rows_for(a)
     header = (
