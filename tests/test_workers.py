@@ -17,7 +17,7 @@ from tv_command import tv as run_tv
 import tv_ir
 from tv_ir.errors import BadInput, Unsupported
 from tv_ir.limits import OutOfMemoryBudget, OutOfTime, deadline, memory_budget
-from tv_ir.prover import workers
+from tv_ir.prover import machine_load, workers
 from tv_ir.prover.simulate import run_traced
 
 X = np.ones((4, 8), np.float32)
@@ -304,6 +304,7 @@ def test_pytest_option_sets_the_workers_of_every_check(tmp_path) -> None:
 def test_automatic_pool_uses_idle_cores_after_a_second(monkeypatch) -> None:
     monkeypatch.delenv(workers.WORKERS_ENV, raising=False)
     monkeypatch.setattr(workers, "cores", lambda: 2)
+    monkeypatch.setattr(machine_load, "_window", None)  # no window: the load average
     monkeypatch.setattr(os, "getloadavg", lambda: (6.0, 6.0, 6.0))
     assert workers.idle_cores() == 1  # a busy machine: no pool
     monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))  # this process alone
@@ -319,6 +320,42 @@ def test_automatic_pool_uses_idle_cores_after_a_second(monkeypatch) -> None:
     here = list(workers.decided(job, list(range(5)), timing))
     assert here[:2] == [True, True] and not any(here[2:]) and "pool" in timing
     assert workers.run_jobs(job, [0, 1], 1) == [True, True]  # one worker: no pool
+
+
+def test_a_core_is_free_by_the_load_since_the_check_began(monkeypatch) -> None:
+    # the load average remembers the last minute: a benchmark's previous row (XLA's compile
+    # of the last program, on both cores) kept the checks beside the proof in the process
+    monkeypatch.delenv(workers.WORKERS_ENV, raising=False)
+    monkeypatch.setattr(workers, "cores", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 2.5, 2.5))  # a minute of other work
+    clock = {"wall": 100.0, "own": 10.0, "busy": 1000.0}
+    monkeypatch.setattr(machine_load.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(machine_load.time, "process_time", lambda: clock["own"])
+    monkeypatch.setattr(machine_load, "_cores_busy_s", lambda: clock["busy"])
+    machine_load.start_window()
+    assert machine_load.busy_elsewhere() is None  # too short to tell: the load average
+    assert not workers._core_free()
+    # 2 s on: this process used 2 CPU s, its cores 2.2 s: others kept 0.1 of a core busy
+    clock.update(wall=102.0, own=12.0, busy=1002.2)
+    assert machine_load.busy_elsewhere() == pytest.approx(0.1)
+    assert workers._core_free() and workers.idle_cores() == 2
+    clock.update(wall=104.0, own=14.0, busy=1005.8)
+    assert machine_load.busy_elsewhere() == pytest.approx(0.45)
+    assert workers._core_free()
+    # others kept a whole core busy since the check began: no core for a child
+    clock.update(busy=1008.2)
+    assert machine_load.busy_elsewhere() == pytest.approx(1.05)
+    assert not workers._core_free() and workers.idle_cores() == 1
+
+
+def test_cpu_time_of_this_process_cores_is_read() -> None:
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    before = machine_load._cores_busy_s()
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:
+        pass
+    assert before is not None and machine_load._cores_busy_s() - before >= 0.2
 
 
 def _scan(bug: bool):

@@ -29,6 +29,7 @@ from .limits import (
     time_limit_reason,
     too_deep_reason,
 )
+from .prover import machine_load
 from .prover.engine import Options, StageProver
 from .prover.placement import Placement
 from .prover.smt import SolverError
@@ -167,6 +168,7 @@ def _bounded(run, time_limit, *args) -> Report:
     """`run(*args)` within the time limit; running out of time, memory or stack depth makes
     the verdict unknown (never a crash, never a pass)."""
     t0 = time.perf_counter()
+    machine_load.start_window()  # whether a core is free for a child: measured from here
     with deadline(time_limit):
         try:
             with enforced_limits():

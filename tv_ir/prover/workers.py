@@ -57,6 +57,7 @@ from ..limits import (
     time_limit_reason,
     worker_memory_budget,
 )
+from . import machine_load
 
 WORKERS_ENV = "TV_WORKERS"
 # seconds past the deadline after which the parent stops children that have not stopped
@@ -115,12 +116,12 @@ def cores() -> int:
 
 
 def idle_cores() -> int:
-    """Cores not busy with other work: this process's cores less the 1-minute load average
-    (which counts this process), at least 1. On a machine other jobs keep busy a pool gains
-    no CPU time and only slows every obligation down (docs/benchmarks.md, "Workers")."""
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+    """Cores not busy with other work: this process's cores less the load on them since the
+    check began (`machine_load`, which counts this process), at least 1. On a machine
+    other jobs keep busy a pool gains no CPU time and only slows every obligation down
+    (docs/benchmarks.md, "Workers")."""
+    load = machine_load.load()
+    if load is None:
         return cores()
     return max(1, min(cores(), int(cores() - load + 1.5)))
 
@@ -383,14 +384,14 @@ class ChecksBeside:
 
 def _core_free() -> bool:
     """Whether a child beside this process gets a core of its own: the user's --workers
-    (2 or more), else at least half a core idle by the load average (which counts this
-    process). A child costs a fork, not a pool's start-up, so half a core is enough."""
+    (2 or more), else at least half a core idle since the check began (`machine_load`,
+    which counts this process). A child costs a fork, not a pool's start-up, so half a
+    core is enough."""
     n = requested()
     if n is not None:
         return n >= 2
-    try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
+    load = machine_load.load()
+    if load is None:
         return cores() >= 2
     return cores() >= 2 and load <= cores() - 0.5
 
