@@ -254,3 +254,28 @@ def test_devices_holding_the_same_terms_are_proved_once(monkeypatch):
     assert once.verdict == each.verdict == "equivalent"
     assert once.stats.stages == each.stats.stages
     assert once.stats.cache_hits > each.stats.cache_hits
+
+
+def test_a_device_holding_the_spec_definition_is_cut_without_a_proof_search(monkeypatch):
+    # each stage's `x @ w[s]` and `tanh` are the spec's own one-op definitions at that
+    # stage's tile (the same op on the same cut operands): identical terms, no expansion
+    from tv_ir.prover import engine
+
+    spec_text, impl_text = _stage_per_layer()
+    searched = []
+    original = engine.StageProver._prove_pairs
+
+    def counted(self, pairs, levels, final):
+        if not final:
+            searched.append(len(pairs))
+        return original(self, pairs, levels, final)
+
+    monkeypatch.setattr(engine.StageProver, "_prove_pairs", counted)
+    direct = tv_ir.check(spec_text, impl_text)
+    direct_searches = len(searched)
+    searched.clear()
+    monkeypatch.setattr(engine, "_same_elements", lambda a, b: False)
+    searching = tv_ir.check(spec_text, impl_text)
+    assert direct.verdict == searching.verdict == "equivalent"
+    assert direct.stats.stages == searching.stats.stages
+    assert direct_searches < len(searched), (direct_searches, len(searched))
