@@ -300,7 +300,8 @@ def test_share_that_is_not_only_psummed_keeps_the_dimension_of_its_size() -> Non
 
 
 def scaled_spec(x):
-    return jnp.tanh(x) * 16.0  # 16: the width's size, scaling a value no device sums
+    # 16: the width's size, scaling a value no device sums; the width is summed over too
+    return jnp.tanh(x) * 16.0, jnp.sum(x, axis=-1)
 
 
 def scaled_dp(x):
@@ -312,6 +313,33 @@ def test_constant_of_a_dimension_size_that_is_no_device_share_keeps_it() -> None
     assert "may be its size" in kept(reduced).get("spec argument 0 dim 1", ""), reduced.reduction[
         "summary"
     ]
+
+
+# -- a constant equal to the size of a class nothing sums over: no count of it -----------------
+
+
+def scale_only_spec(x):
+    return jnp.tanh(x) * 16.0  # 16: the width's size; nothing sums over the width
+
+
+def scale_only_dp(x):
+    return smap(scale_only_spec, P(("data", "model")), P(("data", "model")))(x)
+
+
+def scale_only_dp_bug(x):
+    def body(x):
+        return jnp.tanh(x) * 8.0  # BUG: another scale
+
+    return smap(body, P(("data", "model")), P(("data", "model")))(x)
+
+
+def test_a_constant_equal_to_the_size_of_a_class_nothing_sums_over_is_no_count() -> None:
+    # an attention's 1/sqrt(256) beside 16 layers per pipeline stage: the layer stack is read
+    # and written a layer at a time, never summed over, so 1/16 cannot be its count
+    reduced, _ = both(scale_only_dp, f32(SB, SD), spec=scale_only_spec, expect="equivalent")
+    assert "spec argument 0 dim 1" not in kept(reduced), reduced.reduction["summary"]
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+    both(scale_only_dp_bug, f32(SB, SD), spec=scale_only_spec, expect="not_equivalent")
 
 
 # -- a constant equal to the devices times a class that cannot shrink is no share by that -------

@@ -22,6 +22,7 @@ from tv_ir.ir.program import Module, TensorType, elements, walk
 from tv_ir.semantics.ops.shape import TABLE_ATTR
 
 from .affine import choose_affine
+from .aggregation import aggregated
 from .classes import DimClasses
 from .device_shares import device_shares
 from .factors import can_shrink, choose, grown, separating_groups, smallest_prime, witnesses
@@ -394,9 +395,10 @@ def _arity(d: DimClasses) -> None:
 def _normalisers(d: DimClasses, rules) -> list:
     """Float constants that are the count of what they normalise (`sum / N`, `sum * (1/N)`,
     `g / N` spread over N positions), checked against the classes' real sizes: these are
-    read at the reduced count. Any other float constant equal to a class's size or its
-    reciprocal might be a count too: that class keeps its size (an ambiguous constant is
-    never guessed)."""
+    read at the reduced count. Any other float constant equal to the size (or its
+    reciprocal) of a class that some op sums over or spreads along might be a count too:
+    that class keeps its size (an ambiguous constant is never guessed). A class nothing
+    aggregates has no count (aggregation.py)."""
     sizes: dict = {}
     by_size: dict = {}
     fixed = set()  # classes whose factor is 1 whatever is decided below
@@ -443,6 +445,7 @@ def _normalisers(d: DimClasses, rules) -> list:
                 print(f"normaliser conflict: {v}", file=sys.stderr)
     accepted = [a for a in accepted if len(by_operand[(id(a[0].op), a[0].operand)]) == 1]
     explained = {(id(n.op), n.operand) for n, _, _ in accepted}
+    summed_or_spread = aggregated(d, [(r.module, r.pos.floats) for r in rules])
     for r in rules:
         # a device's share of a psum'd sum, 1/(devices x micro-batches): fixed at any size
         shares, seeded = device_shares(r.module, r.pos.float_uses, r.pos.floats)
@@ -466,7 +469,8 @@ def _normalisers(d: DimClasses, rules) -> list:
                     if os.environ.get("TV_REDUCTION_DEBUG") and by_size.get(n):
                         print(f"unexplained {c:g}: {op.name} operand {k} {op}", file=sys.stderr)
                     for root in by_size.get(n, ()):
-                        d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
+                        if root in summed_or_spread:  # else it has no count (aggregation.py)
+                            d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
             folded = _folded_normaliser(c, r, op, k, vid, d, sizes)
             if isinstance(folded, tuple) and vid not in seeded:
                 accepted.append(folded)
