@@ -3,7 +3,7 @@ with Megatron sequence parallelism, as one `jax.shard_map` (issue #10's last don
 
     python bench/llama405b.py [--layers 2] [--toy] [--optimizer sgd] [--batch B] [--bug NAME]
                               [--stack scan] [--bug-layer K] [--time-limit S]
-                              [--memory-limit MB] [--witness-per-class]
+                              [--memory-limit MB] [--witness-per-class] [--mesh D,F,P,T]
 
 The model is bench/llama3.py's decoder (RMSNorm, RoPE, causal softmax attention, SwiGLU, a
 cross-entropy head on one-hot targets) with Llama 3 405B's sizes: hidden 16384, 128 query
@@ -283,7 +283,13 @@ def param_specs(cfg: Config) -> dict:
     return {"layers": layers, "final_norm": P(), "head": P("fsdp", None)}
 
 
-def mesh(cfg: Config) -> Mesh:
+def mesh(cfg: Config):
+    """The devices, or past the host's devices an `AbstractMesh` (JAX lowers a shard_map on
+    it without devices; tv reads the program per device and reduces the mesh)."""
+    if cfg.devices > len(jax.devices()):
+        from jax.sharding import AbstractMesh
+
+        return AbstractMesh((cfg.dp, cfg.fsdp, cfg.pp, cfg.tp), AXES)
     devs = np.array(jax.devices()[: cfg.devices]).reshape(cfg.dp, cfg.fsdp, cfg.pp, cfg.tp)
     return Mesh(devs, AXES)
 
@@ -429,6 +435,11 @@ def main() -> None:
     ap.add_argument("--memory-limit", type=float, default=6000)
     ap.add_argument("--no-reduce", action="store_true")
     ap.add_argument(
+        "--mesh",
+        help="DP,FSDP,PP,TP (default 2,2,2,2); e.g. 64,1,14,8: TrainVerify's 8,192-GPU plan "
+        "(TP 8 x PP 16 x DP 64) with the stages 126 layers divide into",
+    )
+    ap.add_argument(
         "--witness-per-class",
         action="store_true",
         help="one shape witness per shrunk class (before: classes grown together)",
@@ -442,6 +453,12 @@ def main() -> None:
 
     cfg = with_(TOY if a.toy else LLAMA_405B, layers=a.layers, optimizer=a.optimizer, stack=a.stack)
     cfg = with_(cfg, bug_layer=min(a.bug_layer, cfg.layers - 1))
+    if a.mesh:
+        dp, fsdp, pp, tp = (int(x) for x in a.mesh.split(","))
+        cfg = replace(cfg, dp=dp, fsdp=fsdp, pp=pp, tp=tp)
+        if not a.batch:  # the smallest batch every data shard's micro-batches divide
+            cfg = replace(cfg, batch=dp * fsdp * cfg.micro)
+        cfg = cfg.check()
     if a.batch:
         cfg = with_(cfg, batch=a.batch)
     t0 = time.perf_counter()
