@@ -194,3 +194,29 @@ def test_a_tiny_value_finds_its_own_tile_before_earlier_near_zero_ones() -> None
     per_device = [[own[:2]], [own[2:]]]
     found = index.candidates(per_device)
     assert found and found[0].spec_value == 6, [c.spec_value for c in found]
+
+
+def test_an_idle_device_is_looked_up_only_among_the_values_a_busy_one_holds(monkeypatch) -> None:
+    # a pipeline's idle stage holds zeros, a zero tile of every one of 60 zero spec values;
+    # the busy device (looked up first, having the larger values) names the one value both
+    # hold, and the idle one is matched against that value's tiles only
+    from tv_ir.prover import correspond
+
+    rng = np.random.default_rng(0)
+    data = np.zeros((4, 4))
+    data[2:] = rng.standard_normal((2, 4))  # rows 0-1: a zero tile of the value itself
+    spec = {0: data, **{k: np.zeros((4, 4)) for k in range(1, 61)}}
+    order = {k: k for k in spec}
+    index = TileIndex([Trace(values=spec)], {k: v.shape for k, v in spec.items()}, order)
+    boxed = []
+    real_tile_box = correspond.tile_box
+
+    def counted(*args):
+        boxed.append(args)
+        return real_tile_box(*args)
+
+    monkeypatch.setattr(correspond, "tile_box", counted)
+    (c,) = index.candidates([[data[:2]], [data[2:]]], limit=0)
+    assert c.spec_value == 0
+    assert c.boxes == (((0, 2), (0, 4)), ((2, 4), (0, 4)))
+    assert len(boxed) < 10, len(boxed)  # before: a box for every zero tile of all 61 values

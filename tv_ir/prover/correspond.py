@@ -256,20 +256,25 @@ class TileIndex:
         return vid, tile_box(tuple(self.shapes[vid]), tile, row)
 
     def _matches(
-        self, local: tuple, arrays, firsts: bool = False, one: bool = False
+        self,
+        local: tuple,
+        arrays,
+        firsts: bool = False,
+        one: bool = False,
+        only: frozenset[int] | None = None,
     ) -> list[tuple[int, tuple, int]]:
         """The index members (spec value, tile shape, row) of every tile the arrays (one
         device's value in every run) equal, at most ALTERNATIVES equal ones per value and
         tile shape (no caller uses more); `_member` gives their boxes. `firsts`: one member
         per spec value (all that a caller looking for the values needs); `one`: the first
-        member found only (whether there is one)."""
+        member found only (whether there is one); `only`: members of these spec values only."""
         if self._memo is None:
-            return self._matches_uncached(local, arrays, firsts, one)
-        memo_key = (local, tuple(map(id, arrays)), firsts, one)
+            return self._matches_uncached(local, arrays, firsts, one, only)
+        memo_key = (local, tuple(map(id, arrays)), firsts, one, only)
         hit = self._memo.get(memo_key)
         if hit is not None:
             return list(hit)
-        out = self._matches_uncached(local, arrays, firsts, one)
+        out = self._matches_uncached(local, arrays, firsts, one, only)
         self._memo[memo_key] = tuple(out)
         return out
 
@@ -279,7 +284,9 @@ class TileIndex:
         `candidates` and then `tile_matches` look up in turn."""
         self._memo = {}
 
-    def _matches_uncached(self, local: tuple, arrays, firsts: bool, one: bool) -> list:
+    def _matches_uncached(
+        self, local: tuple, arrays, firsts: bool, one: bool, only: frozenset[int] | None = None
+    ) -> list:
         key = self._project(local, arrays)
         if key is None:
             return []
@@ -291,8 +298,8 @@ class TileIndex:
         verdicts: dict[tuple, bool] = {}  # equal tiles of several values: compared once
         for e in range(lo, hi):
             vid = int(idx.vids[e])
-            if firsts and vid in seen:
-                continue  # near-zero tiles of values already found: nothing new
+            if (firsts and vid in seen) or (only is not None and vid not in only):
+                continue  # near-zero tiles of values already found, or not asked for
             check_time()  # near-zero tiles: thousands may share a key
             tile = idx.tiles[int(idx.tile_of[e])]
             rows = idx.members(e)
@@ -437,21 +444,23 @@ class TileIndex:
         """Correspondences for a value given, per device, its arrays in every simulation run
         (`limit` 0: all of them), earliest spec value first."""
         local = tuple(np.shape(per_device[0][0]))
-        found: dict[int, list[tuple[Box, ...]]] | None = None
-        for d, arrays in enumerate(per_device):
+        # the device with the largest values first, then each only among the values every
+        # device so far holds: an idle stage's zeros equal a zero tile of nearly every spec
+        # value, which a device holding data has already ruled out
+        per: dict[int, dict[int, list[Box]]] = {}
+        common: frozenset[int] | None = None
+        for d in largest_first(per_device):
             here: dict[int, list[Box]] = {}
-            for member in self._matches(local, arrays):
+            for member in self._matches(local, per_device[d], only=common):
                 boxes = here.setdefault(member[0], [])
                 if len(boxes) < ALTERNATIVES:  # equal tiles: kept as alternatives
                     boxes.append(self._member(member)[1])
-            if d == 0:
-                found = {vid: [tuple(boxes)] for vid, boxes in here.items()}
-            else:
-                found = {
-                    vid: boxes + [tuple(here[vid])] for vid, boxes in found.items() if vid in here
-                }
-            if not found:
+            common = frozenset(here) if common is None else common & frozenset(here)
+            if not common:
                 return []
+            per[d] = here
+        n = len(per_device)
+        found = {vid: [tuple(per[d][vid]) for d in range(n)] for vid in per[0] if vid in common}
         # values that equal their tiles at their own magnitude first, at those tiles: matching
         # floors the scale at 1, so a value of tiny elements (a gradient behind a saturated
         # softmax) equals every near-zero tile, and earlier spec values would be tried first
