@@ -455,10 +455,9 @@ def main() -> None:
     cfg = with_(cfg, bug_layer=min(a.bug_layer, cfg.layers - 1))
     if a.mesh:
         dp, fsdp, pp, tp = (int(x) for x in a.mesh.split(","))
-        cfg = replace(cfg, dp=dp, fsdp=fsdp, pp=pp, tp=tp)
-        if not a.batch:  # the smallest batch every data shard's micro-batches divide
-            cfg = replace(cfg, batch=dp * fsdp * cfg.micro)
-        cfg = cfg.check()
+        # by default the smallest batch every data shard's micro-batches divide
+        batch = a.batch or dp * fsdp * cfg.micro
+        cfg = replace(cfg, dp=dp, fsdp=fsdp, pp=pp, tp=tp, batch=batch).check()
     if a.batch:
         cfg = with_(cfg, batch=a.batch)
     t0 = time.perf_counter()

@@ -72,13 +72,21 @@ def _aggregating_keys(op: Op, floats: dict[int, float]) -> list[Key]:
             return []
         if not isinstance(x.type, TensorType) or not isinstance(r.type, TensorType):
             return []
-        bd = list(op.attrs["broadcast_dimensions"])
-        return [
-            (r.id, j)
-            for j, n in enumerate(r.type.shape)
-            if n > 1 and (j not in bd or x.type.shape[bd.index(j)] != n)
-        ]
+        return [(r.id, j) for j in spread_dims(op)]
     return []
+
+
+def spread_dims(op: Op) -> list[int]:
+    """The result dimensions a `broadcast_in_dim` spreads its operand along: new ones, or
+    widened ones, of size above 1 (a dimension of size 1 added, keepdims undone, spreads
+    nothing)."""
+    x, r = op.operands[0], op.results[0]
+    bd = list(op.attrs["broadcast_dimensions"])
+    return [
+        j
+        for j, n in enumerate(r.type.shape)
+        if n > 1 and (j not in bd or x.type.shape[bd.index(j)] != n)
+    ]
 
 
 def _all_keys(v: Value) -> list[Key]:

@@ -24,6 +24,7 @@ import numpy as np
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, walk
 
 from ..expand_batch_norm import NORMALISED_LANE
+from .aggregation import spread_dims
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
@@ -523,14 +524,7 @@ class ShapeRules:
             self.pos.numbers.add(r.id)
         if x.id in self.pos.floats:
             self.pos.floats[r.id] = self.pos.floats[x.id]
-        bd = op.attrs["broadcast_dimensions"]
-        # the positions it spreads over: a new dimension or a broadcast one, of size above 1
-        # (a dimension of size 1 added to `g / N`, keepdims undone, spreads nothing)
-        spread = tuple(
-            k
-            for j, k in enumerate(kr)
-            if r.type.shape[j] > 1 and (j not in bd or x.type.shape[bd.index(j)] != r.type.shape[j])
-        )
+        spread = tuple(kr[j] for j in spread_dims(op))  # the positions it spreads over
         if not spread and x.id in self.pos.scaled:  # the same values, unit dimensions added
             self.pos.scaled[r.id] = self.pos.scaled[x.id]
         if spread or x.id in self.pos.summed:

@@ -642,9 +642,7 @@ class StageProver:
                 continue
             for vid, box in index.tile_matches(runs[d])[:2]:
                 self._now_proving(None, vid)
-                if _same_elements(terms, np.asarray(self._definition_of(vid))[box_index(box)]):
-                    # the same terms as the spec value's one-op definition at that tile (the
-                    # same op on the same cut operands): what expanding its symbols shows
+                if self._is_definition(terms, vid, box):
                     self.stats.proved_by_normal_form += 1
                     outcome = _Outcome("proved", "normal_form")
                 else:
@@ -656,6 +654,11 @@ class StageProver:
                     out[d] = np.asarray(self._cut_symbols(vid))[box_index(box)]
                     break
         return out
+
+    def _is_definition(self, terms: np.ndarray, vid: int, box) -> bool:
+        """Are these terms spec value `vid`'s one-op definition at `box` (the same op on the
+        same cut operands)? Then they equal its symbols there: what expanding them shows."""
+        return _same_terms(terms, np.asarray(self._definition_of(vid))[box_index(box)])
 
     def _definition_of(self, vid: int):
         """Spec value `vid` one op deep: its definition when it is a cut-point, its elements
@@ -1195,17 +1198,12 @@ def _as_pair(w):
     return (w, T.with_dom(T.ZERO, w.dom)) if isinstance(w, T.Poly) else w
 
 
-def _same_elements(a: np.ndarray, b: np.ndarray) -> bool:
-    """Are two arrays equal element by element as terms (hash-consed normal forms, with
-    their definedness conditions)?"""
+def _same_terms(a: np.ndarray, b: np.ndarray) -> bool:
+    """Are two arrays the same terms element by element (hash-consed normal forms with
+    their definedness conditions; a number and the constant term of its value alike)?"""
     return a.shape == b.shape and all(
         x is y or _same(x, y) for x, y in zip(a.flat, b.flat, strict=True)
     )
-
-
-def _same_terms(a: np.ndarray, b: np.ndarray) -> bool:
-    """Are two devices' values the same terms, element by element?"""
-    return a.shape == b.shape and all(x is y or x == y for x, y in zip(a.flat, b.flat, strict=True))
 
 
 def _syms(e) -> frozenset:
