@@ -7,7 +7,9 @@ step at real sizes), on JAX programs written as users write them.
   where the same count is also the whole sequence: the candidates differ only by the
   micro-batch, which cannot shrink, so they are one normaliser.
 - The other direction: a count that could normalise either of two dimensions that both
-  shrink is ambiguous, and both keep their sizes.
+  shrink is ambiguous; it stands for any positive number, so the proof holds whichever it
+  counts, and where the pair needs its value the pair is checked again with its classes
+  kept (an attention scale `1/sqrt(head_dim)` equal to a shard's row count, too).
 - The reduced programs never hold more elements than the real ones: a splat is not copied
   where nothing shrank, and a reduction that would grow is said, and checked at real sizes.
 """
@@ -129,7 +131,7 @@ def test_token_mean_whose_count_is_also_the_sequence_is_a_normaliser() -> None:
     assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
 
 
-# -- an ambiguous count keeps its classes ------------------------------------------------------
+# -- an ambiguous count stands for any value ---------------------------------------------------
 
 
 def both_axes_spec(x):
@@ -143,12 +145,13 @@ def both_axes_dp(x):
     return smap(body, P("data"), P(), check_vma=False)(x)
 
 
-def test_count_of_either_of_two_shrinking_dimensions_keeps_both() -> None:
+def test_count_of_either_of_two_shrinking_dimensions_is_proved_for_any_value() -> None:
+    # NT may count the rows or the columns (both shrink): it stands for any positive number,
+    # so the proof holds whichever it counts (before, both classes kept their sizes)
     reduced, _ = both(both_axes_dp, f32(NT, NT, 4), spec=both_axes_spec, expect="equivalent")
-    why = kept(reduced)
-    for name in ("spec argument 0 dim 0", "spec argument 0 dim 1"):
-        assert "may be its size" in why.get(name, ""), reduced.reduction["summary"]
-    assert "spec argument 0 dim 2" in shrunk(reduced), reduced.reduction["summary"]
+    for name in ("spec argument 0 dim 0", "spec argument 0 dim 1", "spec argument 0 dim 2"):
+        assert name in shrunk(reduced), reduced.reduction["summary"]
+    assert "proved for any positive value" in reduced.reduction["summary"]
 
 
 # -- never larger than the real programs -------------------------------------------------------
@@ -459,3 +462,111 @@ def test_hidden_size_written_as_a_number_is_no_normaliser_and_keeps_its_class() 
     assert report.verdict == "equivalent", report
     why = kept(report).get("spec argument 0 dim 2", "")
     assert "may be its size" in why, report.reduction["summary"]
+
+
+# -- a scale that may be a count: proved for any positive value --------------------------------
+#
+# An attention scale `1/sqrt(head_dim)` that equals the size of a class something sums over
+# (16 heads of 256, 16 rows per data shard): its role cannot be read off the programs. It
+# stands for any positive number in the proof, so the proof holds for its own value and for a
+# count's at the reduced size; where the pair needs its value, the pair is checked again with
+# the class kept.
+
+AB, AD = 8, 16  # rows (4 per data shard), width; the scale 1/4 is a shard's row count
+
+
+def attention_loss(x, w):
+    scores = (x @ w) / 4.0  # 4 = sqrt(AD): an attention scale, not the 4 rows of a shard
+    return jnp.sum(jax.nn.softmax(scores, axis=-1) @ w.T)
+
+
+def attention_grad(x, w):
+    return jax.grad(attention_loss, argnums=1)(x, w)
+
+
+def attention_grad_dp(x, w):
+    def body(x, w):
+        return jax.lax.psum(jax.grad(attention_loss, argnums=1)(x, w), "data")
+
+    return smap(body, (P("data"), P()), P(), check_vma=False)(x, w)
+
+
+def attention_loss_reciprocal(x, w):
+    scores = (x @ w) * 0.25  # the same scale as a product: the same real number
+    return jnp.sum(jax.nn.softmax(scores, axis=-1) @ w.T)
+
+
+def attention_grad_dp_reciprocal(x, w):
+    def body(x, w):
+        return jax.lax.psum(jax.grad(attention_loss_reciprocal, argnums=1)(x, w), "data")
+
+    return smap(body, (P("data"), P()), P(), check_vma=False)(x, w)
+
+
+def attention_grad_dp_bug(x, w):
+    def body(x, w):
+        g = jax.grad(attention_loss, argnums=1)(x, w)
+        return jax.lax.psum(g, "data") / 4.0  # BUG: averaged over the 4 rows of a shard
+
+    return smap(body, (P("data"), P()), P(), check_vma=False)(x, w)
+
+
+def test_a_scale_that_may_be_a_count_shrinks_its_class_proved_for_any_value() -> None:
+    # the backward carries the scale linearly into the weight gradient's sum over the rows:
+    # 1/4 may be the count of a shard's rows; before, those rows kept their size
+    reduced, _ = both(
+        attention_grad_dp, f32(AB, AD), f32(AD, AD), spec=attention_grad, expect="equivalent"
+    )
+    summary = reduced.reduction["summary"]
+    assert "spec argument 0 dim 0" in shrunk(reduced), summary
+    assert "proved for any positive value" in summary, summary
+    assert reduced.reduction["scales"], summary
+    assert not any("checked again" in n for n in reduced.notes), reduced.notes
+
+
+def test_a_scale_and_its_reciprocal_written_as_a_product_read_one_symbol() -> None:
+    # `x / 4` in the spec, `x * 0.25` on the devices: `1/s` in both, proved for every s
+    args = (f32(AB, AD), f32(AD, AD))
+    reduced, _ = both(attention_grad_dp_reciprocal, *args, spec=attention_grad, expect="equivalent")
+    assert "spec argument 0 dim 0" in shrunk(reduced), reduced.reduction["summary"]
+    assert not any("checked again" in n for n in reduced.notes), reduced.notes
+
+
+def test_a_scale_standing_for_any_value_still_refutes_a_bug() -> None:
+    reduced, _ = both(
+        attention_grad_dp_bug,
+        f32(AB, AD),
+        f32(AD, AD),
+        spec=attention_grad,
+        expect="not_equivalent",
+    )
+    assert reduced.counterexample is not None
+
+
+def spread_spec(v, w):
+    # the rows of v spread over 4 and summed back, through a matmul, times 1/4: v @ w,
+    # because 1/4 counts the spread rows (at 2 of them, 1/4 would no longer be their count)
+    spread = jnp.sum(jnp.broadcast_to(v, (4, *v.shape)), axis=0)
+    return (spread @ w) * 0.25
+
+
+def spread_identity(v, w):
+    return v @ w
+
+
+def spread_halved(v, w):
+    return (v @ w) * 0.5  # BUG: at 2 spread rows, 2 x 0.25 is 0.5: only the real count tells
+
+
+def test_a_scale_whose_value_the_pair_needs_is_checked_again_with_its_class_kept() -> None:
+    # proved for any value of the scale, 4 s v = v fails: the pair is checked with the
+    # class of 4 kept, where it holds
+    args = (f32(8, 16), f32(16, 16))
+    reduced, _ = both(spread_identity, *args, spec=spread_spec, expect="equivalent")
+    assert any("scales standing for any values" in n for n in reduced.notes), reduced.notes
+
+
+def test_a_scale_read_at_its_own_value_would_prove_a_bug_that_any_value_refutes() -> None:
+    # with 1/4 read as a fixed number and the spread rows at 2, the reduced pair is equal
+    # (2 x 0.25 = 0.5): the symbol's proof fails and the class kept refutes the bug
+    both(spread_halved, f32(8, 16), f32(16, 16), spec=spread_spec, expect="not_equivalent")

@@ -266,10 +266,12 @@ def _check(
         real, reduce_shapes, True, t0, Options(timeout, seed, progress, None), plan, aside=aside
     )
     limited = report.reason.startswith(("time limit of ", "memory limit of "))
-    if reduction is not None and reduction.tables and report.verdict != EQUIVALENT and not limited:
-        # tables stood for any values: a difference may need the table's own values
-        note = "with constant tables standing for any values the verdict was "
-        note += f"{report.verdict}; checked again with the tables kept"
+    generalised = reduction is not None and reduction.generalised and not limited
+    if generalised and report.verdict != EQUIVALENT:
+        # tables or scales stood for any values: a difference may need their own values
+        note = f"with {reduction.standing()} standing for any values the verdict was "
+        again = "the tables" if reduction.standing() == "constant tables" else "them"
+        note += f"{report.verdict}; checked again with {again} kept"
         generalised = (reduction, report)
         walk_below = LOCATE_GROWTH * reduction.reduced_elements if reduction.reduced else None
         reduction, report, _, mesh = _reduce_and_prove(
@@ -667,7 +669,7 @@ def _reduce_and_prove(
     options = dataclasses.replace(options, time_limit=left)
     too_large = walk_below is not None and reduction is not None and reduction.reduced
     too_large = too_large and reduction.reduced_elements >= walk_below
-    if reduction is not None and (reduction.tables or too_large):
+    if reduction is not None and (reduction.generalised or too_large):
         # a verdict other than `equivalent` is checked again with the tables kept (`_check`):
         # a refutation here is replayed, but where it parts ways would be thrown away; or the
         # pair with tables kept is too large to walk (looked for on the other, `_check`)

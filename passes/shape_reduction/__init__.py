@@ -20,6 +20,7 @@ import numpy as np
 
 from tv_ir.ir.program import Module, TensorType, elements, walk
 from tv_ir.semantics.ops.shape import TABLE_ATTR
+from tv_ir.semantics.scale_symbols import SCALE_KEY, scale_key
 
 from .affine import choose_affine
 from .aggregation import aggregated
@@ -70,6 +71,10 @@ class Reduction:
     witnesses: list = field(default_factory=list)
     failed: str | None = None  # why the pair could not be reduced after all
     tables: int = 0  # constant tables that shrank and stand for any values
+    # scales that stand for any positive number instead of keeping the classes whose size
+    # they may be: "the constant 16 at LOC" -> those classes' names
+    scales: dict[str, list[str]] = field(default_factory=dict)
+    symbol_uses: int = 0  # the uses of those scales that read a symbol
     # layer loops (layer_stacks.py): (where, real trip count, reduced trip count)
     layer_loops: list[tuple[str, int, int]] = field(default_factory=list)
     # when a layer loop shrank: the pair at its real sizes with only the layer counts
@@ -85,6 +90,18 @@ class Reduction:
     def reduced(self) -> bool:
         return self.spec is not None
 
+    @property
+    def generalised(self) -> bool:
+        """Constants stand for any values (tables, scales): a verdict other than `equivalent`
+        is checked again without (`reduce_pair(..., tables=False)`)."""
+        return bool(self.tables or self.scales or self.symbol_uses)
+
+    def standing(self) -> str:
+        """What stood for any values: "constant tables", "scales" or both."""
+        scales = bool(self.scales or self.symbol_uses)
+        both = self.tables and scales
+        return "constant tables and scales" if both else "scales" if scales else "constant tables"
+
     def summary(self) -> str:
         shrunk = [c for c in self.classes if c.reduced < c.real]
         kept = [c for c in self.classes if c.kept and c.real > 1]
@@ -97,6 +114,12 @@ class Reduction:
             lines.append(f"  ... {len(shrunk) - 12} more")
         if self.tables:
             lines.append(f"  {self.tables} constant tables shrank: proved for any values they hold")
+        for what, names in list(self.scales.items())[:6]:
+            more = f" and {len(names) - 2} more" if len(names) > 2 else ""
+            lines.append(
+                f"  {what} may be the size of {', '.join(names[:2])}{more}: proved for any "
+                "positive value"
+            )
         lines += ["  " + str(c) for c in kept[:6]]
         if len(kept) > 6:
             lines.append(f"  ... {len(kept) - 6} more kept")
@@ -110,6 +133,7 @@ class Reduction:
             "real_elements": self.real_elements,
             "reduced_elements": self.reduced_elements,
             "tables": self.tables,
+            "scales": self.scales,
             "layer_loops": [{"loop": w, "real": n, "reduced": k} for w, n, k in self.layer_loops],
             "classes": [
                 {"name": c.name, "real": c.real, "reduced": c.reduced, "kept": c.kept}
@@ -147,12 +171,14 @@ class _Builder:
     """The pair rebuilt at given class factors and affine units (normalisers read at the
     counts they give)."""
 
-    def __init__(self, d, spec, impl, placement, spec_rules, impl_rules, accepted, affine):
+    def __init__(self, d, spec, impl, placement, spec_rules, impl_rules, accepted, affine, symbols):
         self.d, self.spec, self.impl, self.placement = d, spec, impl, placement
         self.spec_rules, self.impl_rules, self.accepted = spec_rules, impl_rules, accepted
-        self.affine = affine
+        self.affine, self.symbols = affine, symbols
 
-    def __call__(self, factor: dict, affine: dict | None = None):
+    def __call__(self, factor: dict, affine: dict | None = None, symbols: bool = True):
+        """The pair at `factor` and `affine`; with `symbols`, the ambiguous scales stand for
+        symbols (off: the pair at fewer layers, checked on its own afterwards)."""
         d = self.d
         affine = self.affine if affine is None else affine
         normalised = {}
@@ -166,9 +192,10 @@ class _Builder:
                     value * real / reduced if power < 0 else value * reduced / real
                 )
         sp, ip = self.spec_rules.pos, self.impl_rules.pos
-        spec = Rewriter(d, factor, sp.rescales, 1, normalised, sp.splats, sp.tables, affine).module(
-            self.spec
-        )
+        scales = self.symbols if symbols else {}
+        spec = Rewriter(
+            d, factor, sp.rescales, 1, normalised, sp.splats, sp.tables, affine, scales
+        ).module(self.spec)
         impl = Rewriter(
             d,
             factor,
@@ -178,6 +205,7 @@ class _Builder:
             ip.splats,
             ip.tables,
             affine,
+            scales,
         ).module(self.impl)
         for m in (spec, impl):
             bad = inconsistent(m)
@@ -215,14 +243,17 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     _arity(d)
     _digits(d)
     rules = (spec_rules, impl_rules)
-    accepted = _normalisers(d, rules)
+    accepted, symbols, ambiguous = _normalisers(d, rules, tables)
     factor = choose(d)
     from .layer_stacks import trip_key
 
     trips = {d.find(trip_key(loop)) for r in rules for loop in r.pos.layer_loops}
     by_factor = dict(factor)
     affine = choose_affine(d, factor, trips)
-    build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted, affine)
+    # a scale stands for a symbol only where a class it would have kept shrinks
+    shrunk = {root for root, f in factor.items() if f > 1} | set(affine)
+    symbols = {use: key for use, (key, roots) in symbols.items() if roots & shrunk}
+    build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted, affine, symbols)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
     splats = set(spec_rules.pos.splats) | set(impl_rules.pos.splats)
@@ -277,8 +308,16 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         1
         for m in (red.spec, red.impl)
         for op in walk(m.main.body)
-        if op.name == "stablehlo.constant" and TABLE_ATTR in op.attrs
+        if op.name == "stablehlo.constant"
+        and not str(op.attrs.get(TABLE_ATTR, SCALE_KEY)).startswith(SCALE_KEY)
     )
+    shrunk = {root for root, f in factor.items() if f > 1} | set(affine)
+    red.symbol_uses = len(symbols)
+    red.scales = {
+        what: sorted({d.names.get(root, "?") for root in roots})
+        for what, roots in ambiguous.items()
+        if roots & shrunk
+    }
     return red
 
 
@@ -337,7 +376,7 @@ def _layer_loops(red: Reduction, d: DimClasses, factor: dict, build, rules) -> N
     loops = [(n, k) for _, n, k in red.layer_loops if k < n]
     name = f"the layer count ({len(loops)} loops)"
     only = {root: factor[root] for root in shrunk}
-    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only, {}))
+    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only, {}, False))
     at_real = {**factor, **dict.fromkeys(shrunk, 1)}
     red.layer_witnesses = [Witness(name, loops[0][1], loops[0][0], lambda: build(at_real))]
     larger = {**factor}
@@ -392,13 +431,19 @@ def _arity(d: DimClasses) -> None:
                     d.at_least(k, len(members))
 
 
-def _normalisers(d: DimClasses, rules) -> list:
+def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
     """Float constants that are the count of what they normalise (`sum / N`, `sum * (1/N)`,
     `g / N` spread over N positions), checked against the classes' real sizes: these are
     read at the reduced count. Any other float constant equal to the size (or its
     reciprocal) of a class that some op sums over or spreads along might be a count too:
     that class keeps its size (an ambiguous constant is never guessed). A class nothing
-    aggregates has no count (aggregation.py)."""
+    aggregates has no count (aggregation.py). With `tables`, such a constant that scales a
+    value (`x * c`, `x / c`) stands for any positive number instead (scale_symbols.py) and
+    its classes may shrink. Returns the normalisers accepted, the scales that stand for
+    symbols ((id(op), operand) -> (key, the classes it would have kept)) and those classes
+    by constant (description -> roots)."""
+    symbols: dict = {}
+    ambiguous: dict = {}
     sizes: dict = {}
     by_size: dict = {}
     fixed = set()  # classes whose factor is 1 whatever is decided below
@@ -464,21 +509,47 @@ def _normalisers(d: DimClasses, rules) -> list:
                 continue
             # a share's seed folded into this constant: the rest of it may still be a count
             rest = c / seeded.get(vid, 1.0)
-            for n in {round(abs(rest)), round(1 / abs(rest))}:
-                if n >= 3 and _matches(rest, n):
-                    if os.environ.get("TV_REDUCTION_DEBUG") and by_size.get(n):
-                        print(f"unexplained {c:g}: {op.name} operand {k} {op}", file=sys.stderr)
-                    for root in by_size.get(n, ()):
-                        if root in summed_or_spread:  # else it has no count (aggregation.py)
-                            d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
             folded = _folded_normaliser(c, r, op, k, vid, d, sizes)
+            # classes whose size c may be (a class nothing aggregates has no count:
+            # aggregation.py)
+            maybe = [
+                root
+                for n in {round(abs(rest)), round(1 / abs(rest))}
+                if n >= 3 and _matches(rest, n)
+                for root in by_size.get(n, ())
+                if root in summed_or_spread
+            ]
+            if maybe and os.environ.get("TV_REDUCTION_DEBUG"):
+                print(f"unexplained {c:g}: {op.name} operand {k} {op}", file=sys.stderr)
+            if maybe and tables and folded is None and vid not in seeded and _scales(op, k, r):
+                # a scale: it stands for any positive number, so what is proved holds for
+                # its own value and for a count's at the reduced size alike (a proof that
+                # needs its value fails, and the pair is checked again with `tables` off,
+                # these classes kept)
+                symbols[(id(op), k)] = (scale_key(c), frozenset(maybe))
+                ambiguous.setdefault(f"the constant {c:g} at {op.loc}", set()).update(maybe)
+                maybe = []
+            for root in maybe:
+                d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
             if isinstance(folded, tuple) and vid not in seeded:
                 accepted.append(folded)
             elif isinstance(folded, tuple):  # a share is no count: ambiguous, kept
                 folded = {d.find(key) for key in folded[0].keys}
             for root in folded if isinstance(folded, set) else ():
                 d.keep(root, f"the constant {c:g} at {op.loc} may count its positions")
-    return accepted
+    return accepted, symbols, ambiguous
+
+
+def _scales(op, k: int, rules) -> bool:
+    """Operand k of `op` is a float scale of a value: `x * c`, `c * x` or `x / c`, x no
+    constant."""
+    if op.name not in ("stablehlo.multiply", "stablehlo.divide") or len(op.operands) != 2:
+        return False
+    if op.name == "stablehlo.divide" and k != 1:
+        return False
+    other = op.operands[1 - k]
+    t = op.results[0].type if op.results else None
+    return other.id not in rules.pos.floats and isinstance(t, TensorType) and t.is_float
 
 
 def _folded_normaliser(c: float, rules, op, k: int, vid: int, d: DimClasses, sizes: dict):

@@ -16,6 +16,7 @@ import numpy as np
 from tv_ir.ir.program import Block, Function, Module, Op, Region, TensorType, Value
 from tv_ir.semantics.layout import Layout
 from tv_ir.semantics.ops.shape import TABLE_ATTR
+from tv_ir.semantics.scale_symbols import symbol_value
 
 from .affine import Affine
 from .classes import DimClasses
@@ -44,6 +45,7 @@ class Rewriter:
         splats: dict | None = None,
         tables: dict | None = None,
         affine: dict[tuple[int, int], Affine] | None = None,
+        symbols: dict | None = None,
     ):
         self.d = d
         self.factor = factor
@@ -53,6 +55,9 @@ class Rewriter:
         self.normalised = normalised or {}
         self.splats = splats or {}
         self.tables = tables or {}  # value ids of float tables that become symbols
+        # (id(op), operand) -> the key of the symbol an ambiguous scale stands for (a
+        # positive number, `scale_key`): proved for any value, its own and a count's
+        self.symbols = symbols or {}
         self.num_partitions = num_partitions
         self.vmap: dict[int, Value] = {}
         # splat copies made in the block being rewritten: (value id, type) -> the copy, so
@@ -123,6 +128,13 @@ class Rewriter:
                 operands.append(nv)
             elif value is not None:
                 new_ops, nv = self.splat(np.float64(value), self.operand_type(v, op), op.loc)
+                before += new_ops
+                operands.append(nv)
+            elif (id(op), k) in self.symbols:
+                key = self.symbols[(id(op), k)]
+                t = self.operand_type(v, op)
+                new_ops, nv = self.splat(np.asarray(symbol_value(key)), t, op.loc)
+                new_ops[0].attrs[TABLE_ATTR] = key
                 before += new_ops
                 operands.append(nv)
             elif v.id in self.splats and op.name in ELEMENTWISE and op.results:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import z3
 
 from tv_ir.semantics import terms as T
+from tv_ir.semantics.scale_symbols import SCALE_KIND
 
 SolverError = z3.Z3Exception  # z3's own exceptions, for modules that do not import z3
 
@@ -187,6 +188,8 @@ class _Encoder:
         if r is None:
             self.linear_int = False
             e = z3.Real(name)
+            if isinstance(key, T.Key) and key.kind == SCALE_KIND:  # stands for any s > 0
+                self.side.append(e > 0)
         else:
             v = z3.Int(name)
             self.ints.add(a.id)

@@ -13,6 +13,7 @@ from tv_ir.errors import Unsupported
 from tv_ir.ir.program import TensorType
 from tv_ir.semantics import terms as T
 from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.scale_symbols import SCALE_KEY, SCALE_KIND, parse_scale_key
 
 
 class ComplexTerm:
@@ -227,6 +228,8 @@ class SymbolicAlgebra(NumpyAlgebra):
     def table(self, value: np.ndarray, t: TensorType, key: str) -> np.ndarray:
         """One symbol per element, named by the real table and the element's index: both
         programs read the same symbols, and a proof holds for every value of the table."""
+        if key.startswith(SCALE_KEY):
+            return self._scale(value, key)
         content, _, real = key.partition(":")
         name = T.Key("table", content, t.dtype, f"table.{content[:8]}")
         real_shape = tuple(int(n) for n in real.split("x")) if real else value.shape
@@ -238,6 +241,19 @@ class SymbolicAlgebra(NumpyAlgebra):
             flat = int(np.ravel_multi_index(idx, real_shape)) if real_shape else 0
             arr[idx] = T.symbol(name, (flat,))
             TABLE_VALUES[T.as_atom(arr[idx]).id] = float(value[idx])
+        return arr
+
+    def _scale(self, value: np.ndarray, key: str) -> np.ndarray:
+        """A splat scale standing for any positive number (scale_symbols.py): every element
+        is sign * s**e of one symbol s > 0, the same in both programs."""
+        base, e, sign = parse_scale_key(key)
+        s = T.symbol(T.Key(SCALE_KIND, float(base).hex(), "f64", f"scale.{base:g}"), ())
+        T.note_sign(s, 2)
+        TABLE_VALUES[T.as_atom(s).id] = base
+        term = s if e == 1 else T.inverse(s)
+        term = term if sign > 0 else T.neg(term)
+        arr = np.empty(value.shape, dtype=object)
+        arr.fill(term)
         return arr
 
     def convert(self, x, src: TensorType, dst: TensorType):
