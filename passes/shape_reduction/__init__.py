@@ -20,7 +20,7 @@ import numpy as np
 
 from tv_ir.ir.program import Module, TensorType, elements, walk
 from tv_ir.semantics.ops.shape import TABLE_ATTR
-from tv_ir.semantics.scale_symbols import SCALE_KEY, scale_key
+from tv_ir.semantics.scale_symbols import SCALE_KEY, parse_scale_key, scale_key
 
 from .affine import choose_affine
 from .aggregation import aggregated
@@ -252,7 +252,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     affine = choose_affine(d, factor, trips)
     # a scale stands for a symbol only where a class it would have kept shrinks
     shrunk = {root for root, f in factor.items() if f > 1} | set(affine)
-    symbols = {use: key for use, (key, roots) in symbols.items() if roots & shrunk}
+    symbols = {use: key for use, (key, roots, _) in symbols.items() if roots & shrunk}
     build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted, affine, symbols)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
@@ -526,8 +526,9 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
                 # its own value and for a count's at the reduced size alike (a proof that
                 # needs its value fails, and the pair is checked again with `tables` off,
                 # these classes kept)
-                symbols[(id(op), k)] = (scale_key(c), frozenset(maybe))
-                ambiguous.setdefault(f"the constant {c:g} at {op.loc}", set()).update(maybe)
+                why = f"the constant {c:g} at {op.loc}"
+                symbols[(id(op), k)] = (scale_key(c), frozenset(maybe), f"{why} may be its size")
+                ambiguous.setdefault(why, set()).update(maybe)
                 maybe = []
             for root in maybe:
                 d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
@@ -537,6 +538,21 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
                 folded = {d.find(key) for key in folded[0].keys}
             for root in folded if isinstance(folded, set) else ():
                 d.keep(root, f"the constant {c:g} at {op.loc} may count its positions")
+    # a scale one program alone holds (the implementation's 1/8 of a micro-batch's tokens
+    # where the spec divides by 16) cannot be matched by the other's: its classes are kept
+    holders: dict = {}
+    for r in rules:
+        for op, k, _ in r.pos.float_uses:
+            if (id(op), k) in symbols:
+                base = parse_scale_key(symbols[(id(op), k)][0])[0]
+                holders.setdefault(base, set()).add(r.side)
+    if os.environ.get("TV_REDUCTION_DEBUG"):
+        print(f"scales held by: {holders}", file=sys.stderr)
+    for use, (key, roots, why) in list(symbols.items()):
+        if len(holders[parse_scale_key(key)[0]]) < 2:
+            del symbols[use]
+            for root in roots:
+                d.keep(root, why)
     return accepted, symbols, ambiguous
 
 
