@@ -21,9 +21,11 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from test_shape_reduction import both, f32, kept, shrunk, smap
+from tv_ir.passes import shape_reduction
 
 import tv_ir
 
@@ -145,6 +147,7 @@ def both_axes_dp(x):
     return smap(body, P("data"), P(), check_vma=False)(x)
 
 
+@pytest.mark.usefixtures("scales_at_any_size")
 def test_count_of_either_of_two_shrinking_dimensions_is_proved_for_any_value() -> None:
     # NT may count the rows or the columns (both shrink): it stands for any positive number,
     # so the proof holds whichever it counts (before, both classes kept their sizes)
@@ -475,6 +478,15 @@ def test_hidden_size_written_as_a_number_is_no_normaliser_and_keeps_its_class() 
 AB, AD = 8, 16  # rows (4 per data shard), width; the scale 1/4 is a shard's row count
 
 
+@pytest.fixture
+def scales_at_any_size(monkeypatch):
+    """Scales stand for symbols however little keeping their classes would cost (by default
+    only where keeping them leaves the reduced programs 4x larger and 200,000 elements or
+    more: these programs are small)."""
+    monkeypatch.setattr(shape_reduction, "SCALE_MIN", 0)
+    monkeypatch.setattr(shape_reduction, "SCALE_GAIN", 1)
+
+
 def attention_loss(x, w):
     scores = (x @ w) / 4.0  # 4 = sqrt(AD): an attention scale, not the 4 rows of a shard
     return jnp.sum(jax.nn.softmax(scores, axis=-1) @ w.T)
@@ -511,6 +523,7 @@ def attention_grad_dp_bug(x, w):
     return smap(body, (P("data"), P()), P(), check_vma=False)(x, w)
 
 
+@pytest.mark.usefixtures("scales_at_any_size")
 def test_a_scale_that_may_be_a_count_shrinks_its_class_proved_for_any_value() -> None:
     # the backward carries the scale linearly into the weight gradient's sum over the rows:
     # 1/4 may be the count of a shard's rows; before, those rows kept their size
@@ -524,6 +537,7 @@ def test_a_scale_that_may_be_a_count_shrinks_its_class_proved_for_any_value() ->
     assert not any("checked again" in n for n in reduced.notes), reduced.notes
 
 
+@pytest.mark.usefixtures("scales_at_any_size")
 def test_a_scale_and_its_reciprocal_written_as_a_product_read_one_symbol() -> None:
     # `x / 4` in the spec, `x * 0.25` on the devices: `1/s` in both, proved for every s
     args = (f32(AB, AD), f32(AD, AD))
@@ -532,6 +546,7 @@ def test_a_scale_and_its_reciprocal_written_as_a_product_read_one_symbol() -> No
     assert not any("checked again" in n for n in reduced.notes), reduced.notes
 
 
+@pytest.mark.usefixtures("scales_at_any_size")
 def test_a_scale_standing_for_any_value_still_refutes_a_bug() -> None:
     reduced, _ = both(
         attention_grad_dp_bug,
@@ -558,6 +573,7 @@ def spread_halved(v, w):
     return (v @ w) * 0.5  # BUG: at 2 spread rows, 2 x 0.25 is 0.5: only the real count tells
 
 
+@pytest.mark.usefixtures("scales_at_any_size")
 def test_a_scale_whose_value_the_pair_needs_is_checked_again_with_its_class_kept() -> None:
     # with 1/4 and 4 standing for 1/s and s, the spec is 4 (1/s) v w (2 (1/s) v w at 2
     # spread rows) and the implementation v w: not equal for every s, nor at s = 4 with 2
@@ -568,6 +584,7 @@ def test_a_scale_whose_value_the_pair_needs_is_checked_again_with_its_class_kept
     assert any("scales standing for any values" in n for n in reduced.notes), reduced.notes
 
 
+@pytest.mark.usefixtures("scales_at_any_size")
 def test_a_scale_read_at_its_own_value_would_prove_a_bug_that_any_value_refutes() -> None:
     # with 1/4 read as a fixed number and the spread rows at 2, the reduced pair is equal
     # (2 x 0.25 = 0.5): the symbol's proof fails and the class kept refutes the bug

@@ -245,6 +245,12 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     rules = (spec_rules, impl_rules)
     accepted, symbols, ambiguous = _normalisers(d, rules, tables)
     factor = choose(d)
+    if symbols and not _symbols_pay(d, factor, symbols, (spec, impl)):
+        for _, roots, why in symbols.values():  # the classes kept, as without `tables`
+            for root in roots:
+                d.keep(root, why)
+        symbols, ambiguous = {}, {}
+        factor = choose(d)
     from .layer_stacks import trip_key
 
     trips = {d.find(trip_key(loop)) for r in rules for loop in r.pos.layer_loops}
@@ -554,6 +560,45 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
             for root in roots:
                 d.keep(root, why)
     return accepted, symbols, ambiguous
+
+
+# scales stand for symbols only where keeping their classes would leave the reduced
+# programs at least SCALE_GAIN times larger and SCALE_MIN elements or more: a proof with
+# symbols costs a concrete run first, terms that carry the symbol, and a second check where
+# it fails; where the classes are small, keeping them costs less
+SCALE_GAIN = 4
+SCALE_MIN = 200_000
+
+
+def _symbols_pay(d: DimClasses, factor: dict, symbols: dict, modules) -> bool:
+    """Do the scales standing for symbols save enough (SCALE_GAIN, SCALE_MIN)?"""
+    saved = dict(d.kept)
+    for _, roots, why in symbols.values():
+        for root in roots:
+            d.keep(root, why)
+    try:
+        kept = choose(d)
+    finally:
+        d.kept = saved
+    with_kept = _elements_at(d, kept, modules)
+    return with_kept >= SCALE_MIN and with_kept >= SCALE_GAIN * _elements_at(d, factor, modules)
+
+
+def _elements_at(d: DimClasses, factor: dict, modules) -> int:
+    """The elements of every value of `modules` with each class divided by its factor."""
+    total = 0
+    for m in modules:
+        for fn in m.functions.values():
+            values = list(fn.args) + [r for op in walk(fn.body) for r in op.results]
+            for v in values:
+                if not isinstance(v.type, TensorType):
+                    continue
+                n = 1
+                for a, size in enumerate(v.type.shape):
+                    key = (v.id, a)
+                    n *= size // factor.get(d.find(key), 1) if key in d.parent else size
+                total += n
+    return total
 
 
 def _scales(op, k: int, rules) -> bool:
