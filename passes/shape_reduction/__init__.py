@@ -588,16 +588,15 @@ def _elements_at(d: DimClasses, factor: dict, modules) -> int:
     """The elements of every value of `modules` with each class divided by its factor."""
     total = 0
     for m in modules:
-        for fn in m.functions.values():
-            values = list(fn.args) + [r for op in walk(fn.body) for r in op.results]
-            for v in values:
-                if not isinstance(v.type, TensorType):
-                    continue
-                n = 1
-                for a, size in enumerate(v.type.shape):
-                    key = (v.id, a)
-                    n *= size // factor.get(d.find(key), 1) if key in d.parent else size
-                total += n
+        fn = m.main  # what the rules read (as `elements` counts)
+        for v in list(fn.args) + [r for op in walk(fn.body) for r in op.results]:
+            if not isinstance(v.type, TensorType):
+                continue
+            n = 1
+            for a, size in enumerate(v.type.shape):
+                key = (v.id, a)
+                n *= size // factor.get(d.find(key), 1) if key in d.parent else size
+            total += n
     return total
 
 
