@@ -481,7 +481,7 @@ AB, AD = 8, 16  # rows (4 per data shard), width; the scale 1/4 is a shard's row
 @pytest.fixture
 def scales_at_any_size(monkeypatch):
     """Scales stand for symbols however little keeping their classes would cost (by default
-    only where keeping them leaves the reduced programs 4x larger and 200,000 elements or
+    only where keeping them leaves the reduced programs twice as large and 200,000 elements or
     more: these programs are small)."""
     monkeypatch.setattr(shape_reduction, "SCALE_MIN", 0)
     monkeypatch.setattr(shape_reduction, "SCALE_GAIN", 1)

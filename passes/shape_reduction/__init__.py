@@ -566,7 +566,7 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
 # programs at least SCALE_GAIN times larger and SCALE_MIN elements or more: a proof with
 # symbols costs a concrete run first, terms that carry the symbol, and a second check where
 # it fails; where the classes are small, keeping them costs less
-SCALE_GAIN = 4
+SCALE_GAIN = 2
 SCALE_MIN = 200_000
 
 
