@@ -243,13 +243,13 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     _arity(d)
     _digits(d)
     rules = (spec_rules, impl_rules)
-    accepted, symbols, ambiguous = _normalisers(d, rules, tables)
+    accepted, scales = _normalisers(d, rules, tables)
     factor = choose(d)
-    if symbols and not _symbols_pay(d, factor, symbols, (spec, impl)):
-        for _, roots, why in symbols.values():  # the classes kept, as without `tables`
+    if scales and not _symbols_pay(d, factor, scales, (spec, impl)):
+        for _, roots, why in scales.values():  # the classes kept, as without `tables`
             for root in roots:
-                d.keep(root, why)
-        symbols, ambiguous = {}, {}
+                d.keep(root, f"{why} may be its size")
+        scales = {}
         factor = choose(d)
     from .layer_stacks import trip_key
 
@@ -258,7 +258,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
     affine = choose_affine(d, factor, trips)
     # a scale stands for a symbol only where a class it would have kept shrinks
     shrunk = {root for root, f in factor.items() if f > 1} | set(affine)
-    symbols = {use: key for use, (key, roots, _) in symbols.items() if roots & shrunk}
+    symbols = {use: key for use, (key, roots, _) in scales.items() if roots & shrunk}
     build = _Builder(d, spec, impl, placement, spec_rules, impl_rules, accepted, affine, symbols)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         _debug(d, factor)
@@ -315,15 +315,15 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         for m in (red.spec, red.impl)
         for op in walk(m.main.body)
         if op.name == "stablehlo.constant"
-        and not str(op.attrs.get(TABLE_ATTR, SCALE_KEY)).startswith(SCALE_KEY)
+        and TABLE_ATTR in op.attrs
+        and not op.attrs[TABLE_ATTR].startswith(SCALE_KEY)
     )
     shrunk = {root for root, f in factor.items() if f > 1} | set(affine)
     red.symbol_uses = len(symbols)
-    red.scales = {
-        what: sorted({d.names.get(root, "?") for root in roots})
-        for what, roots in ambiguous.items()
-        if roots & shrunk
-    }
+    for _, roots, why in scales.values():
+        if roots & shrunk:
+            names = {d.names.get(root, "?") for root in roots}
+            red.scales[why] = sorted(names | set(red.scales.get(why, ())))
     return red
 
 
@@ -437,7 +437,7 @@ def _arity(d: DimClasses) -> None:
                     d.at_least(k, len(members))
 
 
-def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
+def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
     """Float constants that are the count of what they normalise (`sum / N`, `sum * (1/N)`,
     `g / N` spread over N positions), checked against the classes' real sizes: these are
     read at the reduced count. Any other float constant equal to the size (or its
@@ -445,11 +445,11 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
     that class keeps its size (an ambiguous constant is never guessed). A class nothing
     aggregates has no count (aggregation.py). With `tables`, such a constant that scales a
     value (`x * c`, `x / c`) stands for any positive number instead (scale_symbols.py) and
-    its classes may shrink. Returns the normalisers accepted, the scales that stand for
-    symbols ((id(op), operand) -> (key, the classes it would have kept)) and those classes
-    by constant (description -> roots)."""
+    its classes may shrink. Returns the normalisers accepted and the scales that stand for
+    symbols ((id(op), operand) -> (key, the classes it would have kept, "the constant c at
+    LOC"))."""
     symbols: dict = {}
-    ambiguous: dict = {}
+    holders: dict = {}  # a scale's symbol -> the programs holding it as such a scale
     sizes: dict = {}
     by_size: dict = {}
     fixed = set()  # classes whose factor is 1 whatever is decided below
@@ -532,9 +532,9 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
                 # its own value and for a count's at the reduced size alike (a proof that
                 # needs its value fails, and the pair is checked again with `tables` off,
                 # these classes kept)
-                why = f"the constant {c:g} at {op.loc}"
-                symbols[(id(op), k)] = (scale_key(c), frozenset(maybe), f"{why} may be its size")
-                ambiguous.setdefault(why, set()).update(maybe)
+                key = scale_key(c)
+                symbols[(id(op), k)] = (key, frozenset(maybe), f"the constant {c:g} at {op.loc}")
+                holders.setdefault(parse_scale_key(key)[0], set()).add(r.side)
                 maybe = []
             for root in maybe:
                 d.keep(root, f"the constant {c:g} at {op.loc} may be its size")
@@ -546,20 +546,14 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict, dict]:
                 d.keep(root, f"the constant {c:g} at {op.loc} may count its positions")
     # a scale one program alone holds (the implementation's 1/8 of a micro-batch's tokens
     # where the spec divides by 16) cannot be matched by the other's: its classes are kept
-    holders: dict = {}
-    for r in rules:
-        for op, k, _ in r.pos.float_uses:
-            if (id(op), k) in symbols:
-                base = parse_scale_key(symbols[(id(op), k)][0])[0]
-                holders.setdefault(base, set()).add(r.side)
     if os.environ.get("TV_REDUCTION_DEBUG"):
         print(f"scales held by: {holders}", file=sys.stderr)
     for use, (key, roots, why) in list(symbols.items()):
         if len(holders[parse_scale_key(key)[0]]) < 2:
             del symbols[use]
             for root in roots:
-                d.keep(root, why)
-    return accepted, symbols, ambiguous
+                d.keep(root, f"{why} may be its size")
+    return accepted, symbols
 
 
 # scales stand for symbols only where keeping their classes would leave the reduced
@@ -575,7 +569,7 @@ def _symbols_pay(d: DimClasses, factor: dict, symbols: dict, modules) -> bool:
     saved = dict(d.kept)
     for _, roots, why in symbols.values():
         for root in roots:
-            d.keep(root, why)
+            d.keep(root, f"{why} may be its size")
     try:
         kept = choose(d)
     finally:
