@@ -50,3 +50,61 @@ func.func @main(%v: tensor<4xf32>) -> tensor<f32> {
 """
     wrong = spec.replace("applies stablehlo.add", "applies stablehlo.maximum")
     assert tv_ir.check(spec, wrong).verdict == "not_equivalent"
+
+
+def test_a_non_commutative_reduction_whose_values_do_not_tie_is_refuted() -> None:
+    # an argmax that returns index + 1: on values without ties every order picks the same
+    # element, so the difference is not one of order (the body is commutative and
+    # associative on the values it combines there)
+    shifted = (
+        ARGMAX.replace(
+            "  %v0 =",
+            "  %one = stablehlo.constant dense<1> : tensor<4xi32>\n"
+            "  %i1 = stablehlo.add %i, %one : tensor<4xi32>\n  %v0 =",
+        )
+        .replace("%V", "%v")
+        .replace("%I", "%i1")
+    )
+    r = tv_ir.check(SPEC, shifted)
+    assert r.verdict == "not_equivalent", str(r)
+    assert any("same in every order" in n for n in r.notes)
+
+
+SCATTER = """
+func.func @main(%x: tensor<6xf32>, %u: tensor<2xf32>) -> tensor<6xf32> {
+  %idx = stablehlo.constant dense<IDX> : tensor<2x1xi32>
+  %r = "stablehlo.scatter"(%x, %idx, %U) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      stablehlo.return %b : tensor<f32>
+  }) {scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0],
+      scatter_dims_to_operand_dims = [0], index_vector_dim = 1>}
+    : (tensor<6xf32>, tensor<2x1xi32>, tensor<2xf32>) -> tensor<6xf32>
+  return %r : tensor<6xf32>
+}
+"""
+
+
+def _scatter(indices: str, updates: str, before: str = "") -> str:
+    text = SCATTER.replace("IDX", indices).replace("%U", updates)
+    return text.replace("  %idx =", before + "  %idx =")
+
+
+def test_an_overwriting_scatter_to_distinct_positions_is_refuted() -> None:
+    # `.at[idx].set(u)` without unique_indices: its body is not commutative, but no position
+    # is written twice, so there is no order to choose
+    spec = _scatter("[[1], [4]]", "%u")
+    doubled = _scatter("[[1], [4]]", "%u2", "  %u2 = stablehlo.add %u, %u : tensor<2xf32>\n")
+    r = tv_ir.check(spec, doubled)
+    assert r.verdict == "not_equivalent", str(r)
+    assert any("same in every order" in n for n in r.notes)
+
+
+def test_an_overwriting_scatter_whose_writes_collide_in_another_order_is_unknown() -> None:
+    # both updates land on position 3: which one is left is the order's, XLA's choice
+    spec = _scatter("[[3], [3]]", "%u")
+    reversed_ = _scatter(
+        "[[3], [3]]", "%ur", "  %ur = stablehlo.reverse %u, dims = [0] : tensor<2xf32>\n"
+    )
+    r = tv_ir.check(spec, reversed_)
+    assert r.verdict == "unknown", str(r)
+    assert "not commutative" in r.reason

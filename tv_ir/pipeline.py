@@ -239,7 +239,7 @@ def _check(
         found = _by_induction(spec_m, impl_m, placement, timeout, seed, progress, reduce_shapes)
         if isinstance(found, Report):
             if found.verdict == NOT_EQUIVALENT:
-                found = _unless_order_dependent(found, spec_m, impl_m)
+                found = _unless_order_dependent(found, spec_m, impl_m, placement)
             found.stats.seconds["total"] = time.perf_counter() - t0
             found.spec_name, found.impl_name = spec_m.source, impl_m.source
             return found
@@ -249,7 +249,7 @@ def _check(
         found = _by_layer_reduction(spec_m, impl_m, placement, options, reduce_mesh)
         if isinstance(found, Report):
             if found.verdict == NOT_EQUIVALENT:
-                found = _unless_order_dependent(found, spec_m, impl_m)
+                found = _unless_order_dependent(found, spec_m, impl_m, placement)
             if induction_note:
                 found.notes.append(f"loops not proved by induction: {induction_note}")
             found.stats.seconds["total"] = time.perf_counter() - t0
@@ -313,7 +313,7 @@ def _check(
             report.reduction = reduction.to_json()
         report.stats.seconds["confirm"] = time.perf_counter() - t1
     if report.verdict == NOT_EQUIVALENT:
-        report = _unless_order_dependent(report, real[0], real[1])
+        report = _unless_order_dependent(report, *real)
     if mesh is not None:
         from .prover.mesh_transfer import confirm_on_real_mesh, name_real_device
 
@@ -771,16 +771,24 @@ def _simulation_what(reduction) -> str:
     return f"simulating the programs with {kept[0]} and {len(kept) - 1} more kept at real size"
 
 
-def _unless_order_dependent(report: Report, spec: Module, impl: Module) -> Report:
+def _unless_order_dependent(report: Report, spec: Module, impl: Module, placement) -> Report:
     """A refutation where a reduction's body is not commutative or associative may be a
     difference of order, which XLA is free to choose: unknown
-    (`tv_ir.semantics.reduction_order`)."""
+    (`tv_ir.semantics.reduction_order`), unless on the counterexample every such reduction
+    gives one result whatever the order (then the difference is not one of order)."""
     from tv_ir.semantics.reduction_order import order_dependent_reductions
 
-    found = order_dependent_reductions(spec) + order_dependent_reductions(impl)
-    if not found:
+    if not (order_dependent_reductions(spec) or order_dependent_reductions(impl)):
         return report
     c = report.counterexample
+    found = _order_dependent_at(spec, impl, placement, c)
+    if not found:
+        report.notes.append(
+            "a reduction here has a body that is not commutative or associative, but on the "
+            "counterexample each of its results is the same in every order: the difference "
+            "is not one of order"
+        )
+        return report
     out = Report(
         UNKNOWN,
         reason=f"the programs differ, but {found[0]}: the order XLA combines elements in is "
@@ -793,6 +801,33 @@ def _unless_order_dependent(report: Report, spec: Module, impl: Module) -> Repor
             f"(spec {c.expected}, impl {c.actual}); the order of reduction may explain it"
         )
     return out
+
+
+def _order_dependent_at(spec: Module, impl: Module, placement, c) -> list[str]:
+    """The order-dependent reductions of the pair that the counterexample `c` does not show
+    order-free (all of them when it cannot be run: no counterexample, or not of these
+    programs)."""
+    from tv_ir.semantics.reduction_order import order_dependent_reductions
+
+    if c is None:
+        return order_dependent_reductions(spec) + order_dependent_reductions(impl)
+    from tv_ir.prover.simulate import run_traced, run_traced_devices
+
+    inputs = list(c.inputs.values())
+
+    def seen():
+        spec_run = run_traced(spec, inputs)
+        impl_run = run_traced_devices(
+            impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
+        )
+        return order_dependent_reductions(
+            spec, lambda v: [spec_run.values[v.id]] if v.id in spec_run.values else None
+        ) + order_dependent_reductions(impl, lambda v: impl_run.values.get(v.id))
+
+    try:
+        return seen()
+    except Exception:  # noqa: BLE001 - out of time or memory, inputs not of these programs
+        return order_dependent_reductions(spec) + order_dependent_reductions(impl)
 
 
 def _boundary_placement(spec: Module, impl: Module, layouts) -> Placement:

@@ -156,13 +156,26 @@ def scatter(ctx, *operands):
     dn = ctx.attr("scatter_dimension_numbers")
     symbolic = any(x.dtype == object for x in inputs + updates)
     results = [x.astype(object) if symbolic else x.copy() for x in inputs]
-    starts = _start_vectors(indices, dn.index_vector_dim)
     shape = inputs[0].shape
-    scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
     rule = _update_rule(ctx, n)
     if not symbolic and rule is not None and _windows_last(dn, updates[0].ndim):
+        starts = _start_vectors(indices, dn.index_vector_dim)
+        _, window_dims, extent = _scatter_geometry(dn, shape, updates[0].shape)
         return _scatter_windows(dn, results, starts, updates, rule, window_dims, extent)
-    for update_index in np.ndindex(*updates[0].shape):
+    for update_index, ri in scatter_targets(dn, indices, shape, updates[0].shape):
+        olds = [np.asarray(r[ri]) for r in results]
+        for r, v in zip(results, _combined(ctx, rule, olds, updates, update_index), strict=True):
+            r[ri] = np.asarray(v)[()]
+    return results
+
+
+def scatter_targets(dn, indices: np.ndarray, shape: tuple, upd_shape: tuple):
+    """(update index, operand position) of each update element that lands in the operand, in
+    the order tv applies them (row-major over the updates); a window whose start does not fit
+    it inside the operand is skipped whole (XLA's rule)."""
+    starts = _start_vectors(indices, dn.index_vector_dim)
+    scatter_dims, window_dims, extent = _scatter_geometry(dn, shape, upd_shape)
+    for update_index in np.ndindex(*upd_shape):
         scatter_index = tuple(update_index[d] for d in scatter_dims)
         start = _window_start(dn, starts, scatter_index, shape, extent)
         if start is None:
@@ -170,11 +183,7 @@ def scatter(ctx, *operands):
         ri = list(start)
         for d, u in zip(window_dims, dn.update_window_dims, strict=True):
             ri[d] += update_index[u]
-        ri = tuple(ri)
-        olds = [np.asarray(r[ri]) for r in results]
-        for r, v in zip(results, _combined(ctx, rule, olds, updates, update_index), strict=True):
-            r[ri] = np.asarray(v)[()]
-    return results
+        yield update_index, tuple(ri)
 
 
 def _windows_last(dn, update_rank: int) -> bool:
