@@ -615,23 +615,36 @@ def test_symbolic_run_instantiates_to_the_concrete_run(which: str) -> None:
             np.testing.assert_allclose(T.instantiate(y, env), x, rtol=1e-9, atol=1e-12)
 
 
-def test_diverging_control_flow_is_unsupported() -> None:
-    body = f"""
+DIVERGING_IF = """
     %pid = stablehlo.partition_id : tensor<ui32>
     %four = stablehlo.constant dense<4> : tensor<ui32>
     %lt = stablehlo.compare LT, %pid, %four : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
-    %r = "stablehlo.if"(%lt) ({{
-      %s = "stablehlo.all_reduce"(%a0) {region("add")}{{replica_groups = dense<[[0,
+    %r = "stablehlo.if"(%lt) ({
+      TAKEN
+    }, {
+      stablehlo.return %a0 : tensor<2xf32>
+    }) : (tensor<i1>) -> tensor<2xf32>
+    return %r : tensor<2xf32>"""
+
+
+def test_diverging_control_flow_with_a_collective_is_unsupported() -> None:
+    taken = f"""%s = "stablehlo.all_reduce"(%a0) {region("add")}{{replica_groups = dense<[[0,
           1]]> : tensor<1x2xi64>, {CHANNEL}, {GLOBAL_IDS}}}
           : (tensor<2xf32>) -> tensor<2xf32>
-      stablehlo.return %s : tensor<2xf32>
-    }}, {{
-      stablehlo.return %a0 : tensor<2xf32>
-    }}) : (tensor<i1>) -> tensor<2xf32>
-    return %r : tensor<2xf32>"""
+      stablehlo.return %s : tensor<2xf32>"""
+    body = DIVERGING_IF.replace("TAKEN", taken)
     text = program(body, ["tensor<2xf32>"], ["tensor<2xf32>"], TABLES)
-    with pytest.raises(Unsupported, match="diverges across devices"):
+    with pytest.raises(Unsupported, match="differs across devices and a branch holds"):
         run_spmd(text, inputs(0, [(2,)]), 1, N)
+
+
+def test_diverging_control_flow_without_collectives_runs_each_device_branch() -> None:
+    # devices 0-3 negate, 4-7 pass their value on: each device its own branch, as on XLA
+    taken = """%s = stablehlo.negate %a0 : tensor<2xf32>
+      stablehlo.return %s : tensor<2xf32>"""
+    body = DIVERGING_IF.replace("TAKEN", taken)
+    text = program(body, ["tensor<2xf32>"], ["tensor<2xf32>"], TABLES)
+    check(text, inputs(0, [(2,)]), TABLES)
 
 
 def test_hook_sees_per_device_results() -> None:

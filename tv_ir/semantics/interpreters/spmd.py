@@ -253,8 +253,8 @@ class SpmdInterpreter:
     def _case(self, op: Op, operands: PerDevice) -> PerDevice:
         n = len(op.regions)
         known = [self.alg.known_index(o[0]) for o in operands]
-        if all(i is not None for i in known):
-            i = self._agreed(op, "the branch index", known)
+        if all(i is not None and i == known[0] for i in known):
+            i = known[0]
             return self._region(op, i if 0 <= i < n else n - 1, [[] for _ in self.procs])
         self._every_branch_may_run(op, operands, "the branch index")
         results = [self._region(op, k, [[] for _ in self.procs]) for k in range(n)]
@@ -264,9 +264,8 @@ class SpmdInterpreter:
 
     def _if(self, op: Op, operands: PerDevice) -> PerDevice:
         known = [known_truth(self.alg, o[0]) for o in operands]
-        if all(p is not None for p in known):
-            pred = self._agreed(op, "the predicate", known)
-            return self._region(op, 0 if pred else 1, [[] for _ in self.procs])
+        if all(p is not None and p == known[0] for p in known):
+            return self._region(op, 0 if known[0] else 1, [[] for _ in self.procs])
         self._every_branch_may_run(op, operands, "the predicate")
         on_true = self._region(op, 0, [[] for _ in self.procs])
         on_false = self._region(op, 1, [[] for _ in self.procs])
@@ -275,13 +274,16 @@ class SpmdInterpreter:
         ]
 
     def _every_branch_may_run(self, op: Op, operands: PerDevice, what: str) -> None:
-        """A decision that depends on the inputs runs every branch in lockstep and each
-        device picks its results: the same as running the chosen branch when every device
-        decides on the same term, or when no branch talks to other devices."""
+        """A decision that depends on the inputs, or that devices take differently, runs
+        every branch in lockstep and each device picks its results: the same as running the
+        chosen branch when every device decides on the same term, or when no branch talks
+        to other devices (each device then runs its own branch, as XLA does)."""
         first = np.asarray(operands[0][0]).reshape(())
         if all(np.asarray(o[0]).reshape(()).item() == first.item() for o in operands):
             return
-        refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc)
+        concrete = all(np.asarray(o[0]).dtype != object for o in operands)
+        why = "differs across devices" if concrete else "depends on the inputs"
+        refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc, why)
 
     def _call(self, op: Op, operands: PerDevice) -> PerDevice:
         """func.call (callee) and composite (its decomposition) run the function in lockstep."""

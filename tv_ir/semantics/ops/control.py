@@ -259,13 +259,13 @@ def collective_in(regions) -> str | None:
     return None
 
 
-def refuse_collective_branches(regions, what: str, loc=None) -> None:
+def refuse_collective_branches(
+    regions, what: str, loc=None, why: str = "depends on the inputs"
+) -> None:
     """Every branch may run only if none talks to other devices."""
     name = collective_in(regions)
     if name is not None:
-        raise Unsupported(
-            f"{what} depends on the inputs and a branch holds {name}", op=name, loc=loc
-        )
+        raise Unsupported(f"{what} {why} and a branch holds {name}", op=name, loc=loc)
 
 
 @op("func.call")
