@@ -130,3 +130,21 @@ def test_a_packed_wider_value_decodes_its_pieces() -> None:
     got = _numbers(terms)
     assert got[0] == 1.0 and np.isnan(got[1])
     assert "bitcast_i32_f64" in UNARY
+
+
+@pytest.mark.parametrize(
+    "src, dst, shape",
+    [(((), "f32"), ((), "i32"), (3, 4)), (((), "f64"), ((2,), "i32"), (5,))],
+)
+def test_a_cast_in_a_region_run_on_arrays_casts_each_element(src, dst, shape) -> None:
+    # a sort's comparator runs on whole lanes (tv_ir/semantics/ops/reduction.py): a scalar
+    # cast there sees an array of scalars, and casts each (it failed, and the comparator ran
+    # once per comparison: minutes for a TopK's 200,000 keys)
+    from tv_ir.semantics.algebra import NumpyAlgebra
+
+    x = np.random.default_rng(0).standard_normal(shape)
+    s, d = TensorType(src[0], src[1]), TensorType(dst[0], dst[1])
+    got = NumpyAlgebra().bitcast(x, s, d)
+    assert got.shape == shape + tuple(d.shape)
+    one = [NumpyAlgebra().bitcast(v, s, d) for v in x.reshape(-1)]
+    assert np.array_equal(got.reshape(-1, *d.shape), np.stack(one))

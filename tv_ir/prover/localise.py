@@ -99,7 +99,7 @@ def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool
         expected=_scalar(a[local]),
         actual=_scalar(b[local]),
         device=_holder_device(impl, placement, differing, idx, copy_device),
-        max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0,
+        max_abs_diff=_largest(diff),
     )
     if ce.device is not None:
         ce.mesh_coords = mesh_coords(impl, ce.device, placement.num_partitions)
@@ -248,6 +248,15 @@ def _distinct(sites: list[OpSite], own: OpSite | None) -> list[OpSite]:
             seen.add((s.file, s.line))
             out.append(s)
     return out
+
+
+def _largest(diff: np.ndarray) -> float:
+    """The largest of the differences that are numbers (NaN when none is: NaN against a
+    number everywhere)."""
+    numbers = diff[~np.isnan(diff)]
+    if numbers.size:
+        return float(numbers.max())
+    return float("nan") if diff.size else 0.0
 
 
 def _run_impl(impl: Module, placement, inputs: list):

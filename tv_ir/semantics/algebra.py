@@ -77,9 +77,16 @@ class NumpyAlgebra:
     def bitcast(self, x, src: TensorType, dst: TensorType):
         """bitcast_convert of concrete values: floats are first rounded to their own width
         (exact for values of that type), the bits reinterpreted little-endian (XLA:CPU);
-        a narrower result gets a trailing dimension, a wider one consumes it."""
-        bits = np.ascontiguousarray(np.asarray(x).astype(storage_dtype(src)))
-        out = bits.view(storage_dtype(dst)).reshape(dst.shape)
+        a narrower result gets a trailing dimension, a wider one consumes it. Leading
+        dimensions beyond `src`'s (a region run on arrays: a sort's comparator on whole
+        lanes) are kept, element by element."""
+        x = np.asarray(x)
+        lead = x.shape[: x.ndim - len(src.shape)]
+        with np.errstate(over="ignore", invalid="ignore"):  # past the type's range: inf
+            bits = np.ascontiguousarray(x.astype(storage_dtype(src)))
+        if lead and not src.shape and storage_dtype(src).itemsize != storage_dtype(dst).itemsize:
+            bits = bits[..., None]  # a scalar's bits widened or split along a dimension of its own
+        out = bits.view(storage_dtype(dst)).reshape(lead + tuple(dst.shape))
         return out.astype(np.float64) if dst.is_float else out
 
     def is_symbolic(self, x) -> bool:
