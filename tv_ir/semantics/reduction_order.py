@@ -39,6 +39,7 @@ REDUCING_OPS = (
 TRIALS = 64
 CLOSURE_LIMIT = 64  # values one instance's closure may reach before the check gives up
 UPDATES_LIMIT = 10  # updates one scatter position may take (its 2^k partial states are walked)
+INSTANCES_LIMIT = 4096  # instances of one op checked (output elements, positions written twice)
 
 ValueOf = Callable[[Value], "list | None"]
 
@@ -90,6 +91,8 @@ def _reduce_order_free(body: _Body, op: Op, operands: list) -> bool:
     rest = [d for d in range(operands[0].ndim) if d not in axes]
     lanes = [np.transpose(x, rest + list(axes)).reshape(-1, _size(x, axes)) for x in operands[:k]]
     inits = [np.asarray(i).reshape(1) for i in operands[k:]]
+    if lanes[0].shape[0] > INSTANCES_LIMIT:
+        return False
     for lane in range(lanes[0].shape[0]):
         values = [np.concatenate([i, x[lane]]) for i, x in zip(inits, lanes, strict=True)]
         if not _commutative_semigroup(body, values):
@@ -108,6 +111,8 @@ def _scatter_order_free(body: _Body, op: Op, operands: list) -> bool:
     landing: dict[tuple, list[tuple]] = {}
     for update_index, at in scatter_targets(dn, indices, inputs[0].shape, updates[0].shape):
         landing.setdefault(at, []).append(update_index)
+    if sum(len(which) > 1 for which in landing.values()) > INSTANCES_LIMIT:
+        return False
     for at, which in landing.items():
         if len(which) < 2:
             continue  # one update: no order to choose
