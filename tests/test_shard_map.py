@@ -196,3 +196,24 @@ def test_calls_inside_shard_map_bodies_are_inlined(mesh):
     manual = next(op for op in module.main.body.ops if op.name == "sdy.manual_computation")
     names = [op.name for op in manual.regions[0].block.ops]
     assert "func.call" not in names and "stablehlo.exponential" in names
+
+
+@pytest.mark.parametrize(
+    ("reduce", "verdict"),
+    [(lambda y: jax.lax.psum(y, "model"), "equivalent"), (no_psum, "not_equivalent")],
+)
+def test_a_shard_map_on_an_abstract_mesh_runs_on_the_mesh_devices(reduce, verdict):
+    # a plan checked before its machines exist: JAX lowers a shard_map on an AbstractMesh
+    # (16 devices here, past the host's 8) with mhlo.num_partitions = 1; the program is the
+    # mesh's (tv refused it: "mesh has 16 devices, program has 1")
+    from jax.sharding import AbstractMesh
+    from tv_ir.frontends.jax import verify
+
+    mesh = AbstractMesh((4, 4), ("data", "model"))
+    args = [jax.ShapeDtypeStruct(s, np.float32) for s in SHAPES]
+    text = lower(megatron(mesh, reduce, check_vma=False), *args)
+    assert "mhlo.num_partitions = 1 " in text
+    r = verify(megatron(mesh, reduce, check_vma=False), *args, spec=plain_mlp)
+    assert r.verdict == verdict, str(r)
+    if verdict == "not_equivalent":
+        assert any("of the real 16" in n for n in r.notes), r.notes

@@ -27,6 +27,7 @@ from tv_ir.ir.program import (
     TokenType,
     TupleType,
     Value,
+    walk,
 )
 from tv_ir.ir.quantized_types import DEQUANTIZE_TARGET, QUANTIZE_TARGET, lower_quantized_types
 from tv_ir.ir.sources import pick_frame
@@ -291,7 +292,30 @@ def load(source: str | bytes | os.PathLike | Any) -> Module:
     if not module.functions:
         raise BadInput(f"{name}: module has no functions")
     verify_spec_constraints(module, name)
+    _partitions_of_abstract_mesh(module)
     return module
+
+
+def _partitions_of_abstract_mesh(module: Module) -> None:
+    """JAX lowers a shard_map on an `AbstractMesh` (a mesh without devices: past the host's,
+    or to check a plan before having its machines) with `mhlo.num_partitions = 1`; its
+    manual computations name the mesh, and a program of one partition cannot run them (XLA
+    refuses it), so the program's device count is the mesh's."""
+    if int(module.attrs.get("mhlo.num_partitions", 0) or 0) != 1:
+        return
+    if int(module.attrs.get("mhlo.num_replicas", 1) or 1) != 1:
+        return
+    meshes = module.attrs.get("sdy.meshes") or {}
+    sizes = [int(np.prod([s for _, s in m.axes])) for m in meshes.values()]
+    if max(sizes, default=1) <= 1:
+        return
+    manual = any(
+        op.name == "sdy.manual_computation"
+        for fn in module.functions.values()
+        for op in walk(fn.body)
+    )
+    if manual:
+        module.attrs["mhlo.num_partitions"] = max(sizes)
 
 
 def _compare_types(dtype: str) -> tuple[str, ...]:
