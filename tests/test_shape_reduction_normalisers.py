@@ -274,6 +274,50 @@ def test_loss_share_of_one_device_only_is_refuted() -> None:
     assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
 
 
+LB, LD, LH = 12, 4, 6  # rows (3 per micro-batch of a data shard), width, hidden
+
+
+def last_stage_grad_dp(x, w, shares=MICRO * 2):
+    """A pipeline's loss: each data shard's rows on every "model" device (a stage), but only
+    the last stage's loss counts, `where(stage == 3, mean / shares, 0)` with shares =
+    micro-batches x data shards = 4 (the width's size too), psum'd over all 8 devices: the
+    2 devices of the last stage contribute, 2 x 2 micro-batches."""
+
+    def local(x, w):
+        micro = x.reshape(MICRO, -1, LD)
+        last = jax.lax.axis_index("model") == 3
+        loss = 0.0
+        for m in range(MICRO):
+            loss = loss + jnp.where(last, share_loss(micro[m], w) / shares, 0.0)
+        return loss
+
+    def body(x, w):
+        loss, g = jax.value_and_grad(local, argnums=1)(x, w)
+        return jax.lax.psum(loss, ("data", "model")), jax.lax.psum(g, ("data", "model"))
+
+    return smap(body, (P("data"), P()), (P(), P()), check_vma=False)(x, w)
+
+
+def test_loss_share_of_the_devices_a_select_keeps_does_not_keep_a_dimension_of_its_size():
+    # 4 = 2 contributing devices (of the psum's 8: `stage == 3` holds on 2) x 2 micro-batches;
+    # before, only a share of all 8 devices was read as one, and the width of 4 was kept
+    reduced, _ = both(
+        last_stage_grad_dp, f32(LB, LD), f32(LD, LH), spec=share_grad, expect="equivalent"
+    )
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+
+
+def test_loss_share_of_the_devices_a_select_keeps_written_wrong_is_refuted():
+    reduced, _ = both(
+        functools.partial(last_stage_grad_dp, shares=MICRO * 8),  # BUG: all 8 devices' share
+        f32(LB, LD),
+        f32(LD, LH),
+        spec=share_grad,
+        expect="not_equivalent",
+    )
+    assert reduced.counterexample is not None
+
+
 def share_grad_dp_unsummed(x, w):
     """The same shares, each device's also returned as it is (not only psum'd): 1/16 may
     then be the width's count, and the width keeps its size as before."""

@@ -499,7 +499,7 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
     summed_or_spread = aggregated(d, [(r.module, r.pos.floats) for r in rules])
     for r in rules:
         # a device's share of a psum'd sum, 1/(devices x micro-batches): fixed at any size
-        shares, seeded = device_shares(r.module, r.pos.float_uses, r.pos.floats)
+        shares, seeded = device_shares(r.module, r.pos.float_uses, r.pos.floats, r.pos.known)
         for n, loc in r.pos.counts:  # a count computed from the size normalises anything
             for root in by_size.get(n, ()):
                 d.keep(root, f"the count {n} computed at {loc} may be its size")

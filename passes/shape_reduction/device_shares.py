@@ -37,18 +37,22 @@ _CARRY = {
 }
 
 
-def device_shares(module: Module, float_uses: list, floats: dict) -> tuple[set, dict[int, float]]:
+def device_shares(
+    module: Module, float_uses: list, floats: dict, known: dict | None = None
+) -> tuple[set, dict[int, float]]:
     """The uses `(id(op), operand)` among `float_uses` (`(op, operand, value id)`) whose
     constant is a device share of a psum'd sum (see the module docstring), and the constants
     that a share's backward folded in (value id -> the share's factor in them: `1/16 / 2`,
     the seed's share divided by a mean's count, is 1/32 of which 1/16 is the share).
-    `floats`: value id -> its float constant."""
+    `floats`: value id -> its float constant; `known`: value id -> its value on each device
+    (`per_device.PerDevice`), where shape reduction folded it from the device's id."""
     ops = list(walk(module.main.body))
     uses: dict[int, list[tuple[Op, int]]] = {}
     for op in ops:
         for k, v in enumerate(op.operands):
             uses.setdefault(v.id, []).append((op, k))
-    # candidates: (op, operand, value id, constant, the all_reduce ops reached, their size)
+    # candidates: (op, operand, value id, constant, the all_reduce ops reached, the devices
+    # of a group that contribute)
     candidates = []
     for op, k, vid in float_uses:
         if not _scales(op, k):
@@ -56,9 +60,15 @@ def device_shares(module: Module, float_uses: list, floats: dict) -> tuple[set, 
         reached = _psums_reached(op.results[0].id, uses)
         if reached is None:
             continue
-        sums, groups = reached
-        if len(groups) == 1:
-            candidates.append((op, k, vid, abs(floats[vid]), sums, next(iter(groups))))
+        sums, groups, selects = reached
+        if len(groups) != 1:
+            continue
+        group = next(iter(groups))
+        if selects:  # `where(stage == last, share, 0)`: only some devices contribute
+            group = _contributing(selects, sums, ops, known or {})
+            if group is None:
+                continue
+        candidates.append((op, k, vid, abs(floats[vid]), sums, group))
     found: set = set()
     share_values: set[int] = set()
     for op, k, vid, c, sums, group in candidates:
@@ -103,12 +113,13 @@ def _scales(op: Op, k: int) -> bool:
     return op.name == "stablehlo.divide" and k == 1
 
 
-def _psums_reached(vid: int, uses: dict) -> tuple[frozenset, set[int]] | None:
-    """The `all_reduce` sums that the value `vid` reaches (their op ids) and their group
-    sizes, when every path from it ends in one (through the ops of `_CARRY` only); else
-    None."""
+def _psums_reached(vid: int, uses: dict) -> tuple[frozenset, set[int], set] | None:
+    """The `all_reduce` sums that the value `vid` reaches (their op ids), their group sizes
+    and the selects it passes (`(predicate value id, operand)`), when every path from it
+    ends in one (through the ops of `_CARRY` only); else None."""
     sums: set[int] = set()
     sizes: set[int] = set()
+    selects: set[tuple[int, int]] = set()
     stack, seen = [vid], set()
     while stack:
         v = stack.pop()
@@ -126,10 +137,38 @@ def _psums_reached(vid: int, uses: dict) -> tuple[frozenset, set[int]] | None:
                 sums.add(id(op))
                 sizes.add(g)
             elif k in _CARRY.get(op.name, ()):
+                if op.name == "stablehlo.select":
+                    selects.add((op.operands[0].id, k))
                 stack.extend(r.id for r in op.results)
             else:
                 return None
-    return (frozenset(sums), sizes) if sums else None
+    return (frozenset(sums), sizes, selects) if sums else None
+
+
+def _contributing(selects: set, sums: frozenset, ops: list[Op], known: dict) -> int | None:
+    """How many devices of each group of the sums `sums` pass a share through the selects
+    `selects` to them: each select's predicate a boolean per device (folded from the
+    device's id), the same count in every group; None when that is not known."""
+    per_device = []
+    for pred, k in selects:
+        held = known.get(pred)
+        values = held.scalars() if held is not None else None
+        if values is None:
+            return None
+        picked = np.array([bool(v) == (k == 1) for v in values])
+        per_device.append(picked[held.which])
+    passes = np.logical_and.reduce(per_device)
+    counts = set()
+    for op in ops:
+        if id(op) not in sums:
+            continue
+        groups = np.asarray(op.attrs.get("replica_groups", []), dtype=np.int64)
+        if groups.ndim != 2 or groups.size == 0 or groups.max() >= len(passes):
+            return None
+        counts |= {int(passes[g].sum()) for g in groups}
+    if len(counts) != 1 or 0 in counts:
+        return None
+    return counts.pop()
 
 
 def _sum_group_size(op: Op) -> int | None:
