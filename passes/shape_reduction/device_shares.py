@@ -146,18 +146,18 @@ def _psums_reached(vid: int, uses: dict) -> tuple[frozenset, set[int], set] | No
 
 
 def _contributing(selects: set, sums: frozenset, ops: list[Op], known: dict) -> int | None:
-    """How many devices of each group of the sums `sums` pass a share through the selects
-    `selects` to them: each select's predicate a boolean per device (folded from the
-    device's id), the same count in every group; None when that is not known."""
-    per_device = []
-    for pred, k in selects:
-        held = known.get(pred)
-        values = held.scalars() if held is not None else None
-        if values is None:
-            return None
-        picked = np.array([bool(v) == (k == 1) for v in values])
-        per_device.append(picked[held.which])
-    passes = np.logical_and.reduce(per_device)
+    """How many devices of each group of the sums `sums` pass a share through the select
+    `selects` names (one: paths through several selects are not counted) to them: its
+    predicate a boolean per device (folded from the device's id), the same count in every
+    group; None when that is not known."""
+    if len(selects) != 1:
+        return None
+    [(pred, k)] = selects
+    held = known.get(pred)
+    values = held.scalars() if held is not None else None
+    if values is None:
+        return None
+    passes = np.array([bool(v) == (k == 1) for v in values])[held.which]
     counts = set()
     for op in ops:
         if id(op) not in sums:
