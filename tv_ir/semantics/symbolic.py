@@ -76,7 +76,8 @@ def _ufunc(f, nin):
     u = np.frompyfunc(f, nin, 1)
 
     def apply(*xs):
-        out = u(*xs)
+        with np.errstate(all="ignore"):  # constants folded as IEEE values (1/0 is inf)
+            out = u(*xs)
         return out if isinstance(out, np.ndarray) else _scalar(out)
 
     return apply
