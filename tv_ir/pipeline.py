@@ -778,10 +778,11 @@ def _unless_order_dependent(report: Report, spec: Module, impl: Module, placemen
     gives one result whatever the order (then the difference is not one of order)."""
     from tv_ir.semantics.reduction_order import order_dependent_reductions
 
-    if not (order_dependent_reductions(spec) or order_dependent_reductions(impl)):
+    dependent = [order_dependent_reductions(spec), order_dependent_reductions(impl)]
+    if not any(dependent):
         return report
     c = report.counterexample
-    found = _order_dependent_at(spec, impl, placement, c)
+    found = _order_dependent_at(dependent, spec, impl, placement, c)
     if not found:
         report.notes.append(
             "a reduction here has a body that is not commutative or associative, but on the "
@@ -803,31 +804,35 @@ def _unless_order_dependent(report: Report, spec: Module, impl: Module, placemen
     return out
 
 
-def _order_dependent_at(spec: Module, impl: Module, placement, c) -> list[str]:
-    """The order-dependent reductions of the pair that the counterexample `c` does not show
+def _order_dependent_at(dependent: list, spec: Module, impl: Module, placement, c) -> list[str]:
+    """Of the order-dependent reductions of spec and impl (`dependent`: (op, description)
+    lists, one per program), the descriptions of those the counterexample `c` does not show
     order-free (all of them when it cannot be run: no counterexample, or not of these
     programs)."""
-    from tv_ir.semantics.reduction_order import order_dependent_reductions
-
-    if c is None:
-        return order_dependent_reductions(spec) + order_dependent_reductions(impl)
     from tv_ir.prover.simulate import run_traced, run_traced_devices
+    from tv_ir.semantics.reduction_order import order_free
 
+    everything = [what for found in dependent for _, what in found]
+    if c is None:
+        return everything
     inputs = list(c.inputs.values())
-
-    def seen():
+    try:
         spec_run = run_traced(spec, inputs)
         impl_run = run_traced_devices(
             impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
         )
-        return order_dependent_reductions(
-            spec, lambda v: [spec_run.values[v.id]] if v.id in spec_run.values else None
-        ) + order_dependent_reductions(impl, lambda v: impl_run.values.get(v.id))
-
-    try:
-        return seen()
+        values = [
+            lambda v: [spec_run.values[v.id]] if v.id in spec_run.values else None,
+            lambda v: impl_run.values.get(v.id),
+        ]
+        return [
+            what
+            for module, found, value_of in zip((spec, impl), dependent, values, strict=True)
+            for op, what in found
+            if not order_free(module, op, value_of)
+        ]
     except Exception:  # noqa: BLE001 - out of time or memory, inputs not of these programs
-        return order_dependent_reductions(spec) + order_dependent_reductions(impl)
+        return everything
 
 
 def _boundary_placement(spec: Module, impl: Module, layouts) -> Placement:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -101,6 +102,11 @@ class SdyMesh:
 
     axes: tuple[tuple[str, int], ...]
     device_ids: tuple[int, ...] | None = None  # None: iota order
+
+    @property
+    def devices(self) -> int:
+        """How many devices the mesh has (the product of its axis sizes)."""
+        return math.prod(size for _, size in self.axes)
 
     def __str__(self) -> str:
         axes = ", ".join(f'"{n}"={s}' for n, s in self.axes)

@@ -305,9 +305,8 @@ def _partitions_of_abstract_mesh(module: Module) -> None:
         return
     if int(module.attrs.get("mhlo.num_replicas", 1) or 1) != 1:
         return
-    meshes = module.attrs.get("sdy.meshes") or {}
-    sizes = [int(np.prod([s for _, s in m.axes])) for m in meshes.values()]
-    if max(sizes, default=1) <= 1:
+    devices = max((m.devices for m in (module.attrs.get("sdy.meshes") or {}).values()), default=1)
+    if devices <= 1:
         return
     manual = any(
         op.name == "sdy.manual_computation"
@@ -315,7 +314,7 @@ def _partitions_of_abstract_mesh(module: Module) -> None:
         for op in walk(fn.body)
     )
     if manual:
-        module.attrs["mhlo.num_partitions"] = max(sizes)
+        module.attrs["mhlo.num_partitions"] = devices
 
 
 def _compare_types(dtype: str) -> tuple[str, ...]:

@@ -229,8 +229,8 @@ def _sdy_devices(fn: Function, meshes: dict) -> int:
         for a in list(fn.arg_attrs) + list(fn.res_attrs)
         if (s := a.get("sdy.sharding")) is not None and isinstance(s.mesh, str)
     }
-    sizes = [int(np.prod([n for _, n in meshes[m].axes])) for m in names if m in meshes]
-    sizes = sizes or [int(np.prod([n for _, n in m.axes])) for m in meshes.values()]
+    sizes = [meshes[m].devices for m in names if m in meshes]
+    sizes = sizes or [m.devices for m in meshes.values()]
     return max(sizes, default=1)
 
 
@@ -304,8 +304,7 @@ def _mesh_devices(module: Module) -> int:
     if n:
         return n
     meshes = module.attrs.get("sdy.meshes") or {}
-    sizes = [int(np.prod([s for _, s in m.axes])) for m in meshes.values()]
-    return max(sizes, default=1)
+    return max((m.devices for m in meshes.values()), default=1)
 
 
 def _dtype_of(arr) -> str | None:

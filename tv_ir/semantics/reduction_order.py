@@ -44,11 +44,9 @@ INSTANCES_LIMIT = 4096  # instances of one op checked (output elements, position
 ValueOf = Callable[[Value], "list | None"]
 
 
-def order_dependent_reductions(module: Module, value_of: ValueOf | None = None) -> list[str]:
-    """'op at loc: why' for each reduction whose body is seen not to be commutative or
-    associative, leaving out, when `value_of` gives the values of a run (a value's array on
-    each device, or None where the run did not see it), those that are order-free on
-    them (`order_free`)."""
+def order_dependent_reductions(module: Module) -> list[tuple[Op, str]]:
+    """(op, 'op at loc: why') for each reduction whose body is seen not to be commutative
+    or associative."""
     found = []
     for fn in module.functions.values():
         for op in walk(fn.body):
@@ -57,8 +55,8 @@ def order_dependent_reductions(module: Module, value_of: ValueOf | None = None) 
             if op.name == "stablehlo.scatter" and op.attrs.get("unique_indices"):
                 continue  # each position updated once (`.at[i].set`): no order to choose
             why = _order_dependence(module, op.regions[0].block)
-            if why and not (value_of is not None and order_free(module, op, value_of)):
-                found.append(f"{op.name} at {op.loc}: its body is not {why}")
+            if why:
+                found.append((op, f"{op.name} at {op.loc}: its body is not {why}"))
     return found
 
 
