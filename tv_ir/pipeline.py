@@ -810,6 +810,7 @@ def _order_dependent_at(dependent: list, spec: Module, impl: Module, placement, 
     order-free (all of them when it cannot be run: no counterexample, or not of these
     programs)."""
     from tv_ir.prover.simulate import run_traced, run_traced_devices
+    from tv_ir.semantics.liveness import live_results
     from tv_ir.semantics.reduction_order import order_free
 
     everything = [what for found in dependent for _, what in found]
@@ -825,11 +826,19 @@ def _order_dependent_at(dependent: list, spec: Module, impl: Module, placement, 
             lambda v: [spec_run.values[v.id]] if v.id in spec_run.values else None,
             lambda v: impl_run.values.get(v.id),
         ]
+        # where each top-level op's results reach the differing output, per device: a
+        # reduction thrown away on a device has no order to choose there
+        live = [
+            live_results(m.main.body, {c.output}, value_of, n)
+            for m, value_of, n in zip((spec, impl), values, (1, placement.num_devices), strict=True)
+        ]
         return [
             what
-            for module, found, value_of in zip((spec, impl), dependent, values, strict=True)
+            for module, found, value_of, used in zip(
+                (spec, impl), dependent, values, live, strict=True
+            )
             for op, what in found
-            if not order_free(module, op, value_of)
+            if not order_free(module, op, value_of, used.get(id(op)))
         ]
     except Exception:  # noqa: BLE001 - out of time or memory, inputs not of these programs
         return everything

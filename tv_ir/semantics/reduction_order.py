@@ -60,19 +60,27 @@ def order_dependent_reductions(module: Module) -> list[tuple[Op, str]]:
     return found
 
 
-def order_free(module: Module, op: Op, value_of: ValueOf) -> bool:
+def order_free(module: Module, op: Op, value_of: ValueOf, live: list | None = None) -> bool:
     """Whether every order the reduction `op` may combine its elements in gives the same
     result on the values `value_of` gives its operands, on every device: at each instance,
     the body commutative and associative on the closure of the values combined (a reduce),
-    or every sequence of a position's updates reaching the same value (a scatter)."""
+    or every sequence of a position's updates reaching the same value (a scatter). `live`
+    (`liveness.live_results`): per device, the results that are used; a device using none
+    is skipped, and a reduce is checked on the components those results depend on."""
     per_device = [value_of(v) for v in op.operands]
     if op.name not in _INSTANCES or any(x is None for x in per_device):
         return False
     body = _Body(module, op.regions[0].block)
     try:
         for d in range(len(per_device[0])):
+            used = None if live is None or d >= len(live) else live[d]
+            if used is not None and not used:
+                continue  # computed and thrown away on this device
             operands = [np.asarray(x[d]) for x in per_device]
-            if not _INSTANCES[op.name](body, op, operands):
+            if op.name == "stablehlo.reduce" and used is not None:
+                if not _reduce_order_free(body, op, operands, _components(op, used)):
+                    return False
+            elif not _INSTANCES[op.name](body, op, operands):
                 return False
     except (OutOfTime, OutOfMemoryBudget, MemoryError):
         raise
@@ -81,9 +89,32 @@ def order_free(module: Module, op: Op, value_of: ValueOf) -> bool:
     return True
 
 
-def _reduce_order_free(body: _Body, op: Op, operands: list) -> bool:
+def _components(op: Op, used) -> list[int]:
+    """The reduce's components the `used` results depend on through its body (result j
+    reads components i when the body's result j reads either operand of component i)."""
+    block = op.regions[0].block
+    k = len(block.results)
+    arg_of = {v.id: i % k for i, v in enumerate(block.args)}
+    reads: dict[int, set[int]] = {v.id: {arg_of[v.id]} for v in block.args}
+    for inner in walk(block):
+        deps = set().union(*(reads.get(v.id, set()) for v in inner.operands))
+        for region in inner.regions:  # values a nested region reads count too
+            for nested in walk(region.block):
+                deps |= set().union(*(reads.get(v.id, set()) for v in nested.operands))
+        for r in inner.results:
+            reads[r.id] = deps
+    need = set(used)
+    while True:
+        grown = need | set().union(*(reads.get(block.results[j].id, set(range(k))) for j in need))
+        if grown == need:
+            return sorted(need)
+        need = grown
+
+
+def _reduce_order_free(body: _Body, op: Op, operands: list, components: list | None = None) -> bool:
     """Each output element: the body commutative and associative on the closure of its
-    lane's values and the init values (then every tree, in every order, agrees)."""
+    lane's values and the init values (then every tree, in every order, agrees); only on
+    `components` when given (the others do not reach them)."""
     k = len(operands) // 2
     axes = tuple(op.attrs["dimensions"])
     rest = [d for d in range(operands[0].ndim) if d not in axes]
@@ -91,9 +122,11 @@ def _reduce_order_free(body: _Body, op: Op, operands: list) -> bool:
     inits = [np.asarray(i).reshape(1) for i in operands[k:]]
     if lanes[0].shape[0] > INSTANCES_LIMIT:
         return False
+    keep = list(range(k)) if components is None else components
+    run = body if len(keep) == k else _Projected(body, keep, inits)
     for lane in range(lanes[0].shape[0]):
-        values = [np.concatenate([i, x[lane]]) for i, x in zip(inits, lanes, strict=True)]
-        if not _commutative_semigroup(body, values):
+        values = [np.concatenate([inits[i], lanes[i][lane]]) for i in keep]
+        if not _commutative_semigroup(run, values):
             return False
     return True
 
@@ -232,6 +265,23 @@ class _Body:
             for o, r in zip(outs, res, strict=True):
                 o[m] = np.asarray(r)
         return outs
+
+
+class _Projected:
+    """A body on some of its components: the others are filled with their init values
+    (which the kept components' results do not read)."""
+
+    def __init__(self, body: _Body, keep: list[int], inits: list):
+        self.body, self.keep, self.inits = body, keep, inits
+
+    def __call__(self, xs: list, ys: list) -> list[np.ndarray]:
+        shape = np.broadcast_shapes(*(np.shape(a) for a in (*xs, *ys)))
+        full = [np.broadcast_to(i.reshape(()), shape) for i in self.inits]
+        a, b = list(full), list(full)
+        for m, i in enumerate(self.keep):
+            a[i], b[i] = xs[m], ys[m]
+        out = self.body(a, b)
+        return [out[i] for i in self.keep]
 
 
 def _order_dependence(module: Module, block) -> str | None:
