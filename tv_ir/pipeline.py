@@ -260,7 +260,7 @@ def _check(
     spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
     t_plan = time.perf_counter()
-    plan = _mesh_plan(real, reduce_mesh)
+    plan, mesh_note = _mesh_plan(real, reduce_mesh)
     t_plan = time.perf_counter() - t_plan
     reduction, report, t_import, mesh = _reduce_and_prove(
         real, reduce_shapes, True, t0, Options(timeout, seed, progress, None), plan, aside=aside
@@ -329,6 +329,8 @@ def _check(
         report.mesh_reduction = mesh.to_json()
         report.stats.seconds["mesh plan"] = t_plan
         report.stats.seconds["mesh confirm"] = time.perf_counter() - t1
+    if mesh_note:
+        report.notes.append(mesh_note)
     if induction_note:
         report.notes.append(f"loops checked unrolled, not by induction: {induction_note}")
     report.stats.seconds["total"] = time.perf_counter() - t0
@@ -596,13 +598,24 @@ def _refuted_in_fewer_iterations(spec, impl, placement, failed, check_pair, give
 
 
 def _mesh_plan(real, reduce_mesh: bool):
-    """The real pair on a reduced mesh (`passes/mesh_reduction`), None when no axis shrinks."""
+    """(the real pair on a reduced mesh (`passes/mesh_reduction`) or None when no axis
+    shrinks, and then why not when the mesh has an axis that could: a note for the report,
+    so a user whose 8,192 devices are all simulated learns what kept them)."""
     if not reduce_mesh:
-        return None
+        return None, None
     from .prover.mesh_transfer import plan
 
     mesh = plan(*real)
-    return mesh if mesh.reduced else None
+    if mesh.reduced:
+        return mesh, None
+    if mesh.failed:
+        if mesh.failed == "not a distributed program" or mesh.failed.startswith("@main is not"):
+            return None, None  # not a shard_map program: nothing a user expects reduced
+        return None, f"every device simulated: mesh reduction not applied ({mesh.failed})"
+    kept = [str(a) for a in mesh.axes if a.kept and a.real > 2]
+    if not kept:
+        return None, None
+    return None, f"every device simulated; mesh reduction: {'; '.join(kept)}"
 
 
 def _replicated(mesh):
