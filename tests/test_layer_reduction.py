@@ -158,10 +158,13 @@ def rotate(c):  # a weightless rotation of period 3: agrees with identity at mul
     "impl_layer, layers, verdict",
     [
         (negate, 8, "equivalent"),  # reduced to 2: equal there, and at 8
-        (negate, 9, "not_equivalent"),  # reduced to 3: refuted, and at 9 too
+        # reduced to 2 (9 is one unit of layers): equal there, but the run at 9 differs, so
+        # the proof is not used: checked unrolled, refuted
+        (negate, 9, "not_equivalent"),
         (rotate, 6, "equivalent"),  # refuted at 2, but at 6 the rotation is the identity
         (rotate, 4, "not_equivalent"),  # refuted at 2, and at 4 too
-        (rotate, 9, "equivalent"),  # reduced to 3: equal there, and at 9
+        # reduced to 2: refuted there, which does not replay at 9: checked unrolled, proved
+        (rotate, 9, "equivalent"),
     ],
 )
 def test_count_dependent_layers_get_the_real_verdict(impl_layer, layers, verdict):
@@ -232,6 +235,33 @@ def test_pipelined_stack_proved_at_two_layers_per_stage(layers):
     assert any("layer loops proved at fewer layers" in n for n in report.notes), report.notes
     trips = {(d["real"], d["reduced"]) for d in report.reduction["layer_loops"]}
     assert trips == {(layers, 4), (layers // STAGES, 2)}  # the spec's and each stage's
+
+
+def sine(c, wi, w):
+    return jnp.sin(c @ wi)
+
+
+@pytest.mark.parametrize("layers", [10, 14])
+def test_a_prime_count_of_layers_per_stage_shrinks_to_two(layers):
+    """5 or 7 layers per stage: no factor divides them, so the count shrank by none and
+    every layer was proved; read in units of a stage's layers, each stage keeps 2."""
+    args = (sds(layers, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    report = tv_ir.check(lower(scanned(dense), *args), lower(pipelined(dense), *args), **LIMITS)
+    assert report.verdict == "equivalent", report.reason
+    assert any("layer loops proved at fewer layers" in n for n in report.notes), report.notes
+    trips = {(d["real"], d["reduced"]) for d in report.reduction["layer_loops"]}
+    assert trips == {(layers, 4), (layers // STAGES, 2)}
+
+
+def test_a_wrong_layer_in_a_prime_count_per_stage_is_refuted_at_two():
+    args = (sds(10, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    report = tv_ir.check(lower(scanned(dense), *args), lower(pipelined(sine), *args), **LIMITS)
+    assert report.verdict == "not_equivalent", report.reason
+    # the counterexample at 2 layers per stage, replayed at 5: real layer p of 5 reads
+    # reduced layer p * 2 // 5
+    assert "refuted with the layer loops at fewer layers" in str(report.notes), report.notes
+    trips = {(d["real"], d["reduced"]) for d in report.reduction["layer_loops"]}
+    assert trips == {(10, 4), (5, 2)}
 
 
 def biased(first_only: bool):

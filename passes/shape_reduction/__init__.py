@@ -251,11 +251,13 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
                 d.keep(root, f"{why} may be its size")
         scales = {}
         factor = choose(d)
-    from .layer_stacks import trip_key
+    from .layer_stacks import layer_units, trip_key
 
-    trips = {d.find(trip_key(loop)) for r in rules for loop in r.pos.layer_loops}
+    loops = [loop for r in rules for loop in r.pos.layer_loops]
+    trips = {d.find(trip_key(loop)) for loop in loops}
     by_factor = dict(factor)
     affine = choose_affine(d, factor, trips)
+    affine.update(layer_units(d, factor, loops))
     # a scale stands for a symbol only where a class it would have kept shrinks
     shrunk = {root for root, f in factor.items() if f > 1} | set(affine)
     symbols = {use: key for use, (key, roots, _) in scales.items() if roots & shrunk}
@@ -301,7 +303,7 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
         for grown in aff.witnesses()
     ]
     red.reduced_elements = elements(red.spec) + elements(red.impl)
-    _layer_loops(red, d, factor, build, rules)
+    _layer_loops(red, d, factor, affine, build, rules)
     if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
         red.failed = (
             f"shape reduction made the programs larger ({real:,} -> {red.reduced_elements:,} "
@@ -362,36 +364,45 @@ def _grouped(d: DimClasses, factor: dict, build, only_splats: set) -> list[Witne
 WITNESS_GROUPS = True
 
 
-def _layer_loops(red: Reduction, d: DimClasses, factor: dict, build, rules) -> None:
+def _layer_loops(red: Reduction, d: DimClasses, factor: dict, affine: dict, build, rules) -> None:
     """Record the layer loops and their reduced trip counts, and the witness that keeps every
-    shrunk one at its real count (layer_stacks.py)."""
+    shrunk one at its real count (layer_stacks.py). A layer class shrinks by a factor, or
+    in units of its layers per stage (`layer_stacks.layer_units`, in `affine`)."""
     from .layer_stacks import trip_key
 
+    def at(root, n: int, f: dict, units: dict) -> int:
+        return units[root].at(n) if root in units else n // f.get(root, 1)
+
     shrunk = set()
+    first = None
     for r in rules:
         for loop in r.pos.layer_loops:
             root = d.find(trip_key(loop))
-            f = factor.get(root, 1)
-            red.layer_loops.append((f"loop at {loop.loop.loc}", loop.trips, loop.trips // f))
-            if f > 1:
+            k = at(root, loop.trips, factor, affine)
+            red.layer_loops.append((f"loop at {loop.loop.loc}", loop.trips, k))
+            if k < loop.trips:
                 shrunk.add(root)
+                first = first or (root, loop.trips)
                 if loop.singled_out:
                     red.singled_out.append(loop.singled_out)
     if not shrunk:
         return
     loops = [(n, k) for _, n, k in red.layer_loops if k < n]
     name = f"the layer count ({len(loops)} loops)"
-    only = {root: factor[root] for root in shrunk}
-    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only, {}, False))
+    only = {root: factor[root] for root in shrunk if root not in affine}
+    units = {root: affine[root] for root in shrunk if root in affine}
+    red.fewer_layers = Witness(name, loops[0][1], loops[0][0], lambda: build(only, units, False))
     at_real = {**factor, **dict.fromkeys(shrunk, 1)}
-    red.layer_witnesses = [Witness(name, loops[0][1], loops[0][0], lambda: build(at_real))]
+    others = {root: a for root, a in affine.items() if root not in shrunk}
+    red.layer_witnesses = [Witness(name, loops[0][1], loops[0][0], lambda: build(at_real, others))]
     larger = {**factor}
-    for root in shrunk:
+    for root in only:
         larger[root] = factor[root] // smallest_prime(factor[root])
-    if any(larger[root] > 1 for root in shrunk):
-        f = factor[next(iter(shrunk))]
-        k = loops[0][1] * f // larger[next(iter(shrunk))]
-        red.layer_witnesses.append(Witness(name, loops[0][1], k, lambda: build(larger)))
+    grown = {**affine, **{root: a.grown() for root, a in units.items()}}
+    root, n = first
+    k = at(root, n, larger, grown)
+    if k < n:
+        red.layer_witnesses.append(Witness(name, loops[0][1], k, lambda: build(larger, grown)))
 
 
 def _same_factorisation(d: DimClasses) -> None:

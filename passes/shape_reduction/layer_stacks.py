@@ -214,3 +214,36 @@ def _nested(op: Op):
 def trip_key(loop: LayerLoop) -> Key:
     """The trip count as a member of a dimension class: (the counter's body argument, -1)."""
     return (loop.loop.regions[1].block.args[loop.counter].id, -1)
+
+
+def layer_units(d, factor: dict, loops: list[LayerLoop]) -> dict:
+    """Layer classes read in units of their layers per stage (`affine.Affine`, remainders
+    0), reduced to MIN_LAYERS layers per unit where no factor gets that low: 63 layers per
+    stage (126 over 2 stages) go to 2 and 4 rather than 3 and 6, and a prime count (61, 7)
+    shrinks at all. Only classes whose every size and offset is a multiple of the unit,
+    that no reshape merges, and whose loops single out no layer (a marker `i == K` has no
+    reading at a count the unit does not divide). Sets their factor to 1."""
+    from math import gcd
+
+    from .affine import Affine
+
+    merged = {d.find(k) for whole, parts in d.products for k in (whole, *parts)}
+    marked = {d.find(trip_key(loop)) for loop in loops if loop.singled_out}
+    classes = d.classes()
+    out = {}
+    for root in {d.find(trip_key(loop)) for loop in loops}:
+        members = classes.get(root, [])
+        if not members or root in merged or root in marked or d.reason_kept(members):
+            continue
+        sizes = {d.real[k] for k in members}
+        offsets = {o for k in members for o in d.offsets.get(k, ()) if o}
+        unit = 0
+        for n in sizes:
+            unit = gcd(unit, n)
+        if unit // factor.get(root, 1) <= MIN_LAYERS or any(o % unit for o in offsets):
+            continue  # a factor gets there already, or an offset inside a unit
+        if any(min(d.lower.get(k, 1), d.real[k]) > MIN_LAYERS for k in members):
+            continue
+        out[root] = Affine(unit, MIN_LAYERS)
+        factor[root] = 1
+    return out
