@@ -5,21 +5,25 @@ from __future__ import annotations
 
 import tv_ir
 
-ARGMAX = """
-func.func @main(%v: tensor<4xf32>, %i: tensor<4xi32>) -> (tensor<f32>, tensor<i32>) {
-  %v0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
-  %i0 = stablehlo.constant dense<-1> : tensor<i32>
-  %r:2 = stablehlo.reduce(%V init: %v0), (%I init: %i0) across dimensions = [0]
-    : (tensor<4xf32>, tensor<4xi32>, tensor<f32>, tensor<i32>) -> (tensor<f32>, tensor<i32>)
+# an argmax by a strict `>`: keeps the right operand on ties
+ARGMAX_REDUCER = """\
     reducer(%a: tensor<f32>, %c: tensor<f32>) (%b: tensor<i32>, %d: tensor<i32>) {
       %gt = stablehlo.compare GT, %a, %c : (tensor<f32>, tensor<f32>) -> tensor<i1>
       %m = stablehlo.select %gt, %a, %c : tensor<i1>, tensor<f32>
       %k = stablehlo.select %gt, %b, %d : tensor<i1>, tensor<i32>
       stablehlo.return %m, %k : tensor<f32>, tensor<i32>
     }
+"""
+ARGMAX = """
+func.func @main(%v: tensor<4xf32>, %i: tensor<4xi32>) -> (tensor<f32>, tensor<i32>) {
+  %v0 = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %i0 = stablehlo.constant dense<-1> : tensor<i32>
+  %r:2 = stablehlo.reduce(%V init: %v0), (%I init: %i0) across dimensions = [0]
+    : (tensor<4xf32>, tensor<4xi32>, tensor<f32>, tensor<i32>) -> (tensor<f32>, tensor<i32>)
+%REDUCER
   return %r#0, %r#1 : tensor<f32>, tensor<i32>
 }
-"""
+""".replace("%REDUCER\n", ARGMAX_REDUCER)
 SPEC = ARGMAX.replace("%V", "%v").replace("%I", "%i")
 # the same argmax over the elements in reverse order: differs only where values tie
 REVERSED = (
@@ -39,8 +43,7 @@ def test_reordered_non_commutative_reduction_is_unknown_not_refuted() -> None:
     assert "not commutative" in r.reason and r.counterexample is None
 
 
-def test_a_commutative_reduction_is_still_refuted() -> None:
-    spec = """
+SUM = """
 func.func @main(%v: tensor<4xf32>) -> tensor<f32> {
   %z = stablehlo.constant dense<0.0> : tensor<f32>
   %r = stablehlo.reduce(%v init: %z) applies stablehlo.add across dimensions = [0]
@@ -48,8 +51,11 @@ func.func @main(%v: tensor<4xf32>) -> tensor<f32> {
   return %r : tensor<f32>
 }
 """
-    wrong = spec.replace("applies stablehlo.add", "applies stablehlo.maximum")
-    assert tv_ir.check(spec, wrong).verdict == "not_equivalent"
+
+
+def test_a_commutative_reduction_is_still_refuted() -> None:
+    wrong = SUM.replace("applies stablehlo.add", "applies stablehlo.maximum")
+    assert tv_ir.check(SUM, wrong).verdict == "not_equivalent"
 
 
 def test_a_non_commutative_reduction_whose_values_do_not_tie_is_refuted() -> None:
@@ -145,14 +151,6 @@ def test_a_reordered_reduction_is_still_unknown_where_its_order_dependent_part_d
     assert "not commutative" in r.reason
 
 
-SUM = """
-func.func @main(%v: tensor<4xf32>) -> tensor<f32> {
-  %z = stablehlo.constant dense<0.0> : tensor<f32>
-  %r = stablehlo.reduce(%v init: %z) applies stablehlo.add across dimensions = [0]
-    : (tensor<4xf32>, tensor<f32>) -> tensor<f32>
-  return %r : tensor<f32>
-}
-"""
 # a maximum instead of the sum, beside an argmax over ties (zeros) whose result a select
 # throws away: |v| < 0 holds nowhere, so the tied reduction's order reaches no output
 MAX_BESIDE_DEAD_ARGMAX = """
@@ -166,12 +164,7 @@ func.func @main(%v: tensor<4xf32>) -> tensor<f32> {
   %i0 = stablehlo.constant dense<-1> : tensor<i32>
   %t:2 = stablehlo.reduce(%zeros init: %v0), (%iota init: %i0) across dimensions = [0]
     : (tensor<4xf32>, tensor<4xi32>, tensor<f32>, tensor<i32>) -> (tensor<f32>, tensor<i32>)
-    reducer(%a: tensor<f32>, %c: tensor<f32>) (%b: tensor<i32>, %d: tensor<i32>) {
-      %gt = stablehlo.compare GT, %a, %c : (tensor<f32>, tensor<f32>) -> tensor<i1>
-      %m = stablehlo.select %gt, %a, %c : tensor<i1>, tensor<f32>
-      %k = stablehlo.select %gt, %b, %d : tensor<i1>, tensor<i32>
-      stablehlo.return %m, %k : tensor<f32>, tensor<i32>
-    }
+%REDUCER
   %f = stablehlo.convert %t#1 : (tensor<i32>) -> tensor<f32>
   %first = stablehlo.slice %v [0:1] : (tensor<4xf32>) -> tensor<1xf32>
   %x = stablehlo.reshape %first : (tensor<1xf32>) -> tensor<f32>
@@ -181,7 +174,7 @@ func.func @main(%v: tensor<4xf32>) -> tensor<f32> {
   %out = stablehlo.select %never, %f, %r : tensor<i1>, tensor<f32>
   return %out : tensor<f32>
 }
-"""
+""".replace("%REDUCER\n", ARGMAX_REDUCER)
 
 
 def test_a_tied_reduction_whose_result_is_thrown_away_does_not_make_a_difference_unknown() -> None:
