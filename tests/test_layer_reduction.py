@@ -425,3 +425,31 @@ def test_real_count_checks_run_beside_the_proof(pair, monkeypatch):
     else:
         assert report.verdict == "not_equivalent", report.reason
         assert "but at 6 (other classes reduced) the programs differ" in str(report.notes)
+
+
+def test_running_out_after_the_loops_were_not_proved_says_why_they_were_not(monkeypatch):
+    """The pair at fewer layers ran out of memory, and then its unrolled check did too: the
+    verdict's reason says both (before, only the last, so the 405B-shaped step on
+    TrainVerify's plan read as if the loops had never been tried)."""
+    from tv_ir import pipeline
+    from tv_ir.limits import OutOfMemoryBudget
+    from tv_ir.report.result import Report
+
+    calls = []
+
+    def unaffordable(need_mb, what):  # the pair at fewer layers, then the unrolled one
+        calls.append(what)
+        if len(calls) > 1:
+            raise OutOfMemoryBudget(f"{what} would take about 9.9 GB")
+
+    def out_of_memory(spec, impl, placement, options):
+        return Report("unknown", reason="memory limit of 9000 MB reached")
+
+    monkeypatch.setattr(pipeline, "refuse_unaffordable", unaffordable)
+    monkeypatch.setattr(pipeline, "_prove", out_of_memory)
+    args = (sds(8, HIDDEN, HIDDEN), sds(2, HIDDEN))
+    report = tv_ir.check(lower(scanned(dense), *args), lower(pipelined(dense), *args), **LIMITS)
+    assert report.verdict == "unknown"
+    assert report.reason.startswith("simulating the programs"), report.reason
+    assert "loops checked unrolled, not by induction:" in report.reason
+    assert "at fewer layers the verdict was unknown" in report.reason

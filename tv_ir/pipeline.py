@@ -257,6 +257,24 @@ def _check(
             return found
         if found is not None:
             induction_note = f"{induction_note}; {found}" if induction_note else found
+    try:
+        return _check_unrolled(
+            spec_m, impl_m, placement, timeout, seed, progress, reduce_shapes, reduce_mesh,
+            aside, t0, induction_note,
+        )  # fmt: skip
+    except (OutOfTime, OutOfMemoryBudget) as e:
+        if not induction_note:
+            raise
+        # the unrolled check ran out: say why the loops were not proved first
+        raise type(e)(f"{e}; loops checked unrolled, not by induction: {induction_note}") from e
+
+
+def _check_unrolled(
+    spec_m, impl_m, placement, timeout, seed, progress, reduce_shapes, reduce_mesh, aside, t0,
+    induction_note,
+) -> Report:  # fmt: skip
+    """The pair checked with its loops unrolled (shape and mesh reduction, the proof, its
+    confirmation, replay), `induction_note` saying why the loops were not proved as loops."""
     spec_m, impl_m = _unrolled(spec_m), _unrolled(impl_m)
     real = (spec_m, impl_m, placement)
     t_plan = time.perf_counter()
