@@ -8,11 +8,19 @@ from __future__ import annotations
 
 from tv_ir.ir.program import Module
 
-from . import cse, expand_batch_norm, inline_calls, inline_fusions, reroll, total_order_compare
+from . import cse, dce, expand_batch_norm, inline_calls, inline_fusions, reroll, total_order_compare
 
 PASSES = {
     p.name: p
-    for p in (inline_fusions, inline_calls, expand_batch_norm, cse, total_order_compare, reroll)
+    for p in (
+        inline_fusions,
+        inline_calls,
+        expand_batch_norm,
+        cse,
+        dce,
+        total_order_compare,
+        reroll,
+    )
 }
 DEFAULT_PIPELINE = (
     "inline-fusions",

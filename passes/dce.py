@@ -1,0 +1,62 @@
+"""dce: pure ops whose results nothing reads are dropped.
+
+Before:  %1 = stablehlo.broadcast_in_dim %c ... : tensor<2x16x8192x16384xf32>   (never read)
+After:   (gone)
+
+Shape and mesh reduction rewrite a pair and leave such ops behind (a splat a rescaled
+constant replaced), and the real programs hold some too (broadcasts `stack_writes` leaves
+unread). They compute nothing the outputs depend on, yet tv simulated them, and a dead
+broadcast that no class ties to the batch kept its real batch through shape and mesh
+reduction: at TrainVerify's 8,192-device plan, 30 such broadcasts were 15 of the reduced
+spec's 17 million elements. The pipeline drops them from the rewritten pair before it is
+simulated (`pipeline._reduce_and_prove`), not before shape reduction reads the programs:
+its dimension classes are tied through every op, read or not, and some programs shrink
+only through ties a dead broadcast makes. Only ops `cse` treats as pure and without
+regions are dropped (collectives, RNG, custom calls, calls and I/O stay); a value read
+anywhere, in a nested region too, is live.
+"""
+
+from __future__ import annotations
+
+from tv_ir.ir.program import Block, Module, walk
+
+from .cse import KEEP
+
+name = "dce"
+
+
+def run(module: Module) -> Module:
+    for fn in module.functions.values():
+        while _drop_dead(fn.body):
+            pass
+    return module
+
+
+def _drop_dead(body: Block) -> bool:
+    """One sweep over `body` and its nested blocks; whether anything was dropped."""
+    read = {v.id for v in body.results}
+    for op in walk(body):
+        read.update(v.id for v in op.operands)
+        for region in op.regions:
+            read.update(v.id for v in region.block.results)
+    dropped = False
+    for block in _blocks(body):
+        kept = [
+            op
+            for op in block.ops
+            if op.regions
+            or op.name in KEEP
+            or not op.results
+            or any(r.id in read for r in op.results)
+        ]
+        if len(kept) != len(block.ops):
+            block.ops = kept
+            dropped = True
+    return dropped
+
+
+def _blocks(body: Block):
+    yield body
+    for op in walk(body):
+        for region in op.regions:
+            yield region.block
