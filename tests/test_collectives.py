@@ -627,15 +627,37 @@ DIVERGING_IF = """
     return %r : tensor<2xf32>"""
 
 
-def test_diverging_control_flow_with_a_collective_is_unsupported() -> None:
-    taken = f"""%s = "stablehlo.all_reduce"(%a0) {region("add")}{{replica_groups = dense<[[0,
-          1]]> : tensor<1x2xi64>, {CHANNEL}, {GLOBAL_IDS}}}
+def all_reduce_branch(groups: str, shape: str) -> str:
+    """An if's taken branch: an all_reduce (sum) of %a0 over `groups`."""
+    return f"""%s = "stablehlo.all_reduce"(%a0) {region("add")}{{replica_groups = dense<{groups}>
+          : {shape}, {CHANNEL}, {GLOBAL_IDS}}}
           : (tensor<2xf32>) -> tensor<2xf32>
       stablehlo.return %s : tensor<2xf32>"""
+
+
+def test_diverging_control_flow_splitting_a_collective_group_is_unsupported() -> None:
+    # devices 0-3 take the branch, but each group pairs one of them with one of 4-7, which
+    # never reach the all_reduce: on devices the program hangs
+    taken = all_reduce_branch("[[0, 4], [1, 5], [2, 6], [3, 7]]", "tensor<4x2xi64>")
     body = DIVERGING_IF.replace("TAKEN", taken)
     text = program(body, ["tensor<2xf32>"], ["tensor<2xf32>"], TABLES)
-    with pytest.raises(Unsupported, match="differs across devices and a branch holds"):
+    with pytest.raises(Unsupported, match="differs across devices and a branch holds") as e:
         run_spmd(text, inputs(0, [(2,)]), 1, N)
+    assert "whose group [0, 4] devices [0] take and [4] do not" in str(e.value)
+    assert "hangs" in str(e.value)
+
+
+def test_diverging_control_flow_whose_collective_groups_decide_alike_runs_each_branch() -> None:
+    # devices 0-3 all-reduce in pairs {0, 1}, {2, 3}; devices 4-7 pass their value on (their
+    # groups {4, 5}, {6, 7} never meet): as on XLA (a pipeline's first stage reducing over
+    # its tensor axis)
+    taken = all_reduce_branch("[[0, 1], [2, 3], [4, 5], [6, 7]]", "tensor<4x2xi64>")
+    body = DIVERGING_IF.replace("TAKEN", taken)
+    text = program(body, ["tensor<2xf32>"], ["tensor<2xf32>"], TABLES)
+    got = check(text, inputs(0, [(2,)]), TABLES)
+    args = inputs(0, [(2,)])
+    np.testing.assert_array_equal(got[0][0], args[0][0] + args[1][0])
+    np.testing.assert_array_equal(got[5][0], args[5][0])
 
 
 def test_diverging_control_flow_without_collectives_runs_each_device_branch() -> None:

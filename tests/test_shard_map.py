@@ -217,3 +217,39 @@ def test_a_shard_map_on_an_abstract_mesh_runs_on_the_mesh_devices(reduce, verdic
     assert r.verdict == verdict, str(r)
     if verdict == "not_equivalent":
         assert any("of the real 16" in n for n in r.notes), r.notes
+
+
+def first_stage_doubled(x):
+    """The spec of `stage_dependent_psum`: rows of stage 0 get twice the sum of the column
+    blocks, rows of stage 1 the sum."""
+    top = 2 * (x[:2, :2] + x[:2, 2:])
+    return jnp.concatenate([top, x[2:, :2] + x[2:, 2:]])
+
+
+def stage_dependent_psum(k: float):
+    """A branch on the pipeline stage, each branch summing over the tensor axis: devices of
+    a stage take their branch together, so every psum group meets (XLA runs it)."""
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("stage", "model"))
+
+    def body(x):
+        first = jax.lax.axis_index("stage") == 0
+        return jax.lax.cond(
+            first,
+            lambda v: jax.lax.psum(k * v, "model"),  # BUG when k != 2
+            lambda v: jax.lax.psum(v, "model"),
+            x,
+        )
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=P("stage", "model"), out_specs=P("stage"), check_vma=False
+    )
+
+
+@pytest.mark.parametrize(("k", "verdict"), [(2.0, "equivalent"), (3.0, "not_equivalent")])
+def test_a_branch_on_the_stage_holding_a_psum_over_the_tensor_axis(k, verdict):
+    # before: unknown ("the branch index differs across devices and a branch holds
+    # stablehlo.all_reduce")
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    report = tv_ir.check(lower(first_stage_doubled, x), lower(stage_dependent_psum(k), x))
+    assert report.verdict == verdict, report.reason
+    np.testing.assert_allclose(jax.jit(stage_dependent_psum(2.0))(x), first_stage_doubled(x))

@@ -37,7 +37,7 @@ import numpy as np
 
 from tv_ir.errors import BadInput, Unsupported
 from tv_ir.ir.attrs import SdySharding
-from tv_ir.ir.program import Block, Function, Module, Op, TensorType
+from tv_ir.ir.program import Block, Function, Module, Op, TensorType, walk
 from tv_ir.limits import check_time
 from tv_ir.semantics.algebra import NumpyAlgebra
 from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH, DeviceBatch
@@ -256,7 +256,8 @@ class SpmdInterpreter:
         if all(i is not None and i == known[0] for i in known):
             i = known[0]
             return self._region(op, i if 0 <= i < n else n - 1, [[] for _ in self.procs])
-        self._every_branch_may_run(op, operands, "the branch index")
+        taken = [None if i is None else i if 0 <= i < n else n - 1 for i in known]
+        self._every_branch_may_run(op, operands, "the branch index", taken)
         results = [self._region(op, k, [[] for _ in self.procs]) for k in range(n)]
         return [
             select_case(self.alg, o[0], [r[d] for r in results]) for d, o in enumerate(operands)
@@ -266,24 +267,58 @@ class SpmdInterpreter:
         known = [known_truth(self.alg, o[0]) for o in operands]
         if all(p is not None and p == known[0] for p in known):
             return self._region(op, 0 if known[0] else 1, [[] for _ in self.procs])
-        self._every_branch_may_run(op, operands, "the predicate")
+        taken = [None if p is None else 0 if p else 1 for p in known]
+        self._every_branch_may_run(op, operands, "the predicate", taken)
         on_true = self._region(op, 0, [[] for _ in self.procs])
         on_false = self._region(op, 1, [[] for _ in self.procs])
         return [
             select_results(self.alg, o[0], on_true[d], on_false[d]) for d, o in enumerate(operands)
         ]
 
-    def _every_branch_may_run(self, op: Op, operands: PerDevice, what: str) -> None:
+    def _every_branch_may_run(
+        self, op: Op, operands: PerDevice, what: str, taken: list | None = None
+    ) -> None:
         """A decision that depends on the inputs, or that devices take differently, runs
         every branch in lockstep and each device picks its results: the same as running the
         chosen branch when every device decides on the same term, or when no branch talks
-        to other devices (each device then runs its own branch, as XLA does)."""
+        to other devices (each device then runs its own branch, as XLA does), or when the
+        devices decide concretely (`taken`: each device's branch) and every group of every
+        collective in a branch is taken whole or not at all (a pipeline's first stage
+        all-reducing over its tensor axis): each group then meets in its branch, and the
+        groups of devices elsewhere compute values no device picks."""
         first = np.asarray(operands[0][0]).reshape(())
         if all(np.asarray(o[0]).reshape(()).item() == first.item() for o in operands):
             return
         concrete = all(np.asarray(o[0]).dtype != object for o in operands)
         why = "differs across devices" if concrete else "depends on the inputs"
+        if concrete and taken is not None and all(k is not None for k in taken):
+            split = self._split_group(op, taken)
+            if split is None:
+                return
+            raise Unsupported(
+                f"{op.name}: {what} {why} and a branch holds {split}: those devices would "
+                "wait for the others (the program hangs)",
+                op=op.name,
+                loc=op.loc,
+            )
         refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc, why)
+
+    def _split_group(self, op: Op, taken: list[int]) -> str | None:
+        """A collective in a branch whose group some of its devices take and others do not
+        (described), or None when every group is taken whole or not at all."""
+        for k, region in enumerate(op.regions):
+            takers = {d for d, t in enumerate(taken) if t == k}
+            for inner in walk(region.block):
+                if inner.name not in COLLECTIVES:
+                    continue
+                for group in self.grid.groups(inner.name, inner.attrs):
+                    ids = {dev.device_id for dev in group}
+                    if ids & takers and not ids <= takers:
+                        return (
+                            f"{inner.name} at {inner.loc} whose group {sorted(ids)} devices "
+                            f"{sorted(ids & takers)} take and {sorted(ids - takers)} do not"
+                        )
+        return None
 
     def _call(self, op: Op, operands: PerDevice) -> PerDevice:
         """func.call (callee) and composite (its decomposition) run the function in lockstep."""
