@@ -621,14 +621,15 @@ def _mesh_plan(real, reduce_mesh: bool):
     so a user whose 8,192 devices are all simulated learns what kept them)."""
     if not reduce_mesh:
         return None, None
+    from .passes.mesh_reduction import NOT_A_SHARD_MAP, NOT_DISTRIBUTED
     from .prover.mesh_transfer import plan
 
     mesh = plan(*real)
     if mesh.reduced:
         return mesh, None
+    if mesh.failed in (NOT_A_SHARD_MAP, NOT_DISTRIBUTED):
+        return None, None  # nothing a user expects reduced
     if mesh.failed:
-        if mesh.failed == "not a distributed program" or mesh.failed.startswith("@main is not"):
-            return None, None  # not a shard_map program: nothing a user expects reduced
         return None, f"every device simulated: mesh reduction not applied ({mesh.failed})"
     kept = [str(a) for a in mesh.axes if a.kept and a.real > 2]
     if not kept:

@@ -22,9 +22,11 @@ from tv_ir.ir.program import Module
 
 from .rewrite import reduced_impl, whole_factor
 from .spec_dims import shrink_spec
+from .template import NOT_A_SHARD_MAP as NOT_A_SHARD_MAP
 from .template import Mesh, Template, mismatches, read_template
 
 name = "mesh-reduction"
+NOT_DISTRIBUTED = "not a distributed program"
 
 
 @dataclass
@@ -145,7 +147,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
     reduced impl runs on `reduced_mesh.devices` devices, its arguments whole on each."""
     out = MeshReduction()
     if placement is None or not placement.distributed:
-        out.failed = "not a distributed program"
+        out.failed = NOT_DISTRIBUTED
         return out
     t = read_template(impl)
     if t.failed:

@@ -38,6 +38,10 @@ RESHAPING = {
 COMPARE_OK = {"EQ", "NE", "LT", "LE", "GT", "GE"}
 
 
+# the program is no shard_map: nothing a user expects reduced (the report says nothing)
+NOT_A_SHARD_MAP = "@main is not one shard_map (sdy.manual_computation) fed by its arguments"
+
+
 @dataclass(frozen=True)
 class Mesh:
     """Axis names and sizes, devices row-major over the axes."""
@@ -150,7 +154,7 @@ def read_template(impl: Module) -> Template:
     mcs = [op for op in main.body.ops if op.name == "sdy.manual_computation"]
     others = [op for op in main.body.ops if op.name not in ("sdy.manual_computation",)]
     if len(mcs) != 1 or any(op.name != "stablehlo.constant" for op in others):
-        t.failed = "@main is not one shard_map (sdy.manual_computation) fed by its arguments"
+        t.failed = NOT_A_SHARD_MAP
         return t
     mc = t.manual = mcs[0]
     if int(impl.attrs.get("mhlo.num_replicas", 1) or 1) != 1:

@@ -77,10 +77,7 @@ def order_free(module: Module, op: Op, value_of: ValueOf, live: list | None = No
             if used is not None and not used:
                 continue  # computed and thrown away on this device
             operands = [np.asarray(x[d]) for x in per_device]
-            if op.name == "stablehlo.reduce" and used is not None:
-                if not _reduce_order_free(body, op, operands, _components(op, used)):
-                    return False
-            elif not _INSTANCES[op.name](body, op, operands):
+            if not _INSTANCES[op.name](body, op, operands, used):
                 return False
     except (OutOfTime, OutOfMemoryBudget, MemoryError):
         raise
@@ -111,10 +108,10 @@ def _components(op: Op, used) -> list[int]:
         need = grown
 
 
-def _reduce_order_free(body: _Body, op: Op, operands: list, components: list | None = None) -> bool:
+def _reduce_order_free(body: _Body, op: Op, operands: list, used=None) -> bool:
     """Each output element: the body commutative and associative on the closure of its
     lane's values and the init values (then every tree, in every order, agrees); only on
-    `components` when given (the others do not reach them)."""
+    the components the `used` results read (the others do not reach them)."""
     k = len(operands) // 2
     axes = tuple(op.attrs["dimensions"])
     rest = [d for d in range(operands[0].ndim) if d not in axes]
@@ -122,7 +119,7 @@ def _reduce_order_free(body: _Body, op: Op, operands: list, components: list | N
     inits = [np.asarray(i).reshape(1) for i in operands[k:]]
     if lanes[0].shape[0] > INSTANCES_LIMIT:
         return False
-    keep = list(range(k)) if components is None else components
+    keep = list(range(k)) if used is None else _components(op, used)
     run = body if len(keep) == k else _Projected(body, keep, inits)
     for lane in range(lanes[0].shape[0]):
         values = [np.concatenate([inits[i], lanes[i][lane]]) for i in keep]
@@ -131,9 +128,10 @@ def _reduce_order_free(body: _Body, op: Op, operands: list, components: list | N
     return True
 
 
-def _scatter_order_free(body: _Body, op: Op, operands: list) -> bool:
+def _scatter_order_free(body: _Body, op: Op, operands: list, used=None) -> bool:
     """Each operand position updated more than once: every sequence of its updates reaches
-    the same value (each subset of them one state, on every path through the subsets)."""
+    the same value (each subset of them one state, on every path through the subsets).
+    Every result counts (`used` is not read: a scatter's results share its positions)."""
     from tv_ir.semantics.ops.indexing import scatter_targets
 
     k = (len(operands) - 1) // 2
