@@ -220,3 +220,85 @@ def test_an_idle_device_is_looked_up_only_among_the_values_a_busy_one_holds(monk
     assert c.spec_value == 0
     assert c.boxes == (((0, 2), (0, 4)), ((2, 4), (0, 4)))
     assert len(boxed) < 10, len(boxed)  # before: a box for every zero tile of all 61 values
+
+
+def test_zeros_are_matched_with_every_zero_tile_without_comparing_them(monkeypatch) -> None:
+    # an idle pipeline stage's zeros equal a zero tile of every one of 300 spec values (a
+    # 405B-shaped step's walk looked each up and compared it, minutes in all): all are
+    # named, and none is compared element by element
+    from tv_ir.prover import correspond
+
+    rng = np.random.default_rng(0)
+    spec = {k: np.zeros((4, 4)) for k in range(300)}
+    spec[300] = rng.standard_normal((4, 4))
+    index = TileIndex([Trace(values=spec)], {k: (4, 4) for k in spec}, {k: k for k in spec})
+    compared = []
+    real = correspond.close_elementwise
+    monkeypatch.setattr(
+        correspond, "close_elementwise", lambda a, b: compared.append(1) or real(a, b)
+    )
+    assert index.values_held([[np.zeros((2, 4))], [np.zeros((2, 4))]]) == set(range(300))
+    assert compared == []
+    # a value of tiny elements (1e-11: within the comparison's tolerance of zero) equals
+    # every zero and tiny tile, also without comparisons; a value of ordinary size whose
+    # key falls among them (made so) is compared with none of them
+    tiny = {300 + k: 10.0 ** -(11 + k % 3) * rng.standard_normal((4, 4)) for k in range(100)}
+    spec |= tiny
+    index = TileIndex([Trace(values=spec)], {k: (4, 4) for k in spec}, {k: k for k in spec})
+    own = tiny[305]
+    assert index.values_held([[own[:2]], [own[2:]]]) == set(range(400))
+    assert compared == []
+    r, _ = index._direction((2, 4))
+    odd = np.zeros((2, 4))
+    odd[0, :2] = [r[1], -r[0]]  # projects to zero, peak ~1
+    assert index.values_held([[odd], [odd]]) == set()
+    assert compared == []
+
+
+def test_local_shapes_differing_in_unit_dimensions_share_one_index() -> None:
+    # localisation looks up (2, 2), (1, 2, 2) and (2, 1, 2) values: the same tiles, in the
+    # same element order; one index is built for them (each took a pass over every spec
+    # value), and each finds what the others find
+    rng = np.random.default_rng(1)
+    spec = {1: rng.standard_normal((4, 2)), 2: rng.standard_normal((2, 1, 2, 2))}
+    index = TileIndex(
+        [Trace(values=spec)], {k: v.shape for k, v in spec.items()}, {1: 0, 2: 1}, loose_rank=True
+    )
+    piece = spec[1][2:]
+    found = [
+        sorted(index.tile_matches([np.reshape(piece, local)]))
+        for local in [(2, 2), (1, 2, 2), (2, 1, 2), (1, 2, 1, 2)]
+    ]
+    assert found[0] and all(f == found[0] for f in found)
+    assert len(index._by_local) == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_near_equal_tiles_of_tiny_and_large_values_are_all_found(seed) -> None:
+    """The look-up drops tiles whose largest magnitude is not the value's before comparing:
+    it finds every tile a one-by-one comparison finds, with values from 1e-12 to 1e6, copies
+    perturbed within the comparison's tolerance, zeros and non-finite elements."""
+    from tv_ir.semantics.closeness import close_elementwise
+
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((4, 4)) * 10.0 ** rng.integers(-12, 7)
+    values = {
+        1: base,
+        2: base + 4e-10 * rng.standard_normal((4, 4)),  # close at scale 1
+        3: base * (1 + 4e-10),
+        4: np.where(rng.random((4, 4)) < 0.5, 0.0, base),
+        5: np.zeros((4, 4)),
+        6: np.where(rng.random((4, 4)) < 0.2, np.inf, base),
+    }
+    shapes = {k: (4, 4) for k in values}
+    index = TileIndex([Trace(values=values)], shapes, {k: k for k in values}, loose_rank=True)
+    for local in [(2, 2), (4, 4), (1, 4)]:
+        every = index._tiles(local)
+        for _, _, arrays in every:
+            slow = {
+                vid
+                for vid, _, other in every
+                if all(close_elementwise(a, b) for a, b in zip(arrays, other, strict=True))
+            }
+            assert {v for v, _ in index.tile_matches(arrays)} == slow

@@ -26,6 +26,10 @@ Box = tuple[tuple[int, int], ...]  # (start, stop) per dimension
 # equal tiles of one spec value kept as a device's alternatives (heads whose masked scores are
 # equal in every simulation run); a zero value equals thousands of tiles: only so many boxes
 ALTERNATIVES = 8
+# tiles whose largest finite magnitudes differ by more than this (relative to 1 or the
+# larger) are not element-wise close (`close_elementwise` allows RTOL, so theirs differ by
+# at most RTOL; twice that for rounding): they are not compared
+PEAK_SLACK = 2 * RTOL
 
 
 MOVEMENT_OPS = {
@@ -172,9 +176,16 @@ class TileIndex:
         # `candidates` and then `tile_matches` look up the same devices' arrays
         self._memo: dict[tuple, tuple] | None = None  # off until `forget`
 
+    def _canonical(self, local: tuple) -> tuple:
+        """The tile shape an index is kept for: with `loose_rank`, local shapes that differ
+        only in unit dimensions (`(1, 2, 2)`, `(2, 1, 2)`, `(2, 2)`) have the same tiles in the
+        same element order, so they share one index (and one projection direction)."""
+        return tuple(n for n in local if n != 1) if self.loose_rank else local
+
     def _direction(self, local: tuple) -> tuple[np.ndarray, np.ndarray]:
         """The random direction values of shape `local` are projected on, and its absolute
         values (drawn once per shape: every value and tile of a shape meets the same one)."""
+        local = self._canonical(local)
         d = self._directions.get(local)
         if d is None:
             r = np.random.default_rng(abs(hash(local)) & 0xFFFF).standard_normal(
@@ -222,6 +233,7 @@ class TileIndex:
         spec value's tiles of one shape are projected and grouped at once (`tile_rows`,
         numpy): a value of a million elements has a million unit tiles, which one by one
         (or one Python step each) cost minutes in a large program."""
+        local = self._canonical(local)
         idx = self._by_local.get(local)
         if idx is None:
             r, _ = self._direction(local)
@@ -245,7 +257,18 @@ class TileIndex:
                         key += f @ r
                     groups = _equal_rows(rows)
                     tiles_seen.append(tile)
-                    parts.append((key[groups.first], vid, len(tiles_seen) - 1, groups))
+                    peak, nonfinite = _peaks(rows)
+                    first = groups.first
+                    parts.append(
+                        (
+                            key[first],
+                            vid,
+                            len(tiles_seen) - 1,
+                            groups,
+                            peak[first],
+                            nonfinite[first],
+                        )
+                    )
             idx = _TileEntries.of(parts, tiles_seen)
             self._by_local[local] = idx
         return idx
@@ -294,23 +317,38 @@ class TileIndex:
         tol = 1e-7 * (1.0 + key[1])
         lo = int(np.searchsorted(idx.keys, key[0] - tol, side="left"))
         hi = int(np.searchsorted(idx.keys, key[0] + tol, side="right"))
+        # near-zero keys are shared by thousands of tiles (zeros of every value, an idle
+        # stage's, a masked attention's tiny tail): tiles whose largest magnitude is not the
+        # arrays' are dropped at once, and tiles so small that every element is within the
+        # comparison's tolerance of the arrays' (zeros: an idle stage's) are equal at once
+        peak, nonfinite = (float(x[0]) for x in _peaks([np.reshape(a, (1, -1)) for a in arrays]))
+        peaks = idx.peaks[lo:hi]
+        far = (idx.nonfinite[lo:hi] != nonfinite) | (
+            np.abs(peaks - peak) > PEAK_SLACK * np.maximum(1.0, np.maximum(peaks, peak))
+        )
+        sure = (idx.nonfinite[lo:hi] == 0) & (nonfinite == 0) & (peaks + peak <= 0.5 * RTOL)
+        entries = np.flatnonzero(~far).tolist()
         out, seen = [], set()
         verdicts: dict[tuple, bool] = {}  # equal tiles of several values: compared once
-        for e in range(lo, hi):
+        for k in entries:
+            e = lo + k
             vid = int(idx.vids[e])
             if (firsts and vid in seen) or (only is not None and vid not in only):
                 continue  # near-zero tiles of values already found, or not asked for
             check_time()  # near-zero tiles: thousands may share a key
             tile = idx.tiles[int(idx.tile_of[e])]
             rows = idx.members(e)
-            box = tile_box(tuple(self.shapes[vid]), tile, rows[0])
-            blocks = [self._tile(vid, box, i, local) for i in range(len(arrays))]
-            content = tuple(np.ascontiguousarray(b).tobytes() for b in blocks)
-            same = verdicts.get(content)
-            if same is None:
-                same = verdicts[content] = all(
-                    close_elementwise(a, b) for a, b in zip(arrays, blocks, strict=True)
-                )
+            if sure[k]:
+                same = True  # |a - b| <= |a| + |b| <= RTOL, finite on both sides
+            else:
+                box = tile_box(tuple(self.shapes[vid]), tile, rows[0])
+                blocks = [self._tile(vid, box, i, local) for i in range(len(arrays))]
+                content = tuple(np.ascontiguousarray(b).tobytes() for b in blocks)
+                same = verdicts.get(content)
+                if same is None:
+                    same = verdicts[content] = all(
+                        close_elementwise(a, b) for a, b in zip(arrays, blocks, strict=True)
+                    )
             if same:
                 out += [(vid, tile, row) for row in (rows[:1] if firsts else rows)]
                 seen.add(vid)
@@ -347,6 +385,7 @@ class TileIndex:
         """Spec tiles divided by their largest-magnitude element (scale-free keys), sorted.
         Each spec value's tiles of one shape are normalised and projected at once, as in
         `_index` (one by one, the tiles of a large program took minutes)."""
+        local = self._canonical(local)
         idx = self._by_norm.get(local)
         if idx is None:
             r, _ = self._direction(local)
@@ -566,23 +605,30 @@ class _TileEntries:
     group_of: np.ndarray
     chunks: list  # per (value, tile shape): its _EqualRows
     tiles: list
+    peaks: np.ndarray  # per entry: its largest finite magnitude over the runs (`_peaks`)
+    nonfinite: np.ndarray  # per entry: its number of non-finite elements over the runs
 
     @staticmethod
     def of(parts: list[tuple], tiles: list) -> _TileEntries:
-        """From (keys of each group, spec value, tile, _EqualRows) per value and tile."""
-        cols: list[list] = [[], [], [], [], []]
-        for c, (keys, vid, tile, _) in enumerate(parts):
+        """From (keys of each group, spec value, tile, _EqualRows, and each group's `_peaks`)
+        per value and tile."""
+        cols: list[list] = [[], [], [], [], [], [], []]
+        for c, (keys, vid, tile, _, peaks, nonfinite) in enumerate(parts):
             n = len(keys)
             for col, x in zip(
                 cols,
                 (keys, np.full(n, vid), np.full(n, tile), np.full(n, c), np.arange(n)),
-                strict=True,
+                strict=False,
             ):
                 col.append(x)
+            cols[5].append(peaks)
+            cols[6].append(nonfinite)
         arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
+        arrays[5] = arrays[5].astype(np.float64)
         order = np.argsort(arrays[0], kind="stable")
-        chunks = [groups for *_, groups in parts]
-        return _TileEntries(*(a[order] for a in arrays), chunks, tiles)
+        chunks = [p[3] for p in parts]
+        *first, peaks, nonfinite = (a[order] for a in arrays)
+        return _TileEntries(*first, chunks, tiles, peaks, nonfinite)
 
     def members(self, e: int) -> list[int]:
         """Entry `e`'s rows: the first ALTERNATIVES equal tiles."""
@@ -590,6 +636,22 @@ class _TileEntries:
         k = int(self.group_of[e])
         start = int(g.starts[k])
         return g.rows[start : start + min(int(g.counts[k]), ALTERNATIVES)].tolist()
+
+
+def _peaks(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (a tile, one array per run): its largest finite magnitude in any run, and its
+    number of non-finite elements over the runs. Tiles equal element by element
+    (`close_elementwise`) have non-finite elements in the same places and largest finite
+    magnitudes within RTOL x max(1, either) of each other."""
+    peak = np.zeros(len(rows[0]))
+    nonfinite = np.zeros(len(rows[0]), dtype=np.int64)
+    for run in rows:
+        f = np.abs(run.astype(np.float64).reshape(len(run), -1))
+        ok = np.isfinite(f)
+        nonfinite += f.shape[1] - ok.sum(axis=1)
+        if f.shape[1]:
+            peak = np.maximum(peak, np.where(ok, f, 0.0).max(axis=1))
+    return peak, nonfinite
 
 
 def _pivot(a) -> float | None:
