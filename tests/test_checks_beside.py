@@ -71,3 +71,27 @@ def test_checks_answer_by_name_in_a_child_or_here(monkeypatch, fork) -> None:
         assert checks.result("later") == 7
         with pytest.raises(ValueError, match="the check failed"):
             checks.result("raises")
+
+
+def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(monkeypatch) -> None:
+    # the 405B-shaped step on TrainVerify's PP-14 plan: its proof reached the ceiling
+    # lowered by the child's share (3,500 MB less a quarter of what was left) and ended
+    # unknown, though it fits the user's limit alone; now the child is stopped, the proof
+    # goes on under the whole limit, and the checks are made here when asked for
+    import os
+
+    import numpy as np
+
+    from tv_ir.limits import check_memory, memory_budget
+
+    monkeypatch.setattr(workers, "_core_free", lambda: True)
+    with memory_budget(400):
+        with workers.ChecksBeside() as checks:
+            checks.add("pid", os.getpid)
+            checks.start()
+            assert checks._beside.forked
+            grown = np.ones(340 * 2**20 // 8)  # past 400 - 100 MB, within 400 MB
+            check_memory(force=True)
+            assert not checks._beside.forked
+            assert checks.result("pid") == os.getpid()  # made here: the child is gone
+            del grown

@@ -44,6 +44,7 @@ import gc
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,15 +176,35 @@ class OutOfMemoryBudget(TvError):
     exit_code = 2
 
 
+class _Aside:
+    """MB set aside for a forked child working beside the run (`memory_set_aside`), and how
+    to stop it: the run takes its share back when it needs it (the child's work is then
+    done in the process, later), rather than end `unknown` beside a child doing checks."""
+
+    def __init__(self, mb: float, stop: Callable[[], None]) -> None:
+        self.mb, self.stop, self.taken_back = mb, stop, False
+
+    def take_back(self) -> None:
+        if not self.taken_back:
+            self.taken_back = True
+            self.stop()
+
+
 @dataclass(frozen=True)
 class _Budget:
     mb: float  # what the user allowed the run (in a worker process: its share of it)
     ceiling: float  # resident MB the process may reach: its memory at the start, plus mb
     run_mb: float | None = None  # in a worker process: what the user allowed the whole run
+    aside: _Aside | None = None  # MB lowering the ceiling for a child beside, until taken back
 
     def used(self, rss: float) -> float:
         """MB the run has added to the process."""
         return rss - (self.ceiling - self.mb)
+
+    def limit(self) -> float:
+        """The ceiling now: raised by the set-aside share once it is taken back."""
+        back = self.aside is not None and self.aside.taken_back
+        return self.ceiling + (self.aside.mb if back else 0.0)
 
 
 _budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("tv_memory", default=None)
@@ -202,7 +223,7 @@ def memory_budget(mb: float | None):
         raise BadInput(f"memory limit must be a positive number of MB, not {mb!r}")
     outer = _budget.get()
     budget = _Budget(mb, rss_mb() + mb)
-    if outer is not None and outer.ceiling <= budget.ceiling:
+    if outer is not None and outer.limit() <= budget.ceiling:
         budget = outer
     token = _budget.set(budget)
     try:
@@ -212,14 +233,17 @@ def memory_budget(mb: float | None):
 
 
 @contextlib.contextmanager
-def memory_set_aside(mb: float | None):
+def memory_set_aside(mb: float | None, stop: Callable[[], None] | None = None):
     """Lower the enclosed work's memory ceiling by `mb` MB: what a forked child working
-    beside it may use (tv_ir.prover.workers.beside), so the run's limit holds for both."""
+    beside it may use (tv_ir.prover.workers.Beside), so the run's limit holds for both.
+    With `stop` (which ends the child), work that reaches the lowered ceiling calls it and
+    goes on under the whole one."""
     outer = _budget.get()
     if mb is None or outer is None:
         yield
         return
-    token = _budget.set(_Budget(outer.mb, outer.ceiling - mb, outer.run_mb))
+    aside = _Aside(mb, stop) if stop is not None else None
+    token = _budget.set(_Budget(outer.mb, outer.limit() - mb, outer.run_mb, aside))
     try:
         yield
     finally:
@@ -331,7 +355,7 @@ def worker_memory_budget(share_mb: float | None):
 def memory_left_mb() -> float | None:
     """MB left under the memory limit (None: no limit; may be negative)."""
     budget = _budget.get()
-    return None if budget is None else budget.ceiling - _measured_mb()
+    return None if budget is None else budget.limit() - _measured_mb()
 
 
 def check_memory(force: bool = False) -> None:
@@ -345,7 +369,9 @@ def check_memory(force: bool = False) -> None:
         return
     _memory_polled[0] = now
     rss = _measured_mb()
-    if rss > budget.ceiling:
+    if rss > budget.limit() and budget.aside is not None and not budget.aside.taken_back:
+        budget.aside.take_back()  # the child beside stops; its checks are made here later
+    if rss > budget.limit():
         raise OutOfMemoryBudget(memory_limit_reason(budget.used(rss)))
 
 

@@ -267,7 +267,8 @@ class Beside:
     concrete checks at the real layer count beside the proof at fewer layers), when a core
     is free for it (`_core_free`); else computed in this process when asked for. Use as a
     context manager: the caller's memory ceiling is lowered by the child's share while it
-    runs, and a result no one asked for is abandoned (the child stopped) on leaving."""
+    runs (until the caller needs it: then the child is stopped and the job computed here),
+    and a result no one asked for is abandoned (the child stopped) on leaving."""
 
     def __init__(self, job: Callable[[], Any]):
         self.job = job
@@ -287,7 +288,9 @@ class Beside:
             self.child, self.share = None, None
 
     def __enter__(self) -> Beside:
-        self._aside = memory_set_aside(self.share if self.child is not None else None)
+        # the proof reaching its lowered ceiling stops the child (its job is then computed
+        # here when asked for): checks beside it never cost the proof its memory
+        self._aside = memory_set_aside(self.share if self.child is not None else None, self.stop)
         self._aside.__enter__()
         return self
 
