@@ -646,7 +646,7 @@ def _peaks(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     peak = np.zeros(len(rows[0]))
     nonfinite = np.zeros(len(rows[0]), dtype=np.int64)
     for run in rows:
-        f = np.abs(run.astype(np.float64).reshape(len(run), -1))
+        f = np.abs(run.astype(np.float64))  # (rows, elements)
         ok = np.isfinite(f)
         nonfinite += f.shape[1] - ok.sum(axis=1)
         if f.shape[1]:
