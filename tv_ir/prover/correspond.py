@@ -30,6 +30,7 @@ ALTERNATIVES = 8
 # larger) are not element-wise close (`close_elementwise` allows RTOL, so theirs differ by
 # at most RTOL; twice that for rounding): they are not compared
 PEAK_SLACK = 2 * RTOL
+FEW_CANDIDATES = 16  # candidates compared without that sorting out
 
 
 MOVEMENT_OPS = {
@@ -249,15 +250,9 @@ class TileIndex:
                 for tile in tile_shapes(shape, local, self.loose_rank):
                     # every tile at once: its projection (as `_project`) and its contents
                     rows = [tile_rows(v, tile) for v in values]
-                    key = np.zeros(len(rows[0]))
-                    for run in rows:
-                        f = run.astype(np.float64)
-                        if not np.isfinite(f).all():
-                            f = np.nan_to_num(f, nan=0.0, posinf=0.0, neginf=0.0)
-                        key += f @ r
+                    key, peak, nonfinite = _projected(rows, r)
                     groups = _equal_rows(rows)
                     tiles_seen.append(tile)
-                    peak, nonfinite = _peaks(rows)
                     first = groups.first
                     parts.append(
                         (
@@ -321,13 +316,19 @@ class TileIndex:
         # stage's, a masked attention's tiny tail): tiles whose largest magnitude is not the
         # arrays' are dropped at once, and tiles so small that every element is within the
         # comparison's tolerance of the arrays' (zeros: an idle stage's) are equal at once
-        peak, nonfinite = (float(x[0]) for x in _peaks([np.reshape(a, (1, -1)) for a in arrays]))
-        peaks = idx.peaks[lo:hi]
-        far = (idx.nonfinite[lo:hi] != nonfinite) | (
-            np.abs(peaks - peak) > PEAK_SLACK * np.maximum(1.0, np.maximum(peaks, peak))
-        )
-        sure = (idx.nonfinite[lo:hi] == 0) & (nonfinite == 0) & (peaks + peak <= 0.5 * RTOL)
-        entries = np.flatnonzero(~far).tolist()
+        if hi - lo > FEW_CANDIDATES:
+            peak, nonfinite = (
+                float(x[0]) for x in _peaks([np.reshape(a, (1, -1)) for a in arrays])
+            )
+            peaks = idx.peaks[lo:hi]
+            far = (idx.nonfinite[lo:hi] != nonfinite) | (
+                np.abs(peaks - peak) > PEAK_SLACK * np.maximum(1.0, np.maximum(peaks, peak))
+            )
+            sure = (idx.nonfinite[lo:hi] == 0) & (nonfinite == 0) & (peaks + peak <= 0.5 * RTOL)
+            entries = np.flatnonzero(~far).tolist()
+        else:  # a few candidates: comparing them costs less than sorting them out
+            sure = np.zeros(hi - lo, dtype=bool)
+            entries = list(range(hi - lo))
         out, seen = [], set()
         verdicts: dict[tuple, bool] = {}  # equal tiles of several values: compared once
         for k in entries:
@@ -639,19 +640,31 @@ class _TileEntries:
 
 
 def _peaks(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per row (a tile, one array per run): its largest finite magnitude in any run, and its
-    number of non-finite elements over the runs. Tiles equal element by element
-    (`close_elementwise`) have non-finite elements in the same places and largest finite
-    magnitudes within RTOL x max(1, either) of each other."""
-    peak = np.zeros(len(rows[0]))
-    nonfinite = np.zeros(len(rows[0]), dtype=np.int64)
-    for run in rows:
-        f = np.abs(run.astype(np.float64))  # (rows, elements)
-        ok = np.isfinite(f)
-        nonfinite += f.shape[1] - ok.sum(axis=1)
-        if f.shape[1]:
-            peak = np.maximum(peak, np.where(ok, f, 0.0).max(axis=1))
+    """Per row (a tile, one 2-d array of rows per run): its largest finite magnitude in any
+    run, and its number of non-finite elements over the runs. Tiles equal element by
+    element (`close_elementwise`) have non-finite elements in the same places and largest
+    finite magnitudes within RTOL x max(1, either) of each other."""
+    _, peak, nonfinite = _projected(rows, None)
     return peak, nonfinite
+
+
+def _projected(rows: list[np.ndarray], r: np.ndarray | None) -> tuple:
+    """(projection on `r` summed over the runs, non-finite elements as zeros; `_peaks`) of
+    each row, in one pass over the runs' rows."""
+    n = len(rows[0])
+    key, peak = np.zeros(n), np.zeros(n)
+    nonfinite = np.zeros(n, dtype=np.int64)
+    for run in rows:
+        f = run.astype(np.float64)
+        ok = np.isfinite(f)
+        if not ok.all():
+            nonfinite += f.shape[1] - ok.sum(axis=1)
+            f = np.where(ok, f, 0.0)
+        if r is not None:
+            key += f @ r
+        if f.shape[1]:
+            peak = np.maximum(peak, np.maximum(f.max(axis=1), -f.min(axis=1)))
+    return key, peak, nonfinite
 
 
 def _pivot(a) -> float | None:
