@@ -616,14 +616,9 @@ class _TileEntries:
         cols: list[list] = [[], [], [], [], [], [], []]
         for c, (keys, vid, tile, _, peaks, nonfinite) in enumerate(parts):
             n = len(keys)
-            for col, x in zip(
-                cols,
-                (keys, np.full(n, vid), np.full(n, tile), np.full(n, c), np.arange(n)),
-                strict=False,
-            ):
+            row = (keys, np.full(n, vid), np.full(n, tile), np.full(n, c), np.arange(n))
+            for col, x in zip(cols, (*row, peaks, nonfinite), strict=True):
                 col.append(x)
-            cols[5].append(peaks)
-            cols[6].append(nonfinite)
         arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
         arrays[5] = arrays[5].astype(np.float64)
         order = np.argsort(arrays[0], kind="stable")
