@@ -4,6 +4,7 @@
     python bench/llama_depth.py --depths 2,8 --no-bug --no-xla
     python bench/llama_depth.py --depths 126 --time-limit 1800 --memory 4000
     python bench/llama_depth.py --stack scan --depths 2,32,126   # layers as jax.lax.scan
+    python bench/llama_depth.py --stack scan --depths 2,32,126 --no-bug --no-xla --repeat 3
 
 The configuration of bench/llama3.py's `TRAINVERIFY` (hidden 128, seq 128, 32 heads, batch
 32, vocab 51200, DP 2 x PP 2 x TP 2 as one `jax.shard_map`, 2 micro-batches, forward +
@@ -59,6 +60,13 @@ def main() -> None:
     )
     ap.add_argument("--bug-only", action="store_true", help="only the planted-bug rows")
     ap.add_argument("--json", help="also write the results to this file")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="passes over all rows (fresh children); each row shows its fastest run: this "
+        "machine's speed drifts 20-30%% between minutes",
+    )
     a = ap.parse_args()
 
     header = (
@@ -73,35 +81,48 @@ def main() -> None:
     print(header)
     print("-" * len(header), flush=True)
     results = []
+    rows = []
     for layers in (int(d) for d in a.depths.split(",")):
         cfg = M.with_(M.TRAINVERIFY, layers=layers, stack=a.stack)
         bugs = a.bugs.split(",")
         for bug in (None,) if a.no_bug else (*bugs,) if a.bug_only else (None, *bugs):
-            row = S.llama_row(cfg, bug, note="TrainVerify")
-            args = ["verify", json.dumps(row), str(a.time_limit), str(a.memory)]
-            res, peak = S.run_child(args, a.time_limit + 120, a.memory + 200)
-            res["peak_mb"] = peak
-            if not a.no_xla and bug is None:
-                xla, _ = S.run_child(["xla", json.dumps(row)], 900, None)
-                res.update({k: v for k, v in xla.items() if k.startswith("xla")})
-            ph = res.get("phases", {})
-            imp = ph.get("import")  # parsing, passes and shape reduction (after lowering)
-            tv = TRAINVERIFY_S.get(layers) if bug is None else None
-            print(
-                f"{layers:>6} {bug or '-':>9} {res['verdict']:>15} "
-                f"{S.fmt(res.get('stages'), 'd'):>6} {S.fmt(res.get('cache_hits'), 'd'):>5} "
-                f"{S.fmt(res.get('seconds')):>7} {S.fmt(res.get('lower_s')):>6} "
-                f"{S.fmt(imp):>6} {S.fmt(ph.get('simulate')):>5} {S.fmt(ph.get('prove')):>6} "
-                f"{S.fmt(ph.get('confirm')):>7} {S.fmt(ph.get('layers')):>6} "
-                f"{S.fmt(ph.get('layers confirm')):>6} {peak:>7.0f} "
-                f"{S.fmt(res.get('xla_s'), '.2f'):>6} "
-                f"{S.fmt(tv):>6}",
-                flush=True,
-            )
-            for key in ("layers", "where", "reason"):
-                if res.get(key):
-                    print(f"    {key}: {res[key][:300]}", flush=True)
-            results.append({"layers": layers, "bug": bug, **res})
+            rows.append((layers, bug, S.llama_row(cfg, bug, note="TrainVerify")))
+
+    def verify(row: dict) -> tuple[dict, float]:
+        args = ["verify", json.dumps(row), str(a.time_limit), str(a.memory)]
+        return S.run_child(args, a.time_limit + 120, a.memory + 200)
+
+    earlier: dict[int, list] = {k: [] for k in range(len(rows))}
+    for n in range(max(1, a.repeat) - 1):  # the earlier passes: the fastest run is shown
+        for k, (layers, bug, row) in enumerate(rows):
+            earlier[k].append(verify(row))
+            secs = earlier[k][-1][0].get("seconds")
+            print(f"  pass {n + 1}: {layers} layers {bug or '-'}: {secs} s", file=sys.stderr)
+    for k, (layers, bug, row) in enumerate(rows):
+        runs = [*earlier[k], verify(row)]
+        res, peak = min(runs, key=lambda r: r[0].get("seconds") or float("inf"))
+        res["peak_mb"] = peak
+        if not a.no_xla and bug is None:
+            xla, _ = S.run_child(["xla", json.dumps(row)], 900, None)
+            res.update({k: v for k, v in xla.items() if k.startswith("xla")})
+        ph = res.get("phases", {})
+        imp = ph.get("import")  # parsing, passes and shape reduction (after lowering)
+        tv = TRAINVERIFY_S.get(layers) if bug is None else None
+        print(
+            f"{layers:>6} {bug or '-':>9} {res['verdict']:>15} "
+            f"{S.fmt(res.get('stages'), 'd'):>6} {S.fmt(res.get('cache_hits'), 'd'):>5} "
+            f"{S.fmt(res.get('seconds')):>7} {S.fmt(res.get('lower_s')):>6} "
+            f"{S.fmt(imp):>6} {S.fmt(ph.get('simulate')):>5} {S.fmt(ph.get('prove')):>6} "
+            f"{S.fmt(ph.get('confirm')):>7} {S.fmt(ph.get('layers')):>6} "
+            f"{S.fmt(ph.get('layers confirm')):>6} {peak:>7.0f} "
+            f"{S.fmt(res.get('xla_s'), '.2f'):>6} "
+            f"{S.fmt(tv):>6}",
+            flush=True,
+        )
+        for key in ("layers", "where", "reason"):
+            if res.get(key):
+                print(f"    {key}: {res[key][:300]}", flush=True)
+        results.append({"layers": layers, "bug": bug, **res})
     print(
         "\nhits: stage obligations proved by reusing the proof of a renamed copy"
         "\n(tv_ir/prover/obligation_cache.py); tv s: verify() in a fresh child, lowering"
