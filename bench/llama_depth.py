@@ -96,7 +96,7 @@ def main() -> None:
     for n in range(max(1, a.repeat) - 1):  # the earlier passes: the fastest run is shown
         for k, (layers, bug, row) in enumerate(rows):
             earlier[k].append(verify(row))
-            secs = earlier[k][-1][0].get("seconds")
+            secs = S.fmt(earlier[k][-1][0].get("seconds"))
             print(f"  pass {n + 1}: {layers} layers {bug or '-'}: {secs} s", file=sys.stderr)
     for k, (layers, bug, row) in enumerate(rows):
         runs = [*earlier[k], verify(row)]
