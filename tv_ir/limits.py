@@ -369,7 +369,7 @@ def check_memory(force: bool = False) -> None:
         return
     _memory_polled[0] = now
     rss = _measured_mb()
-    if rss > budget.limit() and budget.aside is not None and not budget.aside.taken_back:
+    if rss > budget.limit() and budget.aside is not None:
         budget.aside.take_back()  # the child beside stops; its checks are made here later
     if rss > budget.limit():
         raise OutOfMemoryBudget(memory_limit_reason(budget.used(rss)))

@@ -620,7 +620,6 @@ class _TileEntries:
             for col, x in zip(cols, (*row, peaks, nonfinite), strict=True):
                 col.append(x)
         arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols]
-        arrays[5] = arrays[5].astype(np.float64)
         order = np.argsort(arrays[0], kind="stable")
         chunks = [p[3] for p in parts]
         *first, peaks, nonfinite = (a[order] for a in arrays)
