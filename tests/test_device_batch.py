@@ -5,6 +5,8 @@ hook that replaces values is seen by the ops after it."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -109,3 +111,22 @@ def test_hook_replacing_values_is_seen_by_batched_ops(mesh):
     for d in range(8):
         for k in range(2):
             np.testing.assert_allclose(outs[d][k], ref[d][k], rtol=1e-12, atol=1e-12)
+
+
+def test_the_latest_write_of_a_value_is_what_each_device_reads():
+    """A value held stacked for all devices, then written per device (a loop's next
+    iteration evaluated device by device), then stacked again: each device reads the
+    latest, never an older copy."""
+    batch = device_batch.DeviceBatch(2, NumpyAlgebra())
+    op = SimpleNamespace(results=[SimpleNamespace(id=7)])
+    batch.put(op, device_batch.Stacked([np.array([[1.0], [2.0]])]))
+    assert [float(env[7][0]) for env in batch.envs] == [1.0, 2.0]
+    for d, env in enumerate(batch.envs):
+        env[7] = np.array([10.0 + d])
+    assert [float(env[7][0]) for env in batch.envs] == [10.0, 11.0]
+    np.testing.assert_array_equal(batch.stacked(7), [[10.0], [11.0]])
+    batch.put(op, device_batch.Stacked([np.array([[5.0], [6.0]])]))
+    assert [float(env[7][0]) for env in batch.envs] == [5.0, 6.0]
+    batch.put(op, device_batch.Stacked([device_batch.One(np.array([3.0]))]))
+    assert batch.envs[0][7] is batch.envs[1][7]  # one object for every device
+    assert batch.same(7) is not None

@@ -8,8 +8,12 @@ scan"). Here an ordinary op is evaluated once on the devices' values stacked alo
 leading *device axis*, by the op's own evaluator with its attributes shifted past that axis
 (as `jax.vmap` batches a primitive): `broadcast_in_dim`'s dimensions + 1, `dot_general`'s
 device axis a batch dimension, `reduce`'s dimensions + 1, and so on. The stacked result is
-cut into per-device views, so everything else (hooks, collectives, control flow, the
-per-device environments) sees what device-by-device evaluation gives.
+held once, stacked, and the next batched op reads it as it is; a device's environment
+(`DeviceEnv`) gives its slice, a view made when something reads it device by device (a
+collective, control flow, a hook, an op not batched), so everything else sees what
+device-by-device evaluation gives. Writing a device's own value drops the stack; a stack
+put for a value drops the devices' own older copies (a loop body's values, once per
+iteration).
 
 Only ops whose batched form is the same function on each device slice are batched:
 element-wise ops with operands of the result's shape, the data-movement ops, `dot_general`,
@@ -25,6 +29,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import math
+import operator
 import os
 
 import numpy as np
@@ -57,36 +62,172 @@ BATCH_BYTES = 16 << 20
 SHARED = frozenset({"stablehlo.constant", "stablehlo.iota"})  # no operands: one value for all
 
 
+class One:
+    """A value every device holds as the same object (a constant, an iota, what is computed
+    from them alone)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Stacked:
+    """An op's results on all devices: per result, the stacked array (device axis first) or
+    `One`. What `DeviceBatch.evaluate` gives; `DeviceBatch.put` records it."""
+
+    __slots__ = ("results",)
+
+    def __init__(self, results: list):
+        self.results = results
+
+
+class DeviceEnv(dict):
+    """A device's environment in a device-batched run. A value the batch computed for all
+    devices at once is held once, stacked (`DeviceBatch.put`); reading it here gives this
+    device's slice (a view, made on first read). Values written here (each device's own:
+    collectives, control flow, ops evaluated device by device) take precedence, and writing
+    one drops the stack of the same value."""
+
+    __slots__ = ("batch", "device")
+
+    def __init__(self, batch: DeviceBatch, device: int):
+        super().__init__()
+        self.batch = batch
+        self.device = device
+
+    def __missing__(self, vid: int):
+        return self.batch.device_value(vid, self.device)
+
+    def __setitem__(self, vid: int, value) -> None:
+        dict.__setitem__(self, vid, value)
+        self.batch.written_per_device(vid)
+
+
 class DeviceBatch:
     """Evaluates ordinary ops of an SPMD run on all `n` devices at once (concrete values).
 
-    Keeps, per value id, the stacked array it made or read and the per-device objects it
-    stands for; a stacked array is reused only while every device's environment still
-    holds exactly those objects (a hook or another path that replaced them makes it
-    stack again)."""
+    Holds, per value id, the stacked array (or `One`) the batch made, or one it stacked
+    from the devices' own values; the devices' environments (`DeviceEnv`) read their
+    slices from it. A value written per device drops its stack; a stack put for a value
+    drops the devices' own copies."""
 
     def __init__(self, n: int, alg):
         self.n = n
         self.alg = alg
         self.batched = 0  # ops evaluated once for all devices (stats, tests)
-        self._stacks: dict[int, tuple[np.ndarray, tuple]] = {}  # value id -> (stack, objects)
-        self._owner: dict[int, int] = {}  # id(device 0's object) -> value id of its stack
-        self._plans: dict[int, tuple] = {}  # id(op) -> (op, rule, batched result types)
+        self.envs = [DeviceEnv(self, d) for d in range(n)]
+        self._stacks: dict[int, object] = {}  # value id -> stacked array or One
+        self._views: dict[int, tuple] = {}  # value id -> (stack, each device's view)
+        self._owner: dict[int, int] = {}  # id(device 0's view) -> value id of its stack
+        self._own: set[int] = set()  # value ids some device holds its own value of
+        # id(op) -> (op, rule, batched result types, evaluator, what the rule made once)
+        self._plans: dict[int, tuple] = {}
 
-    def evaluate(self, op: Op, procs: list) -> list | None:
-        """Each device's results of `op` (as `[device][result]`), or None when the op is
-        not batched here (the caller evaluates it device by device)."""
+    # -- the store ---------------------------------------------------------------------------
+    def written_per_device(self, vid: int) -> None:
+        self._own.add(vid)
+        self._stacks.pop(vid, None)
+
+    def put(self, op: Op, out: Stacked) -> None:
+        """Record `op`'s results on all devices (dropping the devices' own older copies)."""
+        stacks = self._stacks
+        for v, r in zip(op.results, out.results, strict=True):
+            vid = v.id
+            if vid in self._own:
+                self._own.discard(vid)
+                for env in self.envs:
+                    dict.pop(env, vid, None)
+            stacks[vid] = r
+
+    def device_value(self, vid: int, d: int):
+        """Device `d`'s value of `vid` from its stack (KeyError: no such value)."""
+        r = self._stacks[vid]
+        if type(r) is One:
+            return r.value
+        known = self._views.get(vid)
+        if known is None or known[0] is not r:
+            views = tuple(r) if r.ndim > 1 else tuple(r[k, ...] for k in range(self.n))
+            known = self._views[vid] = (r, views)
+            self._owner[id(views[0])] = vid
+        return known[1][d]
+
+    def per_device(self, op: Op, out: Stacked) -> list:
+        """`out` as `[device][result]` (for a hook: it sees what device-by-device gives)."""
+        self.put(op, out)
+        per = [[self.device_value(v.id, d) for d in range(self.n)] for v in op.results]
+        return [[values[d] for values in per] for d in range(self.n)]
+
+    def entry(self, vid: int):
+        """The devices' values of `vid`: a stacked array, `One`, or None (not arrays, or of
+        different shapes)."""
+        r = self._stacks.get(vid)
+        if r is not None:
+            return r
+        values = [env[vid] for env in self.envs]
+        first = values[0]
+        if all(x is first for x in values):
+            r = One(first)
+        else:
+            owner = self._owner.get(id(first))
+            known = self._views.get(owner) if owner is not None else None
+            if known is not None and all(map(operator.is_, known[1], values)):
+                r = known[0]  # a loop's carried value: the body's result, as it was stacked
+            else:
+                if not all(isinstance(x, np.ndarray) for x in values):
+                    return None
+                if first.dtype == object or any(
+                    x.shape != first.shape or x.dtype != first.dtype for x in values
+                ):
+                    return None
+                r = np.stack(values)
+                if r.nbytes > KEEP_COPIES_BYTES:  # a copy kept would double the memory
+                    return r
+                # the same objects again (a value a loop carries unchanged): this stack
+                self._views[vid] = (r, tuple(values))
+                self._owner[id(first)] = vid
+        self._stacks[vid] = r
+        return r
+
+    def stacked(self, vid: int, one: bool = False) -> np.ndarray | None:
+        """The devices' values of `vid` stacked along a leading device axis, or None for
+        non-arrays. With `one`, a value every device holds as the same object is given with
+        a device axis of 1 (for element-wise ops: numpy broadcasts it)."""
+        r = self.entry(vid)
+        if type(r) is One:
+            x = r.value
+            if not isinstance(x, np.ndarray) or x.dtype == object:
+                return None
+            return x[None] if one else np.broadcast_to(x, (self.n, *x.shape))
+        return r
+
+    def same(self, vid: int):
+        """The value every device holds (a scalar operand: an index, an init, a pad
+        value), or None when the devices' values differ."""
+        r = self.entry(vid)
+        if type(r) is One:
+            x = r.value
+            return x if isinstance(x, np.ndarray) and x.dtype != object else None
+        if r is None or r.dtype == object:
+            return None
+        flat = np.ascontiguousarray(r).view(np.uint8).reshape(self.n, -1)
+        return r[0] if (flat == flat[0]).all() else None
+
+    # -- ops ---------------------------------------------------------------------------------
+    def evaluate(self, op: Op, procs: list) -> Stacked | None:
+        """`op`'s results on every device, or None when the op is not batched here (the
+        caller evaluates it device by device)."""
         plan = self._plans.get(id(op))
         if plan is None or plan[0] is not op:
-            plan = self._plans[id(op)] = (op, *_plan(op, self.n))
-        _, rule, result_types = plan
+            plan = self._plans[id(op)] = (op, *_plan(op, self.n), {})
+        _, rule, result_types, fn, memo = plan
         if rule is None:
             return None
-        per = [[p.env[v.id] for p in procs] for v in op.operands]
-        if all(_one_object(values) for values in per):
+        entries = [self.entry(v.id) for v in op.operands]
+        if all(type(r) is One for r in entries):
             return self._shared(op, procs)
         try:
-            call = rule(op, per, self)
+            call = rule(op, self, memo)
             if call is None:
                 return None
             attrs, operands, operand_types = call
@@ -100,7 +241,7 @@ class DeviceBatch:
                 regions=op.regions,
                 loc=op.loc,
             )
-            out = lookup(op.name, op.loc)(ctx, *operands)
+            out = fn(ctx, *operands)
             out = out if isinstance(out, list) else [out]
             stacks = [_checked(r, t) for r, t in zip(out, result_types, strict=True)]
         except (MemoryError, RecursionError):
@@ -108,83 +249,33 @@ class DeviceBatch:
         except Exception:  # not batchable after all: device by device decides (and errs)
             return None
         self.batched += 1
-        if len(stacks) == 1:
-            views = self._views(op.results[0].id, stacks[0])
-            return [[x] for x in views]
-        per_result = [self._views(v.id, r) for v, r in zip(op.results, stacks, strict=True)]
-        return [[views[d] for views in per_result] for d in range(self.n)]
+        return Stacked(stacks)
 
-    def _views(self, vid: int, r: np.ndarray) -> tuple:
-        """Each device's result: a view of its slice of the stacked result `r`."""
-        views = tuple(r) if r.ndim > 1 else tuple(r[d, ...] for d in range(self.n))
-        self._remember(vid, r, views)
-        return views
-
-    def stacked(self, vid: int, values: list, one: bool = False) -> np.ndarray | None:
-        """The devices' `values` of value `vid` stacked along a leading device axis (the
-        remembered stack when they are still its objects), or None for non-arrays. With
-        `one`, a value every device holds as the same object is given with a device axis of
-        1 (for element-wise ops: numpy broadcasts it)."""
-        first = values[0]
-        if one and _one_object(values) and isinstance(first, np.ndarray):
-            return first[None]
-        for key in (vid, self._owner.get(id(first))):
-            known = self._stacks.get(key) if key is not None else None
-            if known is not None and all(a is b for a, b in zip(known[1], values, strict=True)):
-                if key != vid:
-                    self._stacks[vid] = known  # a loop's carried value: the body's result
-                return known[0]
-        if not all(isinstance(x, np.ndarray) for x in values):
-            return None
-        if first.dtype == object or any(
-            x.shape != first.shape or x.dtype != first.dtype for x in values
-        ):
-            return None
-        if _one_object(values):
-            r = np.broadcast_to(first, (self.n, *first.shape))
-        else:
-            r = np.stack(values)
-            if r.nbytes > KEEP_COPIES_BYTES:  # a copy kept would double the value's memory
-                return r
-        self._remember(vid, r, tuple(values))
-        return r
-
-    def _remember(self, vid: int, r: np.ndarray, objects: tuple) -> None:
-        old = self._stacks.get(vid)
-        if old is not None and self._owner.get(id(old[1][0])) == vid:
-            del self._owner[id(old[1][0])]
-        self._stacks[vid] = (r, objects)
-        self._owner[id(objects[0])] = vid
-
-    def _shared(self, op: Op, procs: list) -> list:
+    def _shared(self, op: Op, procs: list) -> Stacked:
         """An op whose operands every device holds as the same objects (none, for a
         constant or an iota) computes the same values on every device: evaluated once,
         its results shared."""
         results = procs[0].evaluate_op(op)
         self.batched += 1
-        return [list(results) for _ in range(self.n)]
-
-
-def _one_object(values: list) -> bool:
-    first = values[0]
-    return all(x is first for x in values)
+        return Stacked([One(r) for r in results])
 
 
 def _plan(op: Op, n: int) -> tuple:
-    """(the op's batching rule, its batched result types), or (None, None): not batched."""
+    """(the op's batching rule, its batched result types, its evaluator), or Nones: not
+    batched."""
     name = op.name
     rule = _RULES.get(name) or (_elementwise if name in ELEMENTWISE else None)
     if name in SHARED:
         rule = _never  # no operands: always evaluated once and shared
     if rule is None or _complex(op):
-        return None, None
+        return None, None, None
     types = [_batched_type(v.type, n) for v in op.results]
     if sum(math.prod(t.shape) * np.dtype(t.numpy_dtype).itemsize for t in types) > BATCH_BYTES:
-        return None, None  # large arrays: the call overhead is small beside the work
-    return rule, types
+        return None, None, None  # large arrays: the call overhead is small beside the work
+    return rule, types, lookup(op.name, op.loc)
 
 
-def _never(op, per, batch):
+def _never(op, batch, memo):
     return None
 
 
@@ -210,60 +301,63 @@ def _checked(r, t) -> np.ndarray:
     return r
 
 
-def _stacks(op: Op, per: list, batch: DeviceBatch, which) -> list | None:
+def _stacks(op: Op, batch: DeviceBatch, which) -> list | None:
     """The stacked operands at positions `which` (None if one cannot be stacked)."""
     out = []
     for k in which:
-        s = batch.stacked(op.operands[k].id, per[k])
+        s = batch.stacked(op.operands[k].id)
         if s is None:
             return None
         out.append(s)
     return out
 
 
-def _same(values: list):
-    """The value every device holds (a scalar operand: an index, an init, a pad value),
-    or None when the devices' values differ."""
-    first = values[0]
-    if not isinstance(first, np.ndarray) or first.dtype == object:
+def _types(op: Op, n: int, batched: tuple, memo: dict) -> list:
+    """The operand types of the batched call (`batched`: which operands carry the device
+    axis), made once per op and pattern."""
+    types = memo.get(batched)
+    if types is None:
+        types = memo[batched] = [
+            _batched_type(v.type, n) if b else v.type
+            for v, b in zip(op.operands, batched, strict=True)
+        ]
+    return types
+
+
+def _elementwise(op: Op, batch: DeviceBatch, memo: dict):
+    if "elementwise" not in memo:
+        shape = tuple(op.results[0].type.shape)
+        # a scalar predicate or bound beside tensors: not batched
+        memo["elementwise"] = all(tuple(v.type.shape) == shape for v in op.operands)
+    if not memo["elementwise"]:
         return None
-    for x in values[1:]:
-        if not isinstance(x, np.ndarray) or x.dtype != first.dtype or x.shape != first.shape:
-            return None
-        if x is not first and x.tobytes() != first.tobytes():
-            return None
-    return first
-
-
-def _types(op: Op, n: int, batched: list[bool]) -> list:
-    return [
-        _batched_type(v.type, n) if b else v.type for v, b in zip(op.operands, batched, strict=True)
-    ]
-
-
-def _elementwise(op: Op, per: list, batch: DeviceBatch):
-    shape = tuple(op.results[0].type.shape)
-    if any(tuple(v.type.shape) != shape for v in op.operands):
-        return None  # a scalar predicate or bound beside tensors: not batched
     xs = []
-    for k, v in enumerate(op.operands):  # a value shared by all devices: broadcast
-        x = batch.stacked(v.id, per[k], one=True)
+    for v in op.operands:  # a value shared by all devices: broadcast
+        x = batch.stacked(v.id, one=True)
         if x is None:
             return None
         xs.append(x)
-    return op.attrs, xs, _types(op, batch.n, [True] * len(xs))
+    return op.attrs, xs, _types(op, batch.n, (True,) * len(xs), memo)
 
 
 def _shifted(dims) -> tuple:
     return tuple(int(d) + 1 for d in dims)
 
 
+def _attrs(op: Op, memo: dict, make) -> dict:
+    """The op's attributes for the batched call, made once per op."""
+    attrs = memo.get("attrs")
+    if attrs is None:
+        attrs = memo["attrs"] = make(op.attrs)
+    return attrs
+
+
 def _one_operand(attrs_of):
-    def rule(op: Op, per: list, batch: DeviceBatch):
-        xs = _stacks(op, per, batch, [0])
+    def rule(op: Op, batch: DeviceBatch, memo: dict):
+        xs = _stacks(op, batch, [0])
         if xs is None:
             return None
-        return attrs_of(op.attrs), xs, _types(op, batch.n, [True])
+        return _attrs(op, memo, attrs_of), xs, _types(op, batch.n, (True,), memo)
 
     return rule
 
@@ -286,34 +380,34 @@ def _slice(a):
     }
 
 
-def _concatenate(op: Op, per: list, batch: DeviceBatch):
-    xs = _stacks(op, per, batch, range(len(op.operands)))
+def _concatenate(op: Op, batch: DeviceBatch, memo: dict):
+    xs = _stacks(op, batch, range(len(op.operands)))
     if xs is None:
         return None
-    attrs = {**op.attrs, "dimension": int(op.attrs["dimension"]) + 1}
-    return attrs, xs, _types(op, batch.n, [True] * len(xs))
+    attrs = _attrs(op, memo, lambda a: {**a, "dimension": int(a["dimension"]) + 1})
+    return attrs, xs, _types(op, batch.n, (True,) * len(xs), memo)
 
 
-def _pad(op: Op, per: list, batch: DeviceBatch):
-    xs = _stacks(op, per, batch, [0])
-    value = _same(per[1])
-    if xs is None or value is None:
-        return None
-    a = op.attrs
-    attrs = {
+def _pad_attrs(a):
+    return {
         **a,
         "edge_padding_low": (0, *a["edge_padding_low"]),
         "edge_padding_high": (0, *a["edge_padding_high"]),
         "interior_padding": (0, *a["interior_padding"]),
     }
-    return attrs, [xs[0], value], _types(op, batch.n, [True, False])
 
 
-def _dot_general(op: Op, per: list, batch: DeviceBatch):
-    xs = _stacks(op, per, batch, [0, 1])
-    if xs is None:
+def _pad(op: Op, batch: DeviceBatch, memo: dict):
+    xs = _stacks(op, batch, [0])
+    value = batch.same(op.operands[1].id)
+    if xs is None or value is None:
         return None
-    d = op.attrs["dot_dimension_numbers"]
+    attrs = _attrs(op, memo, _pad_attrs)
+    return attrs, [xs[0], value], _types(op, batch.n, (True, False), memo)
+
+
+def _dot_general_attrs(a):
+    d = a["dot_dimension_numbers"]
     dims = dataclasses.replace(
         d,
         lhs_batch=(0, *_shifted(d.lhs_batch)),
@@ -321,18 +415,30 @@ def _dot_general(op: Op, per: list, batch: DeviceBatch):
         lhs_contract=_shifted(d.lhs_contract),
         rhs_contract=_shifted(d.rhs_contract),
     )
-    return {**op.attrs, "dot_dimension_numbers": dims}, xs, _types(op, batch.n, [True, True])
+    return {**a, "dot_dimension_numbers": dims}
 
 
-def _reduce(op: Op, per: list, batch: DeviceBatch):
-    if len(op.operands) != 2 or reducer_kind(_RegionsOnly(op.regions)) is None:
+def _dot_general(op: Op, batch: DeviceBatch, memo: dict):
+    xs = _stacks(op, batch, [0, 1])
+    if xs is None:
+        return None
+    attrs = _attrs(op, memo, _dot_general_attrs)
+    return attrs, xs, _types(op, batch.n, (True, True), memo)
+
+
+def _reduce(op: Op, batch: DeviceBatch, memo: dict):
+    if "reducer" not in memo:
+        memo["reducer"] = len(op.operands) == 2 and (
+            reducer_kind(_RegionsOnly(op.regions)) is not None
+        )
+    if not memo["reducer"]:
         return None  # a general reducer runs its region per element: device by device
-    xs = _stacks(op, per, batch, [0])
-    init = _same(per[1])
+    xs = _stacks(op, batch, [0])
+    init = batch.same(op.operands[1].id)
     if xs is None or init is None:
         return None
-    attrs = {**op.attrs, "dimensions": (*_shifted(op.attrs["dimensions"]),)}
-    return attrs, [xs[0], init], _types(op, batch.n, [True, False])
+    attrs = _attrs(op, memo, lambda a: {**a, "dimensions": (*_shifted(a["dimensions"]),)})
+    return attrs, [xs[0], init], _types(op, batch.n, (True, False), memo)
 
 
 @dataclasses.dataclass
@@ -340,36 +446,42 @@ class _RegionsOnly:
     regions: list
 
 
-def _start_indices(op: Op, per: list, first: int):
+def _start_indices(op: Op, batch: DeviceBatch, first: int):
     """The start index operands from position `first` when every device has the same ones,
     with a zero start for the device axis in front; else None."""
     starts = []
-    for k in range(first, len(op.operands)):
-        s = _same(per[k])
+    for v in op.operands[first:]:
+        s = batch.same(v.id)
         if s is None:
             return None
         starts.append(s)
     return [np.zeros((), dtype=starts[0].dtype if starts else np.int64), *starts]
 
 
-def _dynamic_slice(op: Op, per: list, batch: DeviceBatch):
-    xs = _stacks(op, per, batch, [0])
-    starts = _start_indices(op, per, 1)
+def _dynamic_slice(op: Op, batch: DeviceBatch, memo: dict):
+    xs = _stacks(op, batch, [0])
+    starts = _start_indices(op, batch, 1)
     if xs is None or starts is None:
         return None
-    attrs = {**op.attrs, "slice_sizes": (batch.n, *op.attrs["slice_sizes"])}
-    types = [_batched_type(op.operands[0].type, batch.n)]
-    types += [TensorType((), str(op.operands[1].type.dtype)) for _ in starts]
+    attrs = _attrs(op, memo, lambda a: {**a, "slice_sizes": (batch.n, *a["slice_sizes"])})
+    types = memo.get("types")
+    if types is None:
+        types = [_batched_type(op.operands[0].type, batch.n)]
+        types += [TensorType((), str(op.operands[1].type.dtype)) for _ in starts]
+        memo["types"] = types
     return attrs, [xs[0], *starts], types
 
 
-def _dynamic_update_slice(op: Op, per: list, batch: DeviceBatch):
-    xs = _stacks(op, per, batch, [0, 1])
-    starts = _start_indices(op, per, 2)
+def _dynamic_update_slice(op: Op, batch: DeviceBatch, memo: dict):
+    xs = _stacks(op, batch, [0, 1])
+    starts = _start_indices(op, batch, 2)
     if xs is None or starts is None:
         return None
-    types = [_batched_type(op.operands[k].type, batch.n) for k in (0, 1)]
-    types += [TensorType((), str(op.operands[2].type.dtype)) for _ in starts]
+    types = memo.get("types")
+    if types is None:
+        types = [_batched_type(op.operands[k].type, batch.n) for k in (0, 1)]
+        types += [TensorType((), str(op.operands[2].type.dtype)) for _ in starts]
+        memo["types"] = types
     return op.attrs, [*xs, *starts], types
 
 

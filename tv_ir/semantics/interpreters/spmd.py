@@ -40,7 +40,7 @@ from tv_ir.ir.attrs import SdySharding
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, walk
 from tv_ir.limits import check_time
 from tv_ir.semantics.algebra import NumpyAlgebra
-from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH, DeviceBatch
+from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH, DeviceBatch, Stacked
 from tv_ir.semantics.interpreters.evaluator import (
     BlockEvaluator,
     InterpreterError,
@@ -116,6 +116,9 @@ class SpmdInterpreter:
             if type(alg) is NumpyAlgebra and len(self.procs) > 1 and DEVICE_BATCH.get()
             else None
         )
+        if self.batch is not None:  # the devices read the values batched for all from it
+            for proc, env in zip(self.procs, self.batch.envs, strict=True):
+                proc.env = env
         self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
         self._lockstep = {
             "stablehlo.while": self._while,
@@ -142,7 +145,8 @@ class SpmdInterpreter:
         for proc, xs in zip(self.procs, per_device_operands, strict=True):
             for v, x in zip(op.operands, xs, strict=True):
                 proc.env[v.id] = x
-        return self._op(op)
+        out = self._op(op)
+        return self.batch.per_device(op, out) if type(out) is Stacked else out
 
     # -- blocks and ops ----------------------------------------------------------------------
     def _block(self, block: Block, args: PerDevice, top: bool) -> PerDevice:
@@ -151,14 +155,21 @@ class SpmdInterpreter:
                 raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(a)}")
             for v, x in zip(block.args, a, strict=True):
                 proc.env[v.id] = x
+        envs = [proc.env for proc in self.procs]
+        hook = self.hook if top else None
         for op in block.ops:
             check_time()
             results = self._op(op, top)
-            if top and self.hook is not None:
-                results = self.hook(op, results)
-            for proc, rs in zip(self.procs, results, strict=True):
+            if type(results) is Stacked:
+                if hook is None:  # held stacked: each device reads its slice when it needs it
+                    self.batch.put(op, results)
+                    continue
+                results = self.batch.per_device(op, results)
+            if hook is not None:
+                results = hook(op, results)
+            for env, rs in zip(envs, results, strict=True):
                 for v, r in zip(op.results, rs, strict=True):
-                    proc.env[v.id] = r
+                    env[v.id] = r
         return [[proc.env[v.id] for v in block.results] for proc in self.procs]
 
     def _op(self, op: Op, top: bool = False) -> PerDevice:
