@@ -6,6 +6,8 @@ and reports are those of the same checks made after the proof, in the same proce
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 from test_shape_reduction import f32
@@ -71,6 +73,35 @@ def test_checks_answer_by_name_in_a_child_or_here(monkeypatch, fork) -> None:
         assert checks.result("later") == 7
         with pytest.raises(ValueError, match="the check failed"):
             checks.result("raises")
+
+
+def _wait_for(path, seconds: float = 60.0) -> None:
+    end = time.monotonic() + seconds
+    while not os.path.exists(path):
+        assert time.monotonic() < end, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def test_a_check_the_child_has_not_begun_is_made_here_once_asked(monkeypatch, tmp_path) -> None:
+    # at 126 layers the child's check at the real layer count outlasts the proof, and the
+    # confirmation waited behind it while this process sat idle: now the process makes it
+    monkeypatch.setattr(workers, "_core_free", lambda: True)
+    begun, go = tmp_path / "begun", tmp_path / "go"
+
+    def long_check():
+        begun.touch()
+        _wait_for(go)
+        return os.getpid()
+
+    with workers.ChecksBeside() as checks:
+        checks.add("long", long_check)
+        checks.add("next", os.getpid)
+        checks.start()
+        _wait_for(begun)  # the child is in its first check
+        assert checks.result("next") == os.getpid()  # not begun: made here
+        go.touch()
+        assert checks.result("long") not in (None, os.getpid())  # the child's answer
+        assert checks.result("next") == os.getpid()
 
 
 def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(monkeypatch) -> None:

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import mmap
+import multiprocessing
 import os
 import pickle
 import select
@@ -335,16 +337,19 @@ BESIDE_SHARE = 0.25
 class ChecksBeside:
     """Named concrete checks that do not depend on the proof they back (the pair at the
     real layer count and at a larger one; each reduced class at a larger size), added as
-    they become known and computed together in one forked child (`Beside`) from `start()`
-    on, while the proof runs; each is computed in this process when asked for if no child
-    took it (no core free, added after the start, the child died or ran out of memory).
-    One child, not one per check: on 2 cores a second child would slow the proof."""
+    they become known and computed in one forked child (`Beside`) from `start()` on, in
+    order, while the proof runs; each is computed in this process when asked for if no child
+    took it (no core free, added after the start, the child died or ran out of memory) or
+    the child has not begun it yet (the proof is done: this process's core is free again,
+    and the child skips it). One child, not one per check: on 2 cores a second child would
+    slow the proof."""
 
     def __init__(self):
         self.jobs: dict[str, Callable[[], Any]] = {}
         self.confirms = None  # the shape reduction whose confirmation is a job here
         self._beside: Beside | None = None
         self._taken: set[str] = set()
+        self._claims: _Claims | None = None
         self._results: dict[str, Any] | None = None
         self._stack = contextlib.ExitStack()
 
@@ -362,13 +367,21 @@ class ChecksBeside:
         if self._beside is not None or not self.jobs:
             return
         jobs = dict(self.jobs)
-        beside = Beside(lambda: {k: _attempt(lambda _, f=f: f(), 0) for k, f in jobs.items()})
+        claims = _Claims(list(jobs))
+
+        def in_order() -> dict[str, Any]:
+            return {k: _attempt(lambda _, f=f: f(), 0) for k, f in jobs.items() if claims.take(k)}
+
+        beside = Beside(in_order)
         self._beside = self._stack.enter_context(beside)
         if beside.forked:
             self._taken = set(jobs)
+            self._claims = claims
 
     def result(self, name: str) -> Any:
         """Check `name`'s result (its exception raised here)."""
+        if name in self._taken and self._results is None and self._claims.take(name):
+            self._taken.discard(name)  # not begun by the child, which now skips it
         if name in self._taken:
             if self._results is None:
                 try:
@@ -383,6 +396,33 @@ class ChecksBeside:
             if name in self._results and out is None:
                 return None
         return self.jobs[name]()
+
+
+class _Claims:
+    """Which process makes each check beside a proof: the first to take it (the child in
+    order, the caller when it asks for one). A flag per check in memory shared across the
+    fork, set under a lock; a lock not got in time (its holder killed) takes nothing."""
+
+    def __init__(self, names: list[str]):
+        self._index = {k: i for i, k in enumerate(names)}
+        self._flags = mmap.mmap(-1, max(1, len(names)))
+        self._lock = multiprocessing.get_context("fork").Lock()
+
+    def take(self, name: str) -> bool:
+        """Whether this process takes check `name` (no one had)."""
+        i = self._index.get(name)
+        if i is None or not self._lock.acquire(timeout=CLAIM_WAIT_S):
+            return False
+        try:
+            if self._flags[i]:
+                return False
+            self._flags[i] = 1
+            return True
+        finally:
+            self._lock.release()
+
+
+CLAIM_WAIT_S = 5.0  # the lock is held for a byte's test and set
 
 
 def _core_free() -> bool:
