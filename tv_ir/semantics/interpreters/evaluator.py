@@ -38,10 +38,6 @@ class BlockEvaluator:
         self.hook = hook
         self.device = device
         self.env: dict[int, object] = {}
-        # an op evaluated again (a loop body's, once per iteration) keeps its evaluator and
-        # context: id(op) -> (op, evaluator, context); ops seen once are only remembered
-        self._prepared: dict[int, tuple] = {}
-        self._seen: set[int] = set()
 
     def run(self, fn: Function | None = None, args: list | None = None) -> list:
         fn = fn or self.module.main
@@ -70,18 +66,10 @@ class BlockEvaluator:
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
-        known = self._prepared.get(id(op))
-        if known is not None and known[0] is op:
-            _, fn, ctx = known
-        else:
-            fn = lookup(op.name, op.loc)
-            refuse_complex(op)
-            ctx = self.context(op)
-            if id(op) in self._seen:
-                self._prepared[id(op)] = (op, fn, ctx)
-            else:
-                self._seen.add(id(op))
+        fn = lookup(op.name, op.loc)
+        refuse_complex(op)
         operands = [self.env[v.id] for v in op.operands]
+        ctx = self.context(op)
         return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
 
     def context(self, op: Op) -> OpContext:
