@@ -89,19 +89,48 @@ class DeviceEnv(dict):
     collectives, control flow, ops evaluated device by device) take precedence, and writing
     one drops the stack of the same value."""
 
-    __slots__ = ("batch", "device")
+    __slots__ = ("store", "device")
 
-    def __init__(self, batch: DeviceBatch, device: int):
+    def __init__(self, store: _Store, device: int):
         super().__init__()
-        self.batch = batch
+        self.store = store  # not the DeviceBatch: no reference cycle keeps its arrays alive
         self.device = device
 
     def __missing__(self, vid: int):
-        return self.batch.device_value(vid, self.device)
+        return self.store.device_value(vid, self.device)
 
     def __setitem__(self, vid: int, value) -> None:
         dict.__setitem__(self, vid, value)
-        self.batch.written_per_device(vid)
+        self.store.written_per_device(vid)
+
+
+class _Store:
+    """The values batched for all devices, by value id (what `DeviceEnv`s read)."""
+
+    __slots__ = ("n", "stacks", "views", "owner", "own")
+
+    def __init__(self, n: int):
+        self.n = n
+        self.stacks: dict[int, object] = {}  # value id -> stacked array or One
+        self.views: dict[int, tuple] = {}  # value id -> (stack, each device's view)
+        self.owner: dict[int, int] = {}  # id(device 0's view) -> value id of its stack
+        self.own: set[int] = set()  # value ids some device holds its own value of
+
+    def written_per_device(self, vid: int) -> None:
+        self.own.add(vid)
+        self.stacks.pop(vid, None)
+
+    def device_value(self, vid: int, d: int):
+        """Device `d`'s value of `vid` from its stack (KeyError: no such value)."""
+        r = self.stacks[vid]
+        if type(r) is One:
+            return r.value
+        known = self.views.get(vid)
+        if known is None or known[0] is not r:
+            views = tuple(r) if r.ndim > 1 else tuple(r[k, ...] for k in range(self.n))
+            known = self.views[vid] = (r, views)
+            self.owner[id(views[0])] = vid
+        return known[1][d]
 
 
 class DeviceBatch:
@@ -116,22 +145,18 @@ class DeviceBatch:
         self.n = n
         self.alg = alg
         self.batched = 0  # ops evaluated once for all devices (stats, tests)
-        self.envs = [DeviceEnv(self, d) for d in range(n)]
-        self._stacks: dict[int, object] = {}  # value id -> stacked array or One
-        self._views: dict[int, tuple] = {}  # value id -> (stack, each device's view)
-        self._owner: dict[int, int] = {}  # id(device 0's view) -> value id of its stack
-        self._own: set[int] = set()  # value ids some device holds its own value of
+        store = _Store(n)
+        self.envs = [DeviceEnv(store, d) for d in range(n)]
+        self.device_value = store.device_value
+        self._stacks, self._views, self._owner = store.stacks, store.views, store.owner
+        self._own = store.own
         # id(op) -> (op, rule, batched result types, evaluator, what the rule made once)
         self._plans: dict[int, tuple] = {}
 
     # -- the store ---------------------------------------------------------------------------
-    def written_per_device(self, vid: int) -> None:
-        self._own.add(vid)
-        self._stacks.pop(vid, None)
-
     def put(self, op: Op, out: Stacked) -> None:
         """Record `op`'s results on all devices (dropping the devices' own older copies)."""
-        stacks = self._stacks
+        stacks, views = self._stacks, self._views
         for v, r in zip(op.results, out.results, strict=True):
             vid = v.id
             if vid in self._own:
@@ -139,18 +164,7 @@ class DeviceBatch:
                 for env in self.envs:
                     dict.pop(env, vid, None)
             stacks[vid] = r
-
-    def device_value(self, vid: int, d: int):
-        """Device `d`'s value of `vid` from its stack (KeyError: no such value)."""
-        r = self._stacks[vid]
-        if type(r) is One:
-            return r.value
-        known = self._views.get(vid)
-        if known is None or known[0] is not r:
-            views = tuple(r) if r.ndim > 1 else tuple(r[k, ...] for k in range(self.n))
-            known = self._views[vid] = (r, views)
-            self._owner[id(views[0])] = vid
-        return known[1][d]
+            views.pop(vid, None)  # an older stack's views: not kept alive by them
 
     def per_device(self, op: Op, out: Stacked) -> list:
         """`out` as `[device][result]` (for a hook: it sees what device-by-device gives)."""
@@ -189,6 +203,18 @@ class DeviceBatch:
         self._stacks[vid] = r
         return r
 
+    def _one(self, vid: int) -> bool:
+        """Whether every device holds `vid` as the same object (nothing stacked to know)."""
+        r = self._stacks.get(vid)
+        if r is not None:
+            return type(r) is One
+        values = [env[vid] for env in self.envs]
+        first = values[0]
+        if any(x is not first for x in values):
+            return False
+        self._stacks[vid] = One(first)
+        return True
+
     def stacked(self, vid: int, one: bool = False) -> np.ndarray | None:
         """The devices' values of `vid` stacked along a leading device axis, or None for
         non-arrays. With `one`, a value every device holds as the same object is given with
@@ -223,8 +249,7 @@ class DeviceBatch:
         _, rule, result_types, fn, memo = plan
         if rule is None:
             return None
-        entries = [self.entry(v.id) for v in op.operands]
-        if all(type(r) is One for r in entries):
+        if all(self._one(v.id) for v in op.operands):
             return self._shared(op, procs)
         try:
             call = rule(op, self, memo)

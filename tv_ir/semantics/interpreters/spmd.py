@@ -120,14 +120,6 @@ class SpmdInterpreter:
             for proc, env in zip(self.procs, self.batch.envs, strict=True):
                 proc.env = env
         self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
-        self._lockstep = {
-            "stablehlo.while": self._while,
-            "stablehlo.case": self._case,
-            "stablehlo.if": self._if,
-            "func.call": self._call,
-            "stablehlo.composite": self._call,
-            "stablehlo.async_start": self._async_start,
-        }
 
     @property
     def num_devices(self) -> int:
@@ -190,10 +182,10 @@ class SpmdInterpreter:
             operands = self._operands(op)
             out = run_evaluator(op, lambda: self._gspmd_manual(op, operands))
             return [checked_results(op, o) for o in out]
-        lockstep = self._lockstep.get(op.name)
+        lockstep = _LOCKSTEP.get(op.name)
         if lockstep is not None:
             operands = self._operands(op)
-            out = run_evaluator(op, lambda: lockstep(op, operands))
+            out = run_evaluator(op, lambda: lockstep(self, op, operands))
             return [checked_results(op, o) for o in out]
         if self.batch is not None:
             out = self.batch.evaluate(op, self.procs)
@@ -478,6 +470,19 @@ class SpmdInterpreter:
                     own[_slices(box)] = x
                     views[p] = own
         return [views.get(pid, base) for pid in pids]
+
+
+# ops whose regions run on all devices together (functions, not bound methods: an
+# interpreter referring to itself would live on, with its devices' values, until the
+# garbage collector finds the cycle)
+_LOCKSTEP = {
+    "stablehlo.while": SpmdInterpreter._while,
+    "stablehlo.case": SpmdInterpreter._case,
+    "stablehlo.if": SpmdInterpreter._if,
+    "func.call": SpmdInterpreter._call,
+    "stablehlo.composite": SpmdInterpreter._call,
+    "stablehlo.async_start": SpmdInterpreter._async_start,
+}
 
 
 def _partially_manual(op: Op, text, value, n: int) -> Layout | None:
