@@ -367,10 +367,15 @@ class ChecksBeside:
         if self._beside is not None or not self.jobs:
             return
         jobs = dict(self.jobs)
-        claims = _Claims(list(jobs))
+        # no fork, no child: every check is made here when asked for
+        claims = _Claims(list(jobs)) if hasattr(os, "fork") else None
 
         def in_order() -> dict[str, Any]:
-            return {k: _attempt(lambda _, f=f: f(), 0) for k, f in jobs.items() if claims.take(k)}
+            return {
+                k: _attempt(lambda _, f=f: f(), 0)
+                for k, f in jobs.items()
+                if claims is None or claims.take(k)
+            }
 
         beside = Beside(in_order)
         self._beside = self._stack.enter_context(beside)
