@@ -164,7 +164,9 @@ class SpmdInterpreter:
                     env[v.id] = r
         return [[proc.env[v.id] for v in block.results] for proc in self.procs]
 
-    def _op(self, op: Op, top: bool = False) -> PerDevice:
+    def _op(self, op: Op, top: bool = False) -> PerDevice | Stacked:
+        """`op`'s results on every device: per device, or `Stacked` when the device batch
+        evaluated it once for all (`_block` holds those as they are)."""
         if op.name in COLLECTIVES:
             return self._collective(op)
         if op.name in GLOBAL_VIEW and self.num_devices > 1:
