@@ -145,75 +145,74 @@ class DeviceBatch:
         self.n = n
         self.alg = alg
         self.batched = 0  # ops evaluated once for all devices (stats, tests)
-        store = _Store(n)
-        self.envs = [DeviceEnv(store, d) for d in range(n)]
-        self.device_value = store.device_value
-        self._stacks, self._views, self._owner = store.stacks, store.views, store.owner
-        self._own = store.own
+        self.store = _Store(n)
+        self.envs = [DeviceEnv(self.store, d) for d in range(n)]
         # id(op) -> (op, rule, batched result types, evaluator, what the rule made once)
         self._plans: dict[int, tuple] = {}
 
     # -- the store ---------------------------------------------------------------------------
     def put(self, op: Op, out: Stacked) -> None:
         """Record `op`'s results on all devices (dropping the devices' own older copies)."""
-        stacks, views = self._stacks, self._views
+        store = self.store
         for v, r in zip(op.results, out.results, strict=True):
             vid = v.id
-            if vid in self._own:
-                self._own.discard(vid)
+            if vid in store.own:
+                store.own.discard(vid)
                 for env in self.envs:
                     dict.pop(env, vid, None)
-            stacks[vid] = r
-            views.pop(vid, None)  # an older stack's views: not kept alive by them
+            store.stacks[vid] = r
+            store.views.pop(vid, None)  # an older stack's views: not kept alive by them
 
     def per_device(self, op: Op, out: Stacked) -> list:
         """`out` as `[device][result]` (for a hook: it sees what device-by-device gives)."""
         self.put(op, out)
-        per = [[self.device_value(v.id, d) for d in range(self.n)] for v in op.results]
+        value = self.store.device_value
+        per = [[value(v.id, d) for d in range(self.n)] for v in op.results]
         return [[values[d] for values in per] for d in range(self.n)]
 
     def entry(self, vid: int):
         """The devices' values of `vid`: a stacked array, `One`, or None (not arrays, or of
         different shapes)."""
-        r = self._stacks.get(vid)
-        if r is not None:
+        store = self.store
+        r = store.stacks.get(vid)
+        if r is None:
+            r = self._gathered(vid)
+        if type(r) is not list:
             return r
-        values = [env[vid] for env in self.envs]
-        first = values[0]
-        if all(x is first for x in values):
-            r = One(first)
+        values, first = r, r[0]
+        owner = store.owner.get(id(first))
+        known = store.views.get(owner) if owner is not None else None
+        if known is not None and all(map(operator.is_, known[1], values)):
+            r = known[0]  # a loop's carried value: the body's result, as it was stacked
         else:
-            owner = self._owner.get(id(first))
-            known = self._views.get(owner) if owner is not None else None
-            if known is not None and all(map(operator.is_, known[1], values)):
-                r = known[0]  # a loop's carried value: the body's result, as it was stacked
-            else:
-                if not all(isinstance(x, np.ndarray) for x in values):
-                    return None
-                if first.dtype == object or any(
-                    x.shape != first.shape or x.dtype != first.dtype for x in values
-                ):
-                    return None
-                r = np.stack(values)
-                if r.nbytes > KEEP_COPIES_BYTES:  # a copy kept would double the memory
-                    return r
-                # the same objects again (a value a loop carries unchanged): this stack
-                self._views[vid] = (r, tuple(values))
-                self._owner[id(first)] = vid
-        self._stacks[vid] = r
+            if not all(isinstance(x, np.ndarray) for x in values):
+                return None
+            if first.dtype == object or any(
+                x.shape != first.shape or x.dtype != first.dtype for x in values
+            ):
+                return None
+            r = np.stack(values)
+            if r.nbytes > KEEP_COPIES_BYTES:  # a copy kept would double the memory
+                return r
+            # the same objects again (a value a loop carries unchanged): this stack
+            store.views[vid] = (r, tuple(values))
+            store.owner[id(first)] = vid
+        store.stacks[vid] = r
         return r
 
     def _one(self, vid: int) -> bool:
         """Whether every device holds `vid` as the same object (nothing stacked to know)."""
-        r = self._stacks.get(vid)
-        if r is not None:
-            return type(r) is One
+        r = self.store.stacks.get(vid)
+        return type(r if r is not None else self._gathered(vid)) is One
+
+    def _gathered(self, vid: int) -> One | list:
+        """The devices' own values of `vid`: `One` (recorded) when they are one object."""
         values = [env[vid] for env in self.envs]
         first = values[0]
         if any(x is not first for x in values):
-            return False
-        self._stacks[vid] = One(first)
-        return True
+            return values
+        one = self.store.stacks[vid] = One(first)
+        return one
 
     def stacked(self, vid: int, one: bool = False) -> np.ndarray | None:
         """The devices' values of `vid` stacked along a leading device axis, or None for
