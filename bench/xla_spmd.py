@@ -79,6 +79,8 @@ def worker(name: str, time_limit: float, memory_limit: float, form: str = "pair"
         return out | {"outcome": "unknown", "reason": _one_line(report.reason)}
     cex = report.counterexample
     out |= {"outcome": "refuted", "reason": _refutation(report)}
+    if cex.hang is not None:  # XLA's run would abort this process (bench/xla_spmd_mutants.py)
+        return out | {"xla_confirms": None, "replay_error": "a hang: not run on XLA here"}
     try:
         replay = replay_on_xla(before, parted, list(cex.inputs.values()))
         out["xla_confirms"] = replay["differs"]
@@ -159,6 +161,8 @@ def _refutation(report) -> str:
     c = report.counterexample
     where = report.location.impl if report.location else None
     at = f" at {where.op}" if where is not None else ""
+    if c.hang is not None:
+        return f"{c.what()}{at}"
     return (
         f"output {c.output} {list(c.index)} on device {c.device}: "
         f"expected {c.expected}, got {c.actual}{at}"

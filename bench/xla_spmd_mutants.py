@@ -38,6 +38,7 @@ MEMORY_LIMIT = 1800.0
 RSS_LIMIT = 2500.0
 XLA_RUN_LIMIT = 50_000_000  # argument elements: a proved mutant past this is not run on XLA
 RANDOM_RUNS = 3  # random inputs a proved mutant is run on with XLA
+HANG_ABORT_S = 60  # XLA's CPU runtime aborts a collective still waiting after this long
 
 
 def worker(name: str, time_limit: float, memory_limit: float, check_original: bool) -> dict:
@@ -84,10 +85,13 @@ def worker(name: str, time_limit: float, memory_limit: float, check_original: bo
         mutated = dataclasses.replace(parted, per_device_hlo=m.text)
         if res["verdict"] == "not_equivalent":
             inputs = list(r.counterexample.inputs.values())
-            if [x.shape for x in inputs] == real:
-                res["xla_confirms"] = _replay(before, mutated, inputs, parted.per_device_hlo)
-            else:
+            if [x.shape for x in inputs] != real:
                 res["xla_confirms"] = "reduced shapes (replayed by tv)"
+            elif r.counterexample.hang is not None:
+                res["hang"] = True
+                res["xla_confirms"] = _hangs_on_xla(name, m, inputs)
+            else:
+                res["xla_confirms"] = _replay(before, mutated, inputs, parted.per_device_hlo)
         elif res["verdict"] == "equivalent":
             res["xla_differs"] = _random_replays(before, mutated, parted.per_device_hlo)
         results.append(res)
@@ -104,6 +108,50 @@ def _replay(before, parted, inputs, original: str):
         return replay_on_xla(before, parted, inputs, original)["differs"]
     except Exception as e:
         return f"replay failed: {_one_line(e, 100)}"
+
+
+def _hangs_on_xla(name: str, mutant, inputs: list):
+    """Whether XLA's run of the mutant on `inputs` never returns, as tv says (its devices
+    wait at a collective for devices that never reach it): run in a process of its own,
+    which XLA aborts once a collective has waited `HANG_ABORT_S` ("Termination timeout ...
+    Expected 2 threads to join the rendezvous, but only 1 of them arrived"). True then;
+    False when XLA returns; else what happened."""
+    import os
+    import subprocess
+    import tempfile
+
+    import numpy as np
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "inputs.npz")
+        np.savez(path, *[np.asarray(x) for x in inputs])
+        cmd = [sys.executable, __file__, "--replay-hang", name, mutant.kind, mutant.site, path]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=2 * HANG_ABORT_S)
+        except subprocess.TimeoutExpired:
+            return True  # not returned in twice the time XLA waits before aborting
+    if done.returncode == 0:
+        return False
+    said = [line for line in done.stderr.splitlines() if "Termination timeout" in line]
+    if said:
+        return True
+    return f"replay failed: exit {done.returncode}: {_one_line(done.stderr[-300:], 100)}"
+
+
+def replay_hang(name: str, kind: str, site: str, path: str) -> None:
+    """The `--replay-hang` child: XLA runs the mutant on the saved inputs (and aborts the
+    process if its devices wait forever)."""
+    import numpy as np
+    from xla_spmd_corpus import cases, partition_case
+    from xla_spmd_mutations import mutants
+
+    case = next(c for c in cases() if c.name == name)
+    before, parted = partition_case(case)
+    m = next(m for m in mutants(parted.per_device_hlo) if (m.kind, m.site) == (kind, site))
+    saved = np.load(path)
+    inputs = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    mutated = dataclasses.replace(parted, per_device_hlo=m.text)
+    print(json.dumps({"returned": _replay(before, mutated, inputs, parted.per_device_hlo)}))
 
 
 def _random_replays(before, parted, original: str):
@@ -210,7 +258,11 @@ def main() -> None:
     ap.add_argument("--table", nargs="+", help="print the table of these --out files and stop")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--trust-proved", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--replay-hang", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.replay_hang:
+        replay_hang(*a.replay_hang)
+        return
     if a.worker:
         r = worker(a.worker, a.time_limit, a.memory_limit, not a.trust_proved)
         print(json.dumps(r), flush=True)

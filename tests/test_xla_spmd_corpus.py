@@ -301,5 +301,25 @@ def test_harness_mutant_is_refuted_and_xla_confirms_it(name: str, kind: str) -> 
     assert replay["differs"], f"{name} ({m.site}): XLA does not confirm the counterexample"
 
 
+def test_dropped_all_reduce_of_a_branch_predicate_is_refuted_as_a_hang() -> None:
+    """`Conditional` without the all-reduce that makes its predicate the same on every
+    device: device 0 takes the branch holding an all-gather with device 1, which does not.
+    XLA blocks there until its runtime aborts the process a minute later (the bench replays
+    it in a process of its own: bench/xla_spmd_mutants.py, `_hangs_on_xla`)."""
+    from xla_spmd_mutations import mutants
+
+    if "Conditional" not in CASES:
+        pytest.skip("not in corpus")
+    case = CASES["Conditional"]
+    before, parted = partition_case(case)
+    [m] = mutants(parted.per_device_hlo, kinds=["dropped collective"])
+    r = tv_ir.check(case.path, m.text, time_limit=TIME_LIMIT, layouts=xla_layouts(parted))
+    assert r.verdict == "not_equivalent", r.reason
+    ce = r.counterexample
+    assert "all_gather" in ce.hang and "group [0, 1]" in ce.hang, ce.hang
+    assert r.location.impl.op == "stablehlo.if"
+    assert [s.op for s in r.location.related] == ["stablehlo.all_gather", "mhlo.copy"]
+
+
 def test_corpus_is_read_in_place() -> None:
     assert not list(ROOT.rglob("cases.json")), "corpus files copied into the repository"

@@ -29,6 +29,23 @@ class Unsupported(TvError):
         return (type(self), (str(self), self.op, self.loc))
 
 
+class ProgramHangs(Unsupported):
+    """On these (concrete) inputs the devices of one collective's group part ways at a
+    branch: those that take it wait at the collective for the others, forever. The program
+    returns nothing there, which is a difference from a spec that returns (a refutation,
+    `tv_ir.prover.localise`); where the inputs are not concrete it stays `unknown`.
+    `sites`: (op name, location) of the branch op, the collective and the predicate's
+    producer; `waiting`: the devices that wait."""
+
+    def __init__(self, message: str, op=None, loc=None, sites=(), waiting=()):
+        super().__init__(message, op, loc)
+        self.sites = list(sites)
+        self.waiting = list(waiting)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.op, self.loc, self.sites, self.waiting))
+
+
 def one_line(e: BaseException, limit: int = 500) -> str:
     """An error's message on one line (a user-facing error is one line), cut to `limit`."""
     msg = " ".join(str(e).split())

@@ -82,5 +82,5 @@ def _name(report: Report, spec: Lowered, impl: Lowered, partitioned: bool) -> No
         report.impl_name = impl.name
     report.spec_name = spec.name
     ce = report.counterexample
-    if ce is not None and 0 <= ce.output < len(impl.outputs):
+    if ce is not None and ce.output is not None and 0 <= ce.output < len(impl.outputs):
         report.notes.append(f"output {ce.output} is result{impl.outputs[ce.output]}")

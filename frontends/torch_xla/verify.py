@@ -76,7 +76,7 @@ def _describe(report: Report, exp: Exported) -> None:
         f"torch_xla's {exp.spec.name} (unsharded)" if exp.spec else f"{impl.name} (unsharded)"
     )
     ce = report.counterexample
-    if ce is not None and 0 <= ce.output < len(impl.outputs):
+    if ce is not None and ce.output is not None and 0 <= ce.output < len(impl.outputs):
         report.notes.append(f"output {ce.output} is {impl.outputs[ce.output]}")
     report.notes.append(_location_note(impl))
 

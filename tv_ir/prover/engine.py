@@ -34,7 +34,7 @@ from tv_ir.semantics.interpreters.spmd import SpmdInterpreter, device_name
 from tv_ir.semantics.ops.control import TRIP_LIMIT, LoopTooLong
 from tv_ir.semantics.symbolic import TABLE_VALUES, SymbolicAlgebra
 
-from ..errors import TvError, Unsupported
+from ..errors import ProgramHangs, TvError, Unsupported
 from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
 from . import smt, workers
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
@@ -173,7 +173,12 @@ class StageProver:
         inputs[0] = with_dominant_diagonals(self.spec.main, inputs[0], self.spec, self.impl)
         try:
             spec_tr = [run_traced(self.spec, x) for x in inputs]
-            impl_tr = [self._run_impl(x) for x in inputs]
+            impl_tr = []
+            for x in inputs:
+                try:
+                    impl_tr.append(self._run_impl(x))
+                except ProgramHangs:  # the spec returned on x: replayed and reported
+                    return self._refuted(x, "simulation")
             if any(isinstance(t, TensorType) and t.is_integer for t in self.spec.main.arg_types):
                 extreme = random_inputs(self.spec.main, rng, extremes=True)  # where ints wrap
                 traces = self._extreme_run(extreme)
@@ -246,6 +251,8 @@ class StageProver:
                 i = self._run_impl(x)
             except LoopTooLong:
                 continue  # zeros double forever: no evidence from this input
+            except ProgramHangs:
+                return self._refuted(x, "simulation on a guard set")
             except Unsupported:
                 return None
             finally:

@@ -26,7 +26,7 @@ from tv_ir.semantics.interpreters.mesh_coords import mesh_coords
 from tv_ir.semantics.layout import Layout
 from tv_ir.semantics.ops.registry import COLLECTIVES
 
-from ..errors import TvError
+from ..errors import ProgramHangs, TvError
 from ..limits import OutOfMemoryBudget, OutOfTime, check_time, deadline, time_left
 from .correspond import MOVEMENT_OPS, TileIndex, box_index, largest_first, mesh_groups
 from .simulate import (
@@ -64,7 +64,10 @@ def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
     where: that walk costs more than the runs)."""
     spec_tr = run_traced(spec, inputs)
-    impl_tr = _run_impl(impl, placement, inputs)
+    try:
+        impl_tr = _run_impl(impl, placement, inputs)
+    except ProgramHangs:
+        return True  # the spec returned; the implementation never does
     return _first_difference(spec_tr, impl_tr, spec, impl, placement)[1] is not None
 
 
@@ -73,7 +76,10 @@ def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool
     location is None when `locate` is False or inside `without_location` (callers that keep
     only the counterexample: the walk costs more than the runs)."""
     spec_tr = run_traced(spec, inputs)
-    impl_tr = _run_impl(impl, placement, inputs)
+    try:
+        impl_tr = _run_impl(impl, placement, inputs)
+    except ProgramHangs as e:
+        return _hang(spec, impl, placement, inputs, e)
     outputs, found = _first_difference(spec_tr, impl_tr, spec, impl, placement)
     if found is None:
         return None
@@ -84,16 +90,8 @@ def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool
     idx = tuple(lo + j for (lo, _), j in zip(box, local, strict=True))
     with np.errstate(all="ignore"):
         diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    names = [
-        (spec.main.arg_names[k] if k < len(spec.main.arg_names) else None) or f"arg{k}"
-        for k in range(len(inputs))
-    ]
     ce = Counterexample(
-        # an argument's printed name may repeat (pytree paths, locations): then say its number
-        inputs={
-            (n if names.count(n) == 1 else f"{n} (arg{k})"): x
-            for k, (n, x) in enumerate(zip(names, inputs, strict=True))
-        },
+        inputs=_named_inputs(spec, inputs),
         output=differing,
         index=idx,
         expected=_scalar(a[local]),
@@ -111,6 +109,44 @@ def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool
             loc = _location(spec, impl, placement, inputs, spec_tr, impl_tr, differing)
     except (OutOfTime, OutOfMemoryBudget) as e:  # the difference is shown: only where is not
         loc = Location(note=f"the diverging op was not found ({e} while looking for it)")
+    return ce, loc, outputs
+
+
+def _named_inputs(spec: Module, inputs: list) -> dict:
+    """The counterexample's inputs by the spec's argument names; a name that repeats
+    (pytree paths, locations) says its argument's number."""
+    names = [
+        (spec.main.arg_names[k] if k < len(spec.main.arg_names) else None) or f"arg{k}"
+        for k in range(len(inputs))
+    ]
+    return {
+        (n if names.count(n) == 1 else f"{n} (arg{k})"): x
+        for k, (n, x) in enumerate(zip(names, inputs, strict=True))
+    }
+
+
+def _hang(spec: Module, impl: Module, placement, inputs: list, e: ProgramHangs):
+    """`refutation`'s answer when the spec returned on `inputs` and the implementation
+    never does (`e`): the devices that wait, the branch they part ways at (located), the
+    collective they wait at and where the branch's predicate comes from (related)."""
+    device = e.waiting[0] if e.waiting else None
+    ce = Counterexample(
+        inputs=_named_inputs(spec, inputs),
+        output=None,
+        index=(),
+        expected=None,
+        actual=None,
+        device=device,
+        hang=str(e),
+    )
+    if device is not None:
+        ce.mesh_coords = mesh_coords(impl, device, placement.num_partitions)
+    sites = [
+        OpSite(op=name, file=loc.file, line=loc.line, name=loc.name, function=loc.function)
+        for name, loc in e.sites
+    ]
+    loc = Location(impl=sites[0] if sites else None, related=sites[1:])
+    outputs = [OutputResult(k, NOT_EQUIVALENT) for k in range(len(impl.main.body.results))]
     return ce, loc, outputs
 
 

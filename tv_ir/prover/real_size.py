@@ -53,7 +53,7 @@ def replay_at_real_size(
         found = found or _differs(spec, impl, placement, seed)
     except (OutOfTime, OutOfMemoryBudget) as e:
         return (
-            f"refuted at reduced shapes (output {ce.output} at {list(ce.index)}), but the "
+            f"refuted at reduced shapes ({ce.what()}), but the "
             f"replay at the real sizes did not finish ({e})"
         )
     if found is None:
@@ -241,7 +241,7 @@ def confirm_proof(
             stats=report.stats,
             reason=(
                 f"proved at reduced shapes, but with {w.describe()} the programs differ "
-                f"(output {ce.output}{where}): their meaning depends on that size in a way "
+                f"({ce.what()}{where}): their meaning depends on that size in a way "
                 "shape reduction does not follow; check with --no-reduce (reduce_shapes=False)"
             ),
         )

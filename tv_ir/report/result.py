@@ -62,15 +62,25 @@ class Location:
 @dataclass
 class Counterexample:
     inputs: dict[str, np.ndarray]
-    output: int  # which output differs
+    output: int | None  # which output differs (None: `hang`)
     index: tuple[int, ...]  # first differing element (logical index)
-    expected: float  # spec value at that element
-    actual: float  # implementation value at that element
+    expected: float | None  # spec value at that element
+    actual: float | None  # implementation value at that element
     device: int | None = None  # the device holding that element (distributed programs)
     max_abs_diff: float = 0.0
     # that device's coordinates on the implementation's mesh (axis name -> index), when the
     # program names a mesh (shard_map, Shardy modules)
     mesh_coords: dict[str, int] | None = None
+    # on these inputs the implementation never returns (devices of a collective's group part
+    # ways at a branch: `device` waits for the others): what happens instead, in one line.
+    # `output`, `index`, `expected` and `actual` then say nothing (no output is produced)
+    hang: str | None = None
+
+    def what(self) -> str:
+        """ "output 3 at [1, 2]", or "the implementation hangs (device 0 waits)" """
+        if self.hang is not None:
+            return f"the implementation hangs (device {self.device} waits)"
+        return f"output {self.output} at {list(self.index)}"
 
 
 @dataclass

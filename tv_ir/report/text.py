@@ -7,6 +7,8 @@ import numpy as np
 from tv_ir.report.verdicts import EQUIVALENT, NOT_EQUIVALENT, SEMANTICS_NOTE
 
 SMALL = 16  # tensors with at most this many elements are printed in full
+# a hang's related sites (tv_ir.errors.ProgramHangs.sites after the branch op)
+HANG_SITES = ("waiting at", "the decision comes from")
 
 
 def render(r) -> str:
@@ -24,13 +26,24 @@ def render(r) -> str:
         )
     elif r.verdict == NOT_EQUIVALENT:
         ce = r.counterexample
-        idx = list(ce.index)
-        lines.append(f"NOT EQUIVALENT: output {ce.output} differs at index {idx}{_holder(ce)}")
-        lines.append(f"  expected (spec): {_num(ce.expected)}")
-        lines.append(f"  actual   (impl): {_num(ce.actual)}")
-        lines.append(f"  largest difference in that output: {ce.max_abs_diff:.6g}")
+        if ce.hang is not None:
+            lines.append(
+                "NOT EQUIVALENT: on these inputs the implementation never returns (the spec "
+                f"does): {_device(ce)} waits at a collective for devices that never reach it"
+            )
+            lines.append(f"  {ce.hang}")
+        else:
+            idx = list(ce.index)
+            lines.append(f"NOT EQUIVALENT: output {ce.output} differs at index {idx}{_holder(ce)}")
+            lines.append(f"  expected (spec): {_num(ce.expected)}")
+            lines.append(f"  actual   (impl): {_num(ce.actual)}")
+            lines.append(f"  largest difference in that output: {ce.max_abs_diff:.6g}")
         if r.location is not None:
-            if r.location.impl is not None:
+            if r.location.impl is not None and ce.hang is not None:
+                lines.append(f"  the devices part ways at: {r.location.impl}")
+                for label, site in zip(HANG_SITES, r.location.related, strict=False):
+                    lines.append(f"    {label}: {site}")
+            elif r.location.impl is not None:
                 lines.append(f"  first diverging op in impl: {r.location.impl}")
                 if r.location.used_at is not None:
                     lines.append(f"    used as a whole at: {r.location.used_at}")
@@ -61,11 +74,14 @@ def render(r) -> str:
 
 def _holder(ce) -> str:
     """ ", held by device 5 (data=1, model=1)": the device and its mesh coordinates."""
-    if ce.device is None:
-        return ""
+    return "" if ce.device is None else f", held by {_device(ce)}"
+
+
+def _device(ce) -> str:
+    """ "device 5 (data=1, model=1)" """
     coords = ce.mesh_coords or {}
     at = f" ({', '.join(f'{axis}={i}' for axis, i in coords.items())})" if coords else ""
-    return f", held by device {ce.device}{at}"
+    return f"device {ce.device}{at}"
 
 
 def _num(v) -> str:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tv_ir.errors import BadInput, Unsupported
+from tv_ir.errors import BadInput, ProgramHangs, Unsupported
 from tv_ir.ir.attrs import SdySharding
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, walk
 from tv_ir.limits import check_time
@@ -300,17 +300,23 @@ class SpmdInterpreter:
             split = self._split_group(op, taken)
             if split is None:
                 return
-            raise Unsupported(
-                f"{op.name}: {what} {why} and a branch holds {split}: those devices would "
-                "wait for the others (the program hangs)",
+            collective, ids, waiting = split
+            raise ProgramHangs(
+                f"{op.name}: {what} {why} and a branch holds {collective.name} at "
+                f"{collective.loc} whose group {sorted(ids)} devices {sorted(waiting)} take "
+                f"and {sorted(ids - waiting)} do not: those devices would wait for the "
+                "others (the program hangs)",
                 op=op.name,
                 loc=op.loc,
+                sites=[(o.name, o.loc) for o in (op, collective, op.operands[0].owner) if o],
+                waiting=sorted(waiting),
             )
         refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc, why)
 
-    def _split_group(self, op: Op, taken: list[int]) -> str | None:
+    def _split_group(self, op: Op, taken: list[int]) -> tuple[Op, set, set] | None:
         """A collective in a branch whose group some of its devices take and others do not
-        (described), or None when every group is taken whole or not at all."""
+        (the collective, its group's devices, the ones that take it), or None when every
+        group is taken whole or not at all."""
         for k, region in enumerate(op.regions):
             takers = {d for d, t in enumerate(taken) if t == k}
             for inner in walk(region.block):
@@ -319,10 +325,7 @@ class SpmdInterpreter:
                 for group in self.grid.groups(inner.name, inner.attrs):
                     ids = {dev.device_id for dev in group}
                     if ids & takers and not ids <= takers:
-                        return (
-                            f"{inner.name} at {inner.loc} whose group {sorted(ids)} devices "
-                            f"{sorted(ids & takers)} take and {sorted(ids - takers)} do not"
-                        )
+                        return inner, ids, ids & takers
         return None
 
     def _call(self, op: Op, operands: PerDevice) -> PerDevice:

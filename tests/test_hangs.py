@@ -1,0 +1,148 @@
+"""Programs that never return: the devices of a collective's group part ways at a branch,
+and those that reach the collective wait for the others forever (on XLA, its CPU runtime
+aborts after a minute). Where the spec returns on the same inputs, that is a refutation
+whose counterexample is the inputs and the devices that wait."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from test_collectives import CHANNEL, DIVERGING_IF, GLOBAL_IDS, region
+
+import tv_ir
+from tv_ir.frontends.jax import verify
+from tv_ir.cli import main as tv_main
+
+
+def lower(f, *args) -> str:
+    return jax.jit(f).lower(*args).as_text(debug_info=True)
+
+
+def sum_where_positive(mesh):
+    """Each device psums its rows over "model" only where its own first element is
+    positive: devices of one psum group decide differently on most inputs."""
+
+    def body(x):
+        return jax.lax.cond(
+            x[0, 0] > 0,  # BUG: a per-device decision guarding a collective
+            lambda v: jax.lax.psum(v, "model"),
+            lambda v: v,
+            x,
+        )
+
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=P(None, "model"), out_specs=P(None, "model"), check_vma=False
+    )
+
+
+def summed_blocks(x):
+    return x
+
+
+def test_a_collective_under_a_per_device_decision_is_refuted_as_a_hang():
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+    x = np.ones((4, 8), np.float32)
+    report = tv_ir.check(lower(summed_blocks, x), lower(sum_where_positive(mesh), x))
+    assert report.verdict == "not_equivalent", report.reason
+    ce = report.counterexample
+    assert ce.hang is not None and "all_reduce" in ce.hang and "group [0, 1]" in ce.hang
+    assert ce.device in (0, 1) and ce.mesh_coords == {"model": ce.device}
+    # the devices decide differently on the counterexample: device 0's block against 1's
+    x = ce.inputs[next(iter(ce.inputs))]
+    assert (x[0, 0] > 0) != (x[0, 4] > 0)
+    assert report.location.impl.op == "stablehlo.case"
+    assert report.location.impl.file.endswith("test_hangs.py")
+    assert any(site.op == "stablehlo.all_reduce" for site in report.location.related)
+    text = str(report)
+    assert "the implementation never returns" in text and f"device {ce.device}" in text
+    # the same through the JAX front end (its notes name outputs: none here)
+    again = verify(sum_where_positive(mesh), x, spec=summed_blocks)
+    assert again.verdict == "not_equivalent" and again.counterexample.hang is not None
+
+
+def test_a_branch_every_group_takes_whole_is_not_a_hang():
+    # the same decision on every device (the first element of the whole input): proved
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+
+    def body(x, first):
+        return jax.lax.cond(
+            first[0] > 0, lambda v: 2 * jax.lax.psum(v, "model"), lambda v: 2 * v, x
+        )
+
+    impl = jax.shard_map(
+        body, mesh=mesh, in_specs=(P(None, "model"), P()), out_specs=P(None, "model"),
+        check_vma=False,
+    )  # fmt: skip
+
+    def spec(x, first):
+        both = x[:, :4] + x[:, 4:]
+        return jnp.where(first[0] > 0, 2 * jnp.concatenate([both, both], axis=1), 2 * x)
+
+    x, first = np.ones((4, 8), np.float32), np.ones((1,), np.float32)
+    report = tv_ir.check(lower(spec, x, first), lower(impl, x, first))
+    assert report.verdict == "equivalent", report.reason
+
+
+HANGS_EVERYWHERE = """module @hangs attributes {
+    mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%a0: tensor<2xf32> {mhlo.sharding = "{replicated}"})
+      -> (tensor<2xf32> {mhlo.sharding = "{replicated}"}) {
+BODY
+  }
+}
+""".replace(
+    "BODY",
+    DIVERGING_IF.replace(
+        "TAKEN",
+        f"""%s = "stablehlo.all_reduce"(%a0) {region("add")}{{replica_groups = dense<[[0, 4],
+          [1, 5], [2, 6], [3, 7]]> : tensor<4x2xi64>, {CHANNEL}, {GLOBAL_IDS}}}
+          : (tensor<2xf32>) -> tensor<2xf32>
+      stablehlo.return %s : tensor<2xf32>""",
+    ),
+)
+
+
+def test_tv_check_says_the_per_device_program_hangs(tmp_path, capsys):
+    # devices 0-3 take the branch, each all-reducing with one of 4-7, which never do: the
+    # program hangs on every input; the spec (the identity) returns
+    impl = tmp_path / "impl.mlir"
+    impl.write_text(HANGS_EVERYWHERE)
+    spec = tmp_path / "spec.mlir"
+    spec.write_text(
+        "func.func @main(%a0: tensor<2xf32>) -> tensor<2xf32> {\n  return %a0 : tensor<2xf32>\n}\n"
+    )
+    code = tv_main(["check", str(spec), str(impl), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1, out
+    assert out["verdict"] == "not_equivalent"
+    ce = out["counterexample"]
+    assert "whose group [0, 4] devices [0] take and [4] do not" in ce["hang"]
+    assert ce["device"] == 0 and ce["output"] is None
+
+
+def test_a_hang_the_inputs_decide_is_never_proved():
+    """Symbolic inputs decide nothing: a program that hangs only on inputs no concrete
+    run meets is `unknown`, or refuted where a run meets them, never `equivalent`."""
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+
+    def body(x):
+        return jax.lax.cond(
+            x[0, 0] > 1e30,  # no random input reaches it
+            lambda v: jax.lax.psum(v, "model"),
+            lambda v: v,
+            x,
+        )
+
+    impl = jax.shard_map(
+        body, mesh=mesh, in_specs=P(None, "model"), out_specs=P(None, "model"), check_vma=False
+    )
+    x = np.ones((4, 8), np.float32)
+    report = tv_ir.check(lower(summed_blocks, x), lower(impl, x), time_limit=60)
+    assert report.verdict in ("unknown", "not_equivalent"), report
+    if report.verdict == "not_equivalent":
+        assert report.counterexample.hang is not None
