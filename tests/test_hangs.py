@@ -65,6 +65,27 @@ def test_a_collective_under_a_per_device_decision_is_refuted_as_a_hang():
     assert again.verdict == "not_equivalent" and again.counterexample.hang is not None
 
 
+def test_a_loop_whose_trip_count_differs_across_a_psum_group_is_refuted_as_a_hang():
+    # each device psums as many times as its own block says: one device goes round again
+    # and waits at the psum for one that has left the loop
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+
+    def body(x):
+        trips = (x[0, 0] > 0).astype(jnp.int32) + 1
+        return jax.lax.fori_loop(0, trips, lambda i, v: jax.lax.psum(v, "model") / 2, x)
+
+    impl = jax.shard_map(
+        body, mesh=mesh, in_specs=P(None, "model"), out_specs=P(None, "model"), check_vma=False
+    )
+    x = np.ones((4, 8), np.float32)
+    report = tv_ir.check(lower(summed_blocks, x), lower(impl, x))
+    assert report.verdict == "not_equivalent", report.reason
+    ce = report.counterexample
+    assert "stablehlo.while: the loop predicate differs" in ce.hang, ce.hang
+    assert "all_reduce" in ce.hang and "group [0, 1]" in ce.hang
+    assert report.location.impl.op == "stablehlo.while"
+
+
 def test_a_branch_every_group_takes_whole_is_not_a_hang():
     # the same decision on every device (the first element of the whole input): proved
     mesh = Mesh(np.array(jax.devices()[:2]), ("model",))

@@ -245,6 +245,12 @@ class SpmdInterpreter:
                     f"{collective_in(op.regions)}",
                     op=op.name,
                 )
+            # devices that go on wait at the body's collective for those that stopped
+            split = self._split_group(op, [1 if p else -1 for p in preds])
+            if split is not None:
+                decided_by = op.regions[0].block.results[0].owner
+                raise _hangs(op, "the loop predicate differs across devices and the body holds",
+                             split, decided_by)  # fmt: skip
             if not self._agreed(op, "the loop predicate", preds):
                 return values
             values = self._region(op, 1, values)
@@ -300,17 +306,7 @@ class SpmdInterpreter:
             split = self._split_group(op, taken)
             if split is None:
                 return
-            collective, ids, waiting = split
-            raise ProgramHangs(
-                f"{op.name}: {what} {why} and a branch holds {collective.name} at "
-                f"{collective.loc} whose group {sorted(ids)} devices {sorted(waiting)} take "
-                f"and {sorted(ids - waiting)} do not: those devices would wait for the "
-                "others (the program hangs)",
-                op=op.name,
-                loc=op.loc,
-                sites=[(o.name, o.loc) for o in (op, collective, op.operands[0].owner) if o],
-                waiting=sorted(waiting),
-            )
+            raise _hangs(op, f"{what} {why} and a branch holds", split, op.operands[0].owner)
         refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc, why)
 
     def _split_group(self, op: Op, taken: list[int]) -> tuple[Op, set, set] | None:
@@ -568,6 +564,21 @@ def _equal_scalar(x, y) -> bool:
         return type(x) is type(y) and bool(x == y)
     except Exception:
         return False
+
+
+def _hangs(op: Op, what: str, split: tuple, decided_by: Op | None) -> ProgramHangs:
+    """The devices of `split`'s collective group that reach it wait for the others, which
+    `op`'s decision (made by `decided_by`) sent elsewhere."""
+    collective, ids, waiting = split
+    return ProgramHangs(
+        f"{op.name}: {what} {collective.name} at {collective.loc} whose group {sorted(ids)} "
+        f"devices {sorted(waiting)} take and {sorted(ids - waiting)} do not: those devices "
+        "would wait for the others (the program hangs)",
+        op=op.name,
+        loc=op.loc,
+        sites=[(o.name, o.loc) for o in (op, collective, decided_by) if o is not None],
+        waiting=sorted(waiting),
+    )
 
 
 def device_name(module: Module, device: int, n: int) -> str:
