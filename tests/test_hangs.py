@@ -13,9 +13,9 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from test_collectives import CHANNEL, DIVERGING_IF, GLOBAL_IDS, region
+from tv_ir.frontends.jax import verify
 
 import tv_ir
-from tv_ir.frontends.jax import verify
 from tv_ir.cli import main as tv_main
 
 

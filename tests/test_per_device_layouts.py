@@ -316,3 +316,46 @@ def test_unreduced_layouts_without_a_device_count_are_bad_input() -> None:
         tv_ir.check(PLAIN_ADD, UNREDUCED_ADD)
     r = tv_ir.check(PLAIN_ADD, UNREDUCED_ADD, layouts=GivenLayouts(num_partitions=2))
     assert r.verdict == "not_equivalent"
+
+
+ALL_REDUCE_OVER_MESH = """    %0 = "stablehlo.all_reduce"(%x) <{
+        replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh,
+          axes = [#stablehlo.axis_ref<name = "a">]>,
+        channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>,
+        use_global_device_ids}> ({
+      ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+        %s = stablehlo.add %a, %b : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+      }) : (tensor<4x2xf32>) -> tensor<4x2xf32>
+    return %0 : tensor<4x2xf32>"""
+
+
+@pytest.mark.parametrize(
+    "output, mesh, lost",
+    [
+        # jaxlib's StableHLO of XLA's dump: the mesh lost XLA's device_ids, the layouts order
+        # devices as a transposed iota
+        ("{devices=[2,2]<=[2,2]T(1,0)}", '<["a"=2, "b"=2]>', True),
+        ("{devices=[2,2]0,2,1,3}", '<["a"=2, "b"=2]>', True),
+        # the layouts in iota order, or the mesh giving its order: nothing was lost
+        ("{devices=[2,2]<=[4]}", '<["a"=2, "b"=2]>', False),
+        ("{devices=[2,2]0,1,2,3}", '<["a"=2, "b"=2]>', False),
+        ("{devices=[2,2]<=[2,2]T(1,0)}", '<["a"=2, "b"=2], device_ids=[0, 2, 1, 3]>', False),
+    ],
+)
+def test_a_mesh_without_its_device_order_is_named(output: str, mesh: str, lost: bool) -> None:
+    from tv_ir.pipeline import prepare
+    from tv_ir.prover.boundary_layouts import lost_device_order
+
+    impl = per_device(
+        f'mhlo.spmd_parameters_shardings = ["{{replicated}}"], mhlo.spmd_output_sharding = '
+        f'"{output}"',
+        ALL_REDUCE_OVER_MESH,
+        "tensor<4x2xf32>",
+        args="%x: tensor<4x2xf32>",
+    )
+    impl = impl.replace("{\n  func.func", f"{{\n  sdy.mesh @mesh = {mesh}\n  func.func", 1)
+    why = lost_device_order(prepare(impl, "impl", unroll=False))
+    assert (why is not None) == lost, why
+    if lost:
+        assert "@mesh" in why and "hlo_to_stablehlo" in why and output in why

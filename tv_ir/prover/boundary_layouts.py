@@ -14,12 +14,14 @@ the caller's, else what the shardings and collectives fix (`device_count`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from tv_ir.errors import BadInput
-from tv_ir.ir.program import Module
+from tv_ir.ir.attrs import MeshAxesGroups
+from tv_ir.ir.program import Module, walk
 from tv_ir.prover.placement import Placement
 
 PARAMETERS_ATTR = "mhlo.spmd_parameters_shardings"
@@ -284,6 +286,54 @@ def _first(sources) -> str | None:
 # bodies, which are recognised apart)
 PER_DEVICE_ATTRS = ("mhlo.spmd_output_sharding", "mhlo.spmd_parameters_shardings")
 GSPMD_MANUAL = ("SPMDFullToShardShape", "SPMDShardToFullShape")
+
+
+def lost_device_order(impl: Module) -> str | None:
+    """Why the device order of `impl`'s collectives may not be the one XLA ran (None when
+    nothing says so). jaxlib 0.10.2's `hlo_to_stablehlo` turns XLA's mesh-axes replica groups
+    (`replica_groups=mesh[...], device_ids=([4,2]T(1,0)) {...}`) into groups over an
+    `sdy.mesh` without `device_ids`: iota order, which is not XLA's program when XLA's mesh
+    ordered its devices otherwise. A module from XLA's dump (its `mhlo.spmd_*` attributes)
+    whose layouts order devices otherwise (a transposed iota, a permuted list) and whose
+    collectives name a mesh without a device order may be such a module: a difference found
+    in it may be the conversion's, not XLA's."""
+    if PARAMETERS_ATTR not in impl.attrs and OUTPUT_ATTR not in impl.attrs:
+        return None
+    meshes = impl.attrs.get("sdy.meshes") or {}
+    unordered = sorted(
+        {
+            g.mesh.lstrip("@")
+            for op in walk(impl.main.body)
+            for g in [op.attrs.get("replica_groups")]
+            if isinstance(g, MeshAxesGroups)
+            and getattr(meshes.get(g.mesh.lstrip("@")), "device_ids", None) is None
+        }
+    )
+    if not unordered:
+        return None
+    layouts = impl.attrs.get(PARAMETERS_ATTR) or []
+    layouts = [*([layouts] if isinstance(layouts, str) else layouts), impl.attrs.get(OUTPUT_ATTR)]
+    permuted = next((s for s in layouts if isinstance(s, str) and _permuted_devices(s)), None)
+    if permuted is None:
+        return None
+    return (
+        f"its collectives group devices over mesh @{unordered[0]}, which gives no device order, "
+        f"while its layouts order devices otherwise ({permuted}): jaxlib's hlo_to_stablehlo "
+        "drops the device_ids of XLA's mesh-axes replica groups, so this may not be the "
+        "program XLA ran; check XLA's HLO text (tv check BEFORE AFTER.hlo), which keeps them"
+    )
+
+
+def _permuted_devices(sharding: str) -> bool:
+    """Whether an HloSharding string orders its devices other than 0, 1, 2, ...: a
+    transposed iota (`<=[4,2]T(1,0)`) or an explicit list out of order."""
+    if re.search(r"<=\[[0-9,]*\]T\(", sharding):
+        return True
+    for listed in re.findall(r"devices=\[[0-9,]*\]([0-9][0-9,]*)", sharding):
+        ids = [int(d) for d in listed.split(",") if d]
+        if ids != sorted(ids):
+            return True
+    return False
 
 
 def per_device_evidence(spec: Module, impl: Module) -> str | None:
