@@ -14,7 +14,6 @@ the caller's, else what the shardings and collectives fix (`device_count`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -293,10 +292,10 @@ def lost_device_order(impl: Module) -> str | None:
     nothing says so). jaxlib 0.10.2's `hlo_to_stablehlo` turns XLA's mesh-axes replica groups
     (`replica_groups=mesh[...], device_ids=([4,2]T(1,0)) {...}`) into groups over an
     `sdy.mesh` without `device_ids`: iota order, which is not XLA's program when XLA's mesh
-    ordered its devices otherwise. A module from XLA's dump (its `mhlo.spmd_*` attributes)
-    whose layouts order devices otherwise (a transposed iota, a permuted list) and whose
-    collectives name a mesh without a device order may be such a module: a difference found
-    in it may be the conversion's, not XLA's."""
+    ordered its devices otherwise, and nothing left in the module says whether it did (its
+    layouts may all be in iota order while a mesh inside was not). So in a module from
+    XLA's dump (its `mhlo.spmd_*` attributes) whose collectives name a mesh without a
+    device order, a difference may be the conversion's, not XLA's."""
     if PARAMETERS_ATTR not in impl.attrs and OUTPUT_ATTR not in impl.attrs:
         return None
     meshes = impl.attrs.get("sdy.meshes") or {}
@@ -305,35 +304,33 @@ def lost_device_order(impl: Module) -> str | None:
             g.mesh.lstrip("@")
             for op in walk(impl.main.body)
             for g in [op.attrs.get("replica_groups")]
-            if isinstance(g, MeshAxesGroups)
-            and getattr(meshes.get(g.mesh.lstrip("@")), "device_ids", None) is None
+            if isinstance(g, MeshAxesGroups) and _order_matters(op.name, g, meshes)
         }
     )
     if not unordered:
         return None
-    layouts = impl.attrs.get(PARAMETERS_ATTR) or []
-    layouts = [*([layouts] if isinstance(layouts, str) else layouts), impl.attrs.get(OUTPUT_ATTR)]
-    permuted = next((s for s in layouts if isinstance(s, str) and _permuted_devices(s)), None)
-    if permuted is None:
-        return None
     return (
-        f"its collectives group devices over mesh @{unordered[0]}, which gives no device order, "
-        f"while its layouts order devices otherwise ({permuted}): jaxlib's hlo_to_stablehlo "
-        "drops the device_ids of XLA's mesh-axes replica groups, so this may not be the "
-        "program XLA ran; check XLA's HLO text (tv check BEFORE AFTER.hlo), which keeps them"
+        f"its collectives group devices over mesh @{unordered[0]}, which gives no device "
+        "order: jaxlib's hlo_to_stablehlo drops the device_ids of XLA's mesh-axes replica "
+        "groups, so this may not be the program XLA ran (its mesh may order its devices "
+        "otherwise); check XLA's HLO text (tv check BEFORE AFTER.hlo), which keeps them"
     )
 
 
-def _permuted_devices(sharding: str) -> bool:
-    """Whether an HloSharding string orders its devices other than 0, 1, 2, ...: a
-    transposed iota (`<=[4,2]T(1,0)`) or an explicit list out of order."""
-    if re.search(r"<=\[[0-9,]*\]T\(", sharding):
+def _order_matters(op_name: str, groups: MeshAxesGroups, meshes: dict) -> bool:
+    """Whether the devices' order on the mesh `groups` names (none given) changes what the
+    collective does: not for an all-reduce over every device (one group, any order)."""
+    from tv_ir.semantics.interpreters.process_grid import mesh_axes_groups
+
+    mesh = meshes.get(groups.mesh.lstrip("@"))
+    if mesh is None or mesh.device_ids is not None:
+        return False
+    if op_name != "stablehlo.all_reduce":
         return True
-    for listed in re.findall(r"devices=\[[0-9,]*\]([0-9][0-9,]*)", sharding):
-        ids = [int(d) for d in listed.split(",") if d]
-        if ids != sorted(ids):
-            return True
-    return False
+    try:
+        return len(mesh_axes_groups(mesh, groups.axes)) > 1
+    except BadInput:
+        return True
 
 
 def per_device_evidence(spec: Module, impl: Module) -> str | None:
