@@ -9,8 +9,10 @@ Megatron TP, a GPipe pipeline with `ppermute`, data parallelism; forward + backw
 against its single-device `train_step`, on meshes DP x PP x TP. The model is TrainVerify's
 configuration (hidden 128, seq 128, 32 heads, vocab 51200, 2 layers, 2 micro-batches of 8
 sequences per data-parallel shard: the global batch grows with DP). Programs are lowered
-from `jax.ShapeDtypeStruct`s on a `jax.sharding.AbstractMesh` (no devices: 8,192 host CPU
-devices abort jaxlib on this machine); JAX writes `mhlo.num_partitions = 1` for an abstract
+from `jax.ShapeDtypeStruct`s on a `jax.sharding.AbstractMesh` (no devices: jaxlib 0.10.2
+makes 8,192 host CPU devices, in 33 s and 1 GB, but its CPU backend compiles for at most
+2,048: "Multiprocess computations aren't implemented on the CPU backend" from 4,096 on);
+JAX writes `mhlo.num_partitions = 1` for an abstract
 mesh, and tv reads the shard_map's mesh as the program's devices.
 
 Each row runs `tv_ir.check` in a fresh child (bench/child_process.py), with mesh reduction
