@@ -104,6 +104,35 @@ def test_a_check_the_child_has_not_begun_is_made_here_once_asked(monkeypatch, tm
         assert checks.result("next") == os.getpid()
 
 
+def test_parts_the_child_has_not_begun_are_made_here_from_the_last(monkeypatch, tmp_path) -> None:
+    # a confirmation in witness runs: once the proof is done, this process makes the parts
+    # the child has not begun (the last first) while the child finishes its own
+    monkeypatch.setattr(workers, "_core_free", lambda: True)
+    begun, go = tmp_path / "begun", tmp_path / "go"
+
+    def long_part():
+        begun.touch()
+        _wait_for(go)
+        return os.getpid()
+
+    made_here: list[int] = []
+
+    def part(k: int) -> int:
+        made_here.append(k)  # only this process's list: the child's is its own copy
+        if k == 1:
+            go.touch()  # the last made here: the child's first part ends only now
+        return os.getpid()
+
+    with workers.ChecksBeside() as checks:
+        parts = [long_part, *(lambda k=k: part(k) for k in (1, 2, 3))]
+        checks.add_parts("confirm", parts, lambda pids: pids)
+        checks.start()
+        _wait_for(begun)  # the child is in its first part
+        pids = checks.result("confirm")
+    assert pids[0] != os.getpid() and pids[1:] == [os.getpid()] * 3
+    assert made_here == [3, 2, 1]
+
+
 def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(monkeypatch) -> None:
     # the 405B-shaped step on TrainVerify's PP-14 plan: its proof reached the ceiling
     # lowered by the child's share (3,500 MB less a quarter of what was left) and ended

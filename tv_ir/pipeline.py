@@ -7,6 +7,7 @@ import itertools
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
 from tv_ir.ir.importer import load
 from tv_ir.ir.program import Module, elements, walk
@@ -432,7 +433,8 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     # used, so they are not made for it)
     with ChecksBeside() as checks:
         if not red.singled_out:
-            checks.add("layers", lambda: _layer_checks(red, options.seed))
+            parts = [partial(_layer_check, w, options.seed) for w in red.layer_witnesses]
+            checks.add_parts("layers", parts, _first_reason)
         report = _check(
             f_spec,
             f_impl,
@@ -490,27 +492,32 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     return report
 
 
-def _layer_checks(red, seed: int) -> str | None:
-    """The concrete checks a proof at fewer layers needs (docs/equivalence.md, "Why it is
-    not enough"): the pair at the real layer count and at a larger one, every other class
-    reduced, agree on random inputs. None when they do, else why the proof is not used."""
+def _layer_check(w, seed: int) -> str | None:
+    """One of the concrete checks a proof at fewer layers needs (docs/equivalence.md, "Why
+    it is not enough"): the pair at the real layer count, or at a larger one, every other
+    class reduced (`w`), agrees on random inputs. None when it does, else why the proof is
+    not used."""
     from .prover.real_size import LAYER_WITNESS_LIMIT, differs_on_random_inputs
 
-    for w in red.layer_witnesses:
-        try:
-            w_spec, w_impl, w_place = w.build()
-        except Exception as e:  # shapes an op forbids: this check cannot be made
-            return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
-        if elements(w_spec) + elements(w_impl) > LAYER_WITNESS_LIMIT:
-            return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
-        # one run: random inputs show a difference of these small programs, or none is
-        # there to show (the real layer count unrolled costs what depth costs)
-        if differs_on_random_inputs(w_spec, w_impl, w_place, seed, runs=1):
-            return (
-                f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
-                "reduced) the programs differ"
-            )
+    try:
+        w_spec, w_impl, w_place = w.build()
+    except Exception as e:  # shapes an op forbids: this check cannot be made
+        return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
+    if elements(w_spec) + elements(w_impl) > LAYER_WITNESS_LIMIT:
+        return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
+    # one run: random inputs show a difference of these small programs, or none is there
+    # to show (the real layer count unrolled costs what depth costs)
+    if differs_on_random_inputs(w_spec, w_impl, w_place, seed, runs=1):
+        return (
+            f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
+            "reduced) the programs differ"
+        )
     return None
+
+
+def _first_reason(reasons: list) -> str | None:
+    """The first of the layer checks' reasons not to use the proof (None: none)."""
+    return next((r for r in reasons if r is not None), None)
 
 
 def _unrolled(module: Module) -> Module:
@@ -742,14 +749,15 @@ def _confirm_beside(aside, reduction, mesh, real, seed: int) -> None:
     real sizes, or each class larger) does not depend on the proof: it joins the checks
     computed beside it. On the pair `_check` confirms on (the real sizes on the reduced
     mesh when the mesh shrinks)."""
-    from .prover.real_size import agreement_note
+    from .prover.real_size import agreement_of, agreement_parts
 
     if aside.confirms is not None:
         return  # one confirmation beside the proof (the first reduction's)
     if mesh is not None:
         real = (mesh.spec, mesh.impl, _replicated(mesh))
     aside.confirms = reduction
-    aside.add("confirm", lambda: agreement_note(reduction, *real, seed=seed))
+    parts = agreement_parts(reduction, *real, seed=seed)
+    aside.add_parts("confirm", parts, lambda outcomes: agreement_of(reduction, outcomes))
 
 
 # a proof of fewer top-level ops than this takes about what a child costs (a fork, its

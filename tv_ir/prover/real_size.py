@@ -10,6 +10,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 
 from tv_ir.ir.program import Module, TensorType, elements
@@ -191,15 +194,57 @@ def _differs_anywhere(spec: Module, impl: Module, placement, seed: int) -> bool:
     return any(differs(spec, impl, placement, random_inputs(spec.main, rng)) for _ in range(RUNS))
 
 
-def agreement_note(reduction, spec, impl, placement, seed: int = 0) -> str | None:
-    """What `confirm_proof` notes on a proof when the pair agrees concretely; None when a
-    check differs (then `confirm_proof` itself says what follows). It does not depend on
-    the proof, so it can be computed beside it (`workers.ChecksBeside`)."""
-    from tv_ir.report.result import EQUIVALENT
+def agreement_parts(reduction, spec, impl, placement, seed: int = 0) -> list[Callable]:
+    """`confirm_proof`'s concrete checks as independent parts, each giving (checks made,
+    witnesses too large to run, whether the pair differed): one per random run at the real
+    sizes, or one per witness. They do not depend on the proof, so they are computed beside
+    it, shared between the processes there (`workers.ChecksBeside`); `agreement_of` gives
+    the note of their outcomes."""
+    if reduction.real_elements <= REPLAY_LIMIT:
+        return [partial(_run_agrees, spec, impl, placement, seed, k) for k in range(RUNS)]
+    return [partial(_witness_outcome, w, seed) for w in reduction.witnesses]
 
-    probe = Report(EQUIVALENT)
-    out = confirm_proof(probe, reduction, spec, impl, placement, seed)
-    return out.notes[-1] if out is probe and out.verdict == EQUIVALENT and out.notes else None
+
+def agreement_of(reduction, outcomes: list[tuple[int, int, bool]]) -> str | None:
+    """What `confirm_proof` notes on a proof when every part of `agreement_parts` agreed;
+    None when one differed (then `confirm_proof` itself says what follows)."""
+    if any(differed for _, _, differed in outcomes):
+        return None
+    if reduction.real_elements <= REPLAY_LIMIT:
+        return REAL_SIZES_AGREE
+    checked = sum(c for c, _, _ in outcomes)
+    return _witnesses_note(reduction, checked, sum(s for _, s, _ in outcomes))
+
+
+def _run_agrees(spec, impl, placement, seed: int, k: int) -> tuple[int, int, bool]:
+    """The k-th of `_differs`'s random runs (the same inputs: the same generator)."""
+    from .simulate import random_inputs
+
+    rng = np.random.default_rng(seed)
+    for _ in range(k):
+        random_inputs(spec.main, rng)
+    return 1, 0, differs(spec, impl, placement, random_inputs(spec.main, rng))
+
+
+def _witness_outcome(w, seed: int) -> tuple[int, int, bool]:
+    """`confirm_proof`'s check of one witness (its classes' own when it does not fit)."""
+    checked, skipped = 0, [0]
+    for _, (w_spec, w_impl, w_place) in _runnable([w], skipped):
+        checked += 1
+        if _differs_anywhere(w_spec, w_impl, w_place, seed):
+            return checked, skipped[0], True
+    return checked, skipped[0], False
+
+
+def _witnesses_note(reduction, checked: int, skipped: int) -> str:
+    classes = len({id(m) for w in reduction.witnesses for m in (w.members or [w])})
+    note = f"each shrunk class checked concretely at a larger size ({classes} classes in "
+    note += f"{checked} checks"
+    note += f", {skipped} too large to run)" if skipped else ")"
+    return note
+
+
+REAL_SIZES_AGREE = "checked concretely at the real sizes too (random inputs)"
 
 
 def confirm_proof(
@@ -219,7 +264,7 @@ def confirm_proof(
     if reduction.real_elements <= REPLAY_LIMIT:
         found = _differs(spec, impl, placement, seed)
         if found is None:
-            report.notes.append("checked concretely at the real sizes too (random inputs)")
+            report.notes.append(REAL_SIZES_AGREE)
             return report
         return refuted_by_replay(
             found,
@@ -246,12 +291,7 @@ def confirm_proof(
             ),
         )
         return out
-    skipped = skipped[0]
-    classes = len({id(m) for w in reduction.witnesses for m in (w.members or [w])})
-    note = f"each shrunk class checked concretely at a larger size ({classes} classes in "
-    note += f"{checked} checks"
-    note += f", {skipped} too large to run)" if skipped else ")"
-    report.notes.append(note)
+    report.notes.append(_witnesses_note(reduction, checked, skipped[0]))
     return report
 
 

@@ -347,6 +347,9 @@ class ChecksBeside:
     def __init__(self):
         self.jobs: dict[str, Callable[[], Any]] = {}
         self.confirms = None  # the shape reduction whose confirmation is a job here
+        # a check made of parts (`add_parts`): its parts' names and how their results combine
+        self._parts: dict[str, tuple[list[str], Callable[[list], Any]]] = {}
+        self._here: dict[str, Any] = {}  # parts made here while the child made others
         self._beside: Beside | None = None
         self._taken: set[str] = set()
         self._claims: _Claims | None = None
@@ -361,6 +364,17 @@ class ChecksBeside:
 
     def add(self, name: str, job: Callable[[], Any]) -> None:
         self.jobs[name] = job
+
+    def add_parts(
+        self, name: str, parts: list[Callable[[], Any]], combine: Callable[[list], Any]
+    ) -> None:
+        """Check `name` as independent parts (each a job of its own, so the two processes
+        can share them out: the child from the first, this process from the last once its
+        proof is done); its result is `combine` of theirs, in order."""
+        keys = [f"{name} / {k}" for k in range(len(parts))]
+        for key, part in zip(keys, parts, strict=True):
+            self.jobs[key] = part
+        self._parts[name] = (keys, combine)
 
     def start(self) -> None:
         """Fork the child for the checks added so far (once)."""
@@ -384,9 +398,19 @@ class ChecksBeside:
             self._claims = claims
 
     def result(self, name: str) -> Any:
-        """Check `name`'s result (its exception raised here)."""
-        if name in self._taken and self._results is None and self._claims.take(name):
-            self._taken.discard(name)  # not begun by the child, which now skips it
+        """Check `name`'s result (its exception raised here). Asked for while the child
+        still works, this process first makes, from the last, the checks the child has not
+        begun (the child skips them): the two then finish together."""
+        if name in self._parts:
+            keys, combine = self._parts[name]
+            return combine([self.result(k) for k in keys])
+        if name in self._taken and self._results is None:
+            self._make_unbegun()
+        if name in self._here:
+            out = self._here[name]
+            if isinstance(out, Failed):
+                raise out.error
+            return out
         if name in self._taken:
             if self._results is None:
                 try:
@@ -401,6 +425,13 @@ class ChecksBeside:
             if name in self._results and out is None:
                 return None
         return self.jobs[name]()
+
+    def _make_unbegun(self) -> None:
+        """The checks the child has not begun, made here, the last first."""
+        for key in reversed(list(self.jobs)):
+            if key in self._taken and self._claims.take(key):
+                self._taken.discard(key)  # the child now skips it
+                self._here[key] = _attempt(lambda _, f=self.jobs[key]: f(), 0)
 
 
 class _Claims:
