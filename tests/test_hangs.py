@@ -167,3 +167,23 @@ def test_a_hang_the_inputs_decide_is_never_proved():
     assert report.verdict in ("unknown", "not_equivalent"), report
     if report.verdict == "not_equivalent":
         assert report.counterexample.hang is not None
+
+
+def test_a_hang_found_on_the_reduced_mesh_is_replayed_on_the_real_one():
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+
+    def body(x):
+        return jax.lax.cond(
+            x[0, 0] > 0, lambda v: jax.lax.psum(v, "model"), lambda v: v, x
+        )  # BUG: each device decides on its own block
+
+    impl = jax.shard_map(
+        body, mesh=mesh, in_specs=P("data", "model"), out_specs=P("data", "model"),
+        check_vma=False,
+    )  # fmt: skip
+    x = np.ones((8, 8), np.float32)
+    report = tv_ir.check(lower(summed_blocks, x), lower(impl, x))
+    assert report.verdict == "not_equivalent", report.reason
+    assert report.mesh_reduction["devices"] == [8, 4]
+    assert report.counterexample.hang is not None
+    assert any("replayed on every device of the real mesh" in n for n in report.notes)
