@@ -361,3 +361,9 @@ def test_a_mesh_without_its_device_order_is_named(attrs: bool, mesh: str, lost: 
     assert (why is not None) == lost, why
     if lost:
         assert "@mesh" in why and "hlo_to_stablehlo" in why
+
+
+def test_no_module_is_bad_input_saying_what_it_got() -> None:
+    # a harness that has no StableHLO form of a program passes None on
+    with pytest.raises(BadInput, match="impl: no module: .* got NoneType"):
+        tv_ir.check(SPEC, None)
