@@ -106,27 +106,40 @@ def test_device_count_from_the_collectives_groups() -> None:
     assert r.verdict == "equivalent", r.reason
 
 
-@pytest.mark.parametrize("mesh_size, verdict", [(2, "equivalent"), (4, "not_equivalent")])
-def test_device_count_from_the_mesh_the_groups_name(mesh_size: int, verdict: str) -> None:
-    """jaxlib's StableHLO of XLA's output names its groups by the axes of a module mesh
-    (`@mesh`): that mesh is every device, so it gives the count a partition_id needs. Each
-    device adds half of x: twice x on 2 devices, four times on 4."""
-    body = """    %p = stablehlo.partition_id : tensor<ui32>
-    %c0 = stablehlo.constant dense<0> : tensor<ui32>
-    %first = stablehlo.compare EQ, %p, %c0 : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
-    %c = stablehlo.constant dense<0.5> : tensor<4x2xf32>
-    %h = stablehlo.multiply %x, %c : tensor<4x2xf32>
-    %mine = stablehlo.select %first, %h, %h : tensor<i1>, tensor<4x2xf32>
-    %0 = "stablehlo.all_reduce"(%mine) <{replica_groups = #stablehlo.replica_group_mesh_axes<
-        mesh = @mesh, axes = [#stablehlo.axis_ref<name = "a">]>,
+def sum_over_mesh_axis(operand: str) -> str:
+    """`%0`: the sum of a 4x2 f32 `operand` over axis "a" of `@mesh`, its groups named by
+    mesh axes as jaxlib's StableHLO of XLA's output names them."""
+    return (
+        """    %0 = "stablehlo.all_reduce"(OPERAND) <{
+        replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh,
+          axes = [#stablehlo.axis_ref<name = "a">]>,
         channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>,
         use_global_device_ids}> ({
       ^bb0(%a: tensor<f32>, %b: tensor<f32>):
         %s = stablehlo.add %a, %b : tensor<f32>
         stablehlo.return %s : tensor<f32>
-      }) : (tensor<4x2xf32>) -> tensor<4x2xf32>
+      }) : (tensor<4x2xf32>) -> tensor<4x2xf32>"""
+    ).replace("OPERAND", operand)
+
+
+@pytest.mark.parametrize("mesh_size, verdict", [(2, "equivalent"), (4, "not_equivalent")])
+def test_device_count_from_the_mesh_the_groups_name(mesh_size: int, verdict: str) -> None:
+    """jaxlib's StableHLO of XLA's output names its groups by the axes of a module mesh
+    (`@mesh`): that mesh is every device, so it gives the count a partition_id needs. Each
+    device adds half of x: twice x on 2 devices, four times on 4."""
+    body = (
+        """    %p = stablehlo.partition_id : tensor<ui32>
+    %c0 = stablehlo.constant dense<0> : tensor<ui32>
+    %first = stablehlo.compare EQ, %p, %c0 : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
+    %c = stablehlo.constant dense<0.5> : tensor<4x2xf32>
+    %h = stablehlo.multiply %x, %c : tensor<4x2xf32>
+    %mine = stablehlo.select %first, %h, %h : tensor<i1>, tensor<4x2xf32>
+"""
+        + sum_over_mesh_axis("%mine")
+        + """
     %1 = stablehlo.add %0, %0 : tensor<4x2xf32>
     return %1 : tensor<4x2xf32>"""
+    )
     impl = per_device(
         'mhlo.spmd_parameters_shardings = ["{replicated}"], '
         'mhlo.spmd_output_sharding = "{replicated}"',
@@ -318,16 +331,7 @@ def test_unreduced_layouts_without_a_device_count_are_bad_input() -> None:
     assert r.verdict == "not_equivalent"
 
 
-ALL_REDUCE_OVER_MESH = """    %0 = "stablehlo.all_reduce"(%x) <{
-        replica_groups = #stablehlo.replica_group_mesh_axes<mesh = @mesh,
-          axes = [#stablehlo.axis_ref<name = "a">]>,
-        channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>,
-        use_global_device_ids}> ({
-      ^bb0(%a: tensor<f32>, %b: tensor<f32>):
-        %s = stablehlo.add %a, %b : tensor<f32>
-        stablehlo.return %s : tensor<f32>
-      }) : (tensor<4x2xf32>) -> tensor<4x2xf32>
-    return %0 : tensor<4x2xf32>"""
+ALL_REDUCE_OVER_MESH = sum_over_mesh_axis("%x") + "\n    return %0 : tensor<4x2xf32>"
 
 
 @pytest.mark.parametrize(
