@@ -82,19 +82,25 @@ def _wait_for(path, seconds: float = 60.0) -> None:
         time.sleep(0.01)
 
 
+def _held(begun, go):
+    """A check that says it has begun (file `begun`) and ends when `go` appears, giving
+    the pid of the process that made it."""
+
+    def check() -> int:
+        begun.touch()
+        _wait_for(go)
+        return os.getpid()
+
+    return check
+
+
 def test_a_check_the_child_has_not_begun_is_made_here_once_asked(monkeypatch, tmp_path) -> None:
     # at 126 layers the child's check at the real layer count outlasts the proof, and the
     # confirmation waited behind it while this process sat idle: now the process makes it
     monkeypatch.setattr(workers, "_core_free", lambda: True)
     begun, go = tmp_path / "begun", tmp_path / "go"
-
-    def long_check():
-        begun.touch()
-        _wait_for(go)
-        return os.getpid()
-
     with workers.ChecksBeside() as checks:
-        checks.add("long", long_check)
+        checks.add("long", _held(begun, go))
         checks.add("next", os.getpid)
         checks.start()
         _wait_for(begun)  # the child is in its first check
@@ -109,12 +115,6 @@ def test_parts_the_child_has_not_begun_are_made_here_from_the_last(monkeypatch, 
     # the child has not begun (the last first) while the child finishes its own
     monkeypatch.setattr(workers, "_core_free", lambda: True)
     begun, go = tmp_path / "begun", tmp_path / "go"
-
-    def long_part():
-        begun.touch()
-        _wait_for(go)
-        return os.getpid()
-
     made_here: list[int] = []
 
     def part(k: int) -> int:
@@ -124,7 +124,7 @@ def test_parts_the_child_has_not_begun_are_made_here_from_the_last(monkeypatch, 
         return os.getpid()
 
     with workers.ChecksBeside() as checks:
-        parts = [long_part, *(lambda k=k: part(k) for k in (1, 2, 3))]
+        parts = [_held(begun, go), *(lambda k=k: part(k) for k in (1, 2, 3))]
         checks.add_parts("confirm", parts, lambda pids: pids)
         checks.start()
         _wait_for(begun)  # the child is in its first part
