@@ -128,15 +128,18 @@ BODY
 )
 
 
+IDENTITY = (
+    "func.func @main(%a0: tensor<2xf32>) -> tensor<2xf32> {\n  return %a0 : tensor<2xf32>\n}\n"
+)
+
+
 def test_tv_check_says_the_per_device_program_hangs(tmp_path, capsys):
     # devices 0-3 take the branch, each all-reducing with one of 4-7, which never do: the
     # program hangs on every input; the spec (the identity) returns
     impl = tmp_path / "impl.mlir"
     impl.write_text(HANGS_EVERYWHERE)
     spec = tmp_path / "spec.mlir"
-    spec.write_text(
-        "func.func @main(%a0: tensor<2xf32>) -> tensor<2xf32> {\n  return %a0 : tensor<2xf32>\n}\n"
-    )
+    spec.write_text(IDENTITY)
     code = tv_main(["check", str(spec), str(impl), "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 1, out
@@ -187,3 +190,15 @@ def test_a_hang_found_on_the_reduced_mesh_is_replayed_on_the_real_one():
     assert report.mesh_reduction["devices"] == [8, 4]
     assert report.counterexample.hang is not None
     assert any("replayed on every device of the real mesh" in n for n in report.notes)
+
+
+def test_a_suite_line_says_the_pair_hangs(tmp_path, capsys):
+    d = tmp_path / "suite"
+    d.mkdir()
+    (d / "hang.impl.mlir").write_text(HANGS_EVERYWHERE)
+    (d / "hang.spec.mlir").write_text(IDENTITY)
+    code = tv_main(["check", str(d), "--cache", str(tmp_path / "cache"), "--workers", "1"])
+    out = capsys.readouterr().out
+    line = next((x for x in out.splitlines() if " hang" in x), out)
+    assert code == 1 and line.startswith("FAIL not_equivalent"), line
+    assert "hangs at impl stablehlo.if" in line

@@ -313,7 +313,9 @@ def _result(pair, verdict, detail, t0, report=None) -> PairResult:
 
 def _detail(report) -> str:
     if report.verdict == NOT_EQUIVALENT and report.location and report.location.impl:
-        return f"differs at impl {report.location.impl}"
+        ce = report.counterexample
+        how = "hangs" if ce is not None and ce.hang is not None else "differs"
+        return f"{how} at impl {report.location.impl}"
     return report.reason
 
 
