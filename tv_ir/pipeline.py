@@ -832,8 +832,14 @@ def _unless_device_order_lost(report: Report, impl: Module) -> Report:
     why = lost_device_order(impl)
     if why is None:
         return report
-    c = report.counterexample
-    out = Report(UNKNOWN, reason=f"the programs differ (on {c.what()}), but {why}")
+    where = report.counterexample.what()
+    return _unknown_instead(report, f"the programs differ (on {where}), but {why}")
+
+
+def _unknown_instead(report: Report, reason: str) -> Report:
+    """`unknown` for `reason` in place of a refutation that does not stand, keeping the
+    report's stats, reduction, notes and names."""
+    out = Report(UNKNOWN, reason=reason)
     out.stats, out.reduction, out.notes = report.stats, report.reduction, list(report.notes)
     out.spec_name, out.impl_name = report.spec_name, report.impl_name
     return out
@@ -860,12 +866,11 @@ def _unless_order_dependent(report: Report, spec: Module, impl: Module, placemen
             "is not one of order"
         )
         return report
-    out = Report(
-        UNKNOWN,
-        reason=f"the programs differ, but {found[0]}: the order XLA combines elements in is "
-        "its choice, so the difference may be one of order",
+    out = _unknown_instead(
+        report,
+        f"the programs differ, but {found[0]}: the order XLA combines elements in is its "
+        "choice, so the difference may be one of order",
     )
-    out.stats, out.reduction, out.notes = report.stats, report.reduction, list(report.notes)
     if c is not None:
         out.notes.append(
             f"not a refutation: output {c.output} at {list(c.index)} differs "

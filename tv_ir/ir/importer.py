@@ -280,13 +280,12 @@ def _collect_op_names(op, names: set) -> None:
 
 def load(source: str | bytes | os.PathLike | Any) -> Module:
     """Import a module from a path, text, bytecode, HLO text or an `ir.Module`."""
-    if not isinstance(source, (str, bytes, bytearray, os.PathLike)) and not (
-        hasattr(source, "operation") and hasattr(source, "body")
-    ):
+    is_ir = hasattr(source, "operation") and hasattr(source, "body")
+    if not is_ir and not isinstance(source, (str, bytes, bytearray, os.PathLike)):
         raise BadInput(
             f"no module: expected a path, text, bytecode or ir.Module, got {type(source).__name__}"
         )
-    if hasattr(source, "operation") and hasattr(source, "body"):
+    if is_ir:
         mlir_module, name = source, "<ir.Module>"
         with mlir_context():
             mlir_module = _reparse(mlir_module)

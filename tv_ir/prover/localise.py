@@ -141,10 +141,7 @@ def _hang(spec: Module, impl: Module, placement, inputs: list, e: ProgramHangs):
     )
     if device is not None:
         ce.mesh_coords = mesh_coords(impl, device, placement.num_partitions)
-    sites = [
-        OpSite(op=name, file=loc.file, line=loc.line, name=loc.name, function=loc.function)
-        for name, loc in e.sites
-    ]
+    sites = [_site_at(name, loc) for name, loc in e.sites]
     loc = Location(impl=sites[0] if sites else None, related=sites[1:])
     outputs = [OutputResult(k, NOT_EQUIVALENT) for k in range(len(impl.main.body.results))]
     return ce, loc, outputs
@@ -873,5 +870,8 @@ def _cone(value) -> set[int]:
 
 
 def _site(op: Op) -> OpSite:
-    loc = op.loc
-    return OpSite(op=op.name, file=loc.file, line=loc.line, name=loc.name, function=loc.function)
+    return _site_at(op.name, op.loc)
+
+
+def _site_at(name: str, loc) -> OpSite:
+    return OpSite(op=name, file=loc.file, line=loc.line, name=loc.name, function=loc.function)

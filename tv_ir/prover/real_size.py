@@ -254,7 +254,7 @@ def confirm_proof(
     sizes (when they fit in memory) or else with each reduced class a prime times larger:
     a difference at the real sizes refutes (replayed there); one at a larger reduced size
     makes the verdict unknown (the pair's meaning depends on that size in a way the
-    reduction does not follow). `agreed`: `agreement_note` of the same pair, computed
+    reduction does not follow). `agreed`: `agreement_of` the same pair's parts, computed
     already (the checks are not made again)."""
     from tv_ir.report.result import UNKNOWN
 
