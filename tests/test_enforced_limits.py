@@ -3,13 +3,18 @@ reached: a watchdog raises the limit's error in the checking thread."""
 
 from __future__ import annotations
 
+import importlib
+import sys
+import threading
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import tv_ir
+from tv_ir import limits
 from tv_ir.semantics.symbolic import SymbolicAlgebra
 
 X = jax.ShapeDtypeStruct((4, 4), jnp.float32)
@@ -89,3 +94,34 @@ def test_a_check_collects_garbage_in_bulk_and_restores_the_collector() -> None:
     assert during[0] == max(before[0], limits.GC_YOUNG_THRESHOLD) > 700
     assert during[1:] == before[1:]
     assert gc.get_threshold() == before
+
+
+def test_a_thread_loading_a_module_is_seen_importing(tmp_path, monkeypatch) -> None:
+    """The watchdog holds its interrupt while the checking thread loads a module (one raised
+    inside an extension's initialisation crashes the process), read from the import
+    system's module locks, never from the thread's live frames."""
+    gate = types.SimpleNamespace(entered=threading.Event(), release=threading.Event())
+    monkeypatch.setitem(sys.modules, "tv_test_import_gate", gate)
+    (tmp_path / "tv_test_slow_module.py").write_text(
+        "import sys\n"
+        "gate = sys.modules['tv_test_import_gate']\n"
+        "gate.entered.set()\n"
+        "gate.release.wait(30)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tv_test_slow_module", raising=False)
+    importer = threading.Thread(target=importlib.import_module, args=("tv_test_slow_module",))
+    idle = threading.Thread(target=gate.release.wait, args=(30,))
+    importer.start()
+    idle.start()
+    try:
+        assert gate.entered.wait(30)
+        assert limits._importing(importer.ident)
+        assert not limits._importing(idle.ident)
+        assert not limits._importing(threading.get_ident())
+    finally:
+        gate.release.set()
+        importer.join()
+        idle.join()
+    assert not limits._importing(importer.ident)
+    monkeypatch.delitem(sys.modules, "tv_test_slow_module", raising=False)

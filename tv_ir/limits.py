@@ -41,6 +41,7 @@ import contextlib
 import contextvars
 import ctypes
 import gc
+import importlib._bootstrap as import_system  # the import system's module locks
 import sys
 import threading
 import time
@@ -485,12 +486,18 @@ def enforced_limits():
 def _importing(thread_id: int) -> bool:
     """Whether the thread is importing a module (an asynchronous exception raised while a
     compiled extension such as jaxlib's MLIR bindings initialises ends the process with a
-    segmentation fault)."""
-    frame = sys._current_frames().get(thread_id)
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+    segmentation fault).
+
+    Read from the import system's module locks, which a thread holds (or waits for) for the
+    whole of a module's load, not from the thread's frames: walking another thread's live
+    frames (`sys._current_frames()` then `f_back`) while it runs crashed the process itself
+    under CPython 3.11."""
+    if thread_id in import_system._blocking_on:
+        return True
+    for ref in list(import_system._module_locks.values()):
+        lock = ref()
+        if lock is not None and getattr(lock, "owner", None) == thread_id:
             return True
-        frame = frame.f_back
     return False
 
 
