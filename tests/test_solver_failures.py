@@ -153,3 +153,27 @@ def test_a_query_that_ignores_its_budget_is_stopped_by_cpu_time(monkeypatch) -> 
         spent = time.process_time() - cpu0
     assert r.status == "unknown"
     assert spent < 30, spent  # not z3's own (absent) limit: the backstop stopped it
+
+
+def test_the_memory_cap_holds_during_a_query_only(monkeypatch) -> None:
+    """Under a memory limit z3 is capped at what is left of it while it solves, and the cap
+    is lifted before the query's context is deleted: deleting a context allocates, and over
+    a cap below what z3 then held that aborted the whole process (out_of_memory_error
+    thrown through C++; a 32-device jit step under --memory-limit)."""
+    from tv_ir import limits
+    from tv_ir.prover import smt
+    from tv_ir.semantics import terms as T
+
+    monkeypatch.setattr(limits, "memory_left_mb", lambda: 64)
+    caps = []
+    real_solve = smt._solve
+
+    def solve(*args):
+        caps.append(z3.get_param("memory_max_size"))
+        return real_solve(*args)
+
+    monkeypatch.setattr(smt, "_solve", solve)
+    x, y = T.symbol("x"), T.symbol("y")
+    assert smt.check_equal([(T.mul(x, y), T.add(T.mul(y, x), x))]).status == "sat"
+    assert caps == ["64"]
+    assert z3.get_param("memory_max_size") == "0"

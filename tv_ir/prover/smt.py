@@ -39,8 +39,7 @@ BACKSTOP_POLL_S = 0.05
 # z3's timeout is not always honoured on nonlinear queries (seen with sqrt and inverses):
 # cap its memory so such a query ends as `unknown` instead of exhausting the machine
 MEMORY_MB = 4096
-z3.set_param("memory_max_size", MEMORY_MB)
-_memory_cap = [MEMORY_MB]
+_memory_cap = [0]  # the cap in force (0: none; set per query by `_cap_memory`)
 
 
 def _cap_memory() -> None:
@@ -52,6 +51,16 @@ def _cap_memory() -> None:
     if cap != _memory_cap[0]:
         z3.set_param("memory_max_size", cap)
         _memory_cap[0] = cap
+
+
+def _lift_memory_cap() -> None:
+    """No cap outside a query: z3 allocates while it deletes a context (`Z3_del_context`
+    catches nothing), and over a cap lowered below what z3 then holds that allocation threw
+    `out_of_memory_error` through C++ and aborted the process (a 32-device jit step under
+    `--memory-limit`). `_cap_memory` sets the cap again before the next query."""
+    if _memory_cap[0] != 0:
+        z3.set_param("memory_max_size", 0)  # 0: no limit
+        _memory_cap[0] = 0
 
 
 MONOTONE_PAIRS = 24  # applications of one function related pairwise (quadratic in this)
@@ -314,12 +323,14 @@ def check_equal(pairs: list[tuple], timeout_s: float = 10.0) -> SmtResult:
 
 @contextlib.contextmanager
 def _own_context():
-    """z3's default context replaced by a fresh one while the block runs."""
+    """z3's default context replaced by a fresh one while the block runs; the memory cap a
+    query ran under is lifted before the context is deleted."""
     saved = z3.z3._main_ctx
     z3.z3._main_ctx = z3.Context()
     try:
         yield
     finally:
+        _lift_memory_cap()
         z3.z3._main_ctx = saved
 
 
