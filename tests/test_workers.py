@@ -177,6 +177,26 @@ def test_exceptions_come_back_as_values_with_their_fields() -> None:
     assert isinstance(e, Unsupported) and e.op == "stablehlo.foo" and e.loc == "f.py:3"
 
 
+def test_an_exception_of_a_class_made_on_the_fly_comes_back_inside_a_result() -> None:
+    """The watchdog raises limits' errors as classes made on the fly; a job that catches one
+    and returns it in its result (as the final obligations' job does, with its counters)
+    gets it back as its nearest importable base, message kept (the child died on the
+    pickling before: a 32-device jit step under --memory-limit)."""
+    made = type("OutOfMemoryBudget", (OutOfMemoryBudget,), {})
+
+    def job(i: int):
+        if i == 1:
+            return workers.Failed(made("memory limit of 10 MB reached")), {"stages": 3}
+        return i
+
+    got = workers.run_jobs(job, [0, 1, 2], 2)
+    assert got[0] == 0 and got[2] == 2
+    failed, counters = got[1]
+    assert type(failed.error) is OutOfMemoryBudget
+    assert str(failed.error) == "memory limit of 10 MB reached"
+    assert counters == {"stages": 3}
+
+
 def test_a_child_that_dies_loses_no_job() -> None:
     parent = os.getpid()
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import io
 import mmap
 import multiprocessing
 import os
@@ -605,17 +606,37 @@ def _serve(job: Callable[[int], Any], tasks: int, results: int, share_mb: float 
 
 
 def _pickled(out: Any, lines: list) -> bytes:
-    """(`out`, progress `lines`) pickled; an exception that does not pickle (a class made on
-    the fly, such as the watchdog's) comes back as its nearest picklable base, with its
-    message."""
+    """(`out`, progress `lines`) pickled; an exception anywhere in them whose class does not
+    pickle (one made on the fly, such as the watchdog's; `Failed` inside a job's result
+    tuple too) comes back as its nearest picklable base, with its message."""
+    buffer = io.BytesIO()
     try:
-        return pickle.dumps((out, lines))
+        _ExceptionsAsBases(buffer).dump((out, lines))
     except Exception:
         if not isinstance(out, Failed):
             raise
-    for cls in type(out.error).__mro__:
-        try:
-            return pickle.dumps((Failed(cls(str(out.error))), lines))
-        except Exception:
-            continue
-    return pickle.dumps((Failed(TvError(str(out.error))), lines))
+        return pickle.dumps((Failed(TvError(str(out.error))), lines))
+    return buffer.getvalue()
+
+
+class _ExceptionsAsBases(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, BaseException) and not _importable(type(obj)):
+            base = next((c for c in type(obj).__mro__ if _importable(c)), TvError)
+            return _rebuilt_exception, (base, str(obj))
+        return NotImplemented
+
+
+def _importable(cls: type) -> bool:
+    """Whether pickle finds the class again by its module and name."""
+    obj: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
+
+
+def _rebuilt_exception(cls: type, message: str) -> BaseException:
+    try:
+        return cls(message)
+    except Exception:  # a base whose constructor wants more than a message
+        return TvError(message)
