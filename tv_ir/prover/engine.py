@@ -51,6 +51,7 @@ from .simulate import (
     run_traced_devices,
     with_dominant_diagonals,
     with_equal_ids,
+    with_non_negative_roots,
 )
 
 SIM_RUNS = 2
@@ -170,6 +171,7 @@ class StageProver:
         rng = np.random.default_rng(self.opt.seed)
         inputs = [random_inputs(self.spec.main, rng) for _ in range(SIM_RUNS)]
         inputs[-1] = with_equal_ids(self.spec.main, inputs[-1])  # one run with equal ids
+        inputs[-1] = with_non_negative_roots(self.spec.main, inputs[-1])  # and in domain
         inputs[0] = with_dominant_diagonals(self.spec.main, inputs[0], self.spec, self.impl)
         try:
             spec_tr = [run_traced(self.spec, x) for x in inputs]

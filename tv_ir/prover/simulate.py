@@ -100,6 +100,90 @@ def with_equal_ids(fn: Function, inputs: list) -> list:
     return out
 
 
+# ops defined only for non-negative (or positive) operand 0, as reals
+_ROOTS = frozenset("stablehlo." + n for n in "sqrt rsqrt log log_plus_one power cbrt".split())
+# ops through which an argument's sign reaches their result: (op, operand positions)
+_SIGN_CARRYING = {
+    **{n: (0,) for n in _CARRYING},
+    "stablehlo.add": (0, 1),
+    "stablehlo.multiply": (0, 1),
+    "stablehlo.divide": (0,),
+    "stablehlo.subtract": (0,),
+    "stablehlo.reduce": (0,),
+    "stablehlo.select": (1, 2),
+}
+
+
+def under_roots(fn: Function) -> list[int]:
+    """The float arguments that reach the operand of a square root, a log or a power
+    through sums, scalings by constants and moves (AdamW's second moment: `sqrt(b2 * nu +
+    ...)`), not through a product of values (`x * x`, non-negative whatever x's sign).
+    Their positions."""
+    from tv_ir.ir.program import walk
+
+    arg_of = {v.id: i for i, v in enumerate(fn.args)}
+    reads = _reads_arguments()
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [op.operands[0] for op in walk(fn.body) if op.name in _ROOTS and op.operands]
+    while stack:
+        v = stack.pop()
+        if v.id in seen:
+            continue
+        seen.add(v.id)
+        op = v.owner
+        if op is None:
+            i = arg_of.get(v.id)
+            t = None if i is None else fn.arg_types[i]
+            if isinstance(t, TensorType) and t.is_float:
+                found.add(i)
+            continue
+        positions = _SIGN_CARRYING.get(op.name, ())
+        if op.name == "stablehlo.multiply":  # a scaling: by a constant, not by a value
+            a, b = op.operands
+            positions = tuple(k for k, other in ((0, b), (1, a)) if not reads(other))
+        stack += [op.operands[k] for k in positions if k < len(op.operands)]
+    return sorted(found)
+
+
+def _reads_arguments():
+    """`reads(v)`: whether `v` depends on an argument (a function's or a region's)."""
+    memo: dict[int, bool] = {}
+
+    def reads(v) -> bool:
+        stack = [(v, False)]
+        while stack:  # post-order: a value after every value it depends on, each once
+            u, ready = stack.pop()
+            if u.id in memo:
+                continue
+            if u.owner is None:
+                memo[u.id] = True
+            elif ready:
+                memo[u.id] = bool(u.owner.regions) or any(memo[w.id] for w in u.owner.operands)
+            else:
+                stack.append((u, True))
+                stack += [(w, False) for w in u.owner.operands if w.id not in memo]
+        return memo[v.id]
+
+    return reads
+
+
+def with_non_negative_roots(fn: Function, inputs: list) -> list:
+    """`inputs` with the magnitude of every argument that reaches a square root, a log or a
+    power (`under_roots`): one run where such values are defined. From a normal
+    distribution `sqrt(nu)` of a random second moment is NaN wherever `nu < 0`, and a small
+    tile NaN in every run equals every other tile NaN there (NaNs in the same places count
+    as equal): on a 32-device FSDP x TP jit AdamW step, 2-element tiles of the update were
+    matched to the wrong spec values and the step was never proved. Only those arguments:
+    all inputs non-negative make activations grow without cancelling, and then the
+    gradients' differences of large values no longer match at float64 noise."""
+    out = list(inputs)
+    for i in under_roots(fn):
+        if out[i] is not None:
+            out[i] = np.abs(out[i])
+    return out
+
+
 FACTORISING = frozenset(("stablehlo.cholesky", "stablehlo.triangular_solve"))
 
 
