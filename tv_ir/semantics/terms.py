@@ -203,7 +203,7 @@ def _num(c) -> Num:
         r = Fraction(f)
         if r.denominator == 1:
             r = r.numerator
-        elif abs(f) < 0.5:  # 1/n rounded to float64 is 1/n (docs/equivalence.md, Constants)
+        elif 0.5 / _MAX_RECIPROCAL < abs(f) < 0.5:  # 1/n rounded is 1/n (equivalence.md)
             n = round(1.0 / f)
             if 2 <= abs(n) <= _MAX_RECIPROCAL and 1.0 / n == f:
                 r = Fraction(1, n)
