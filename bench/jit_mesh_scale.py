@@ -1,0 +1,160 @@
+"""Verification cost against the device count for a `jax.jit` step with shardings (issue #12):
+the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py on data x model meshes.
+
+    python bench/jit_mesh_scale.py                          # meshes of 8, 32, 64, 512
+    python bench/jit_mesh_scale.py --meshes 2x4,8x4 --no-xla
+
+The step (optax AdamW; parameters and moments FSDP over "data", Megatron over "model"; the
+batch over "data") at a config whose widths every mesh divides (dim, FFN and vocabulary
+64). XLA's SPMD partitioner makes the per-device program for the real mesh (on as many host
+CPU devices, so each row runs in a fresh child with its device count), and tv proves it
+against the single-device step. Unlike `bench/mesh_scale.py`'s shard_map step, XLA's
+partitioned program is not mesh-reduced (docs/equivalence.md, "Mesh reduction"): every
+device is simulated, and this table shows what that costs. "xla s" is XLA's compile of the
+same jit step for that mesh; jaxlib's CPU backend compiles for at most 2,048 devices, so
+8,192 has no row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+for p in (ROOT, BENCH, ROOT / "examples" / "jax"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+MESHES = ["2x4", "8x4", "16x4", "64x8"]
+WIDTH = 64  # dim, FFN, vocabulary and the 4 heads x head_dim: every mesh axis divides it
+SEQ = 3  # tokens per sequence: the mean's count (batch x 3) is no power of 2, no tile's size
+
+
+def _step(data: int):
+    """(train_step, example args, in/out shardings) at the bench's config."""
+    import jax
+    import llama
+    import llama_adamw_fsdp_tp as ex
+    from jax.sharding import PartitionSpec as P
+
+    cfg = llama.Config(
+        dim=WIDTH, ffn=WIDTH, vocab=WIDTH, head_dim=WIDTH // 4, batch=2 * data, seq=SEQ
+    )
+    loss = functools.partial(llama.loss_fn, cfg=cfg)
+
+    def train_step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = ex.TX.update(grads, opt_state, params)
+        return ex.optax.apply_updates(params, updates), opt_state, value
+
+    params = llama.param_shapes(cfg)
+    opt_state = jax.eval_shape(ex.TX.init, params)
+    args = (params, opt_state, llama.batch_shapes(cfg))
+    p, o = ex.param_specs(), ex.opt_state_specs(opt_state)
+    batch = {"x": P("data"), "targets": P("data")}
+    return train_step, args, (p, o, batch), (p, o, P())
+
+
+def worker_verify(mesh: str, time_limit: float, memory: float) -> dict:
+    from tv_ir.frontends.jax import verify
+
+    data, model = (int(k) for k in mesh.split("x"))
+    step, args, ins, outs = _step(data)
+    t0 = time.perf_counter()
+    report = verify(
+        step,
+        *args,
+        spec=step,
+        mesh={"data": data, "model": model},
+        in_shardings=ins,
+        out_shardings=outs,
+        time_limit=time_limit,
+        memory_limit=memory,
+    )
+    return {
+        "verdict": report.verdict,
+        "seconds": time.perf_counter() - t0,
+        "stages": report.stats.stages,
+        "reason": report.reason,
+        "phases": {k: round(v, 2) for k, v in report.stats.seconds.items()},
+    }
+
+
+def worker_xla(mesh: str) -> dict:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+
+    data, model = (int(k) for k in mesh.split("x"))
+    step, args, ins, outs = _step(data)
+    devices = np.array(jax.devices()[: data * model]).reshape(data, model)
+    m = Mesh(devices, ("data", "model"))
+
+    def shard(tree):
+        return jax.tree_util.tree_map(
+            lambda s: NamedSharding(m, s),
+            tree,
+            is_leaf=lambda s: isinstance(s, jax.sharding.PartitionSpec),
+        )
+
+    t0 = time.perf_counter()
+    jax.jit(step, in_shardings=shard(ins), out_shardings=shard(outs)).lower(*args).compile()
+    return {"xla_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    from child_process import run_worker
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--meshes", default=",".join(MESHES), help="DATAxMODEL, comma-separated")
+    ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
+    ap.add_argument("--time-limit", type=float, default=600.0)
+    ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory_limit (MB)")
+    ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        if a.worker[0] == "xla":
+            res = worker_xla(a.worker[1])
+        else:
+            res = worker_verify(a.worker[1], float(a.worker[2]), float(a.worker[3]))
+        print(json.dumps(res), flush=True)
+        return
+
+    header = (
+        f"{'mesh':>6} {'devices':>7} {'verdict':>11} {'tv s':>7} {'prove s':>7} "
+        f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
+    )
+    print(f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB")
+    print(header)
+    print("-" * len(header), flush=True)
+    script = str(Path(__file__).resolve())
+    for mesh in a.meshes.split(","):
+        data, model = (int(k) for k in mesh.split("x"))
+        env = dict(os.environ)
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={data * model}"
+        args = ["verify", mesh, str(a.time_limit), str(a.memory)]
+        child = run_worker(script, args, a.time_limit + 120, env)
+        res = child.result or {"verdict": "killed", "reason": child.killed or child.tail()}
+        xla = None
+        if not a.no_xla:
+            xla = (run_worker(script, ["xla", mesh], 1800, env).result or {}).get("xla_s")
+        print(
+            f"{mesh:>6} {data * model:>7} {res['verdict']:>11} "
+            f"{res.get('seconds', float('nan')):>7.1f} "
+            f"{res.get('phases', {}).get('prove', float('nan')):>7.1f} "
+            f"{res.get('stages', 0):>6} {child.peak_mb:>7.0f} "
+            f"{xla if xla is not None else float('nan'):>6.1f}",
+            flush=True,
+        )
+        if res.get("reason"):
+            print(f"  {res['reason'][:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
