@@ -93,10 +93,12 @@ def test_training_step_grad(s, style: str) -> None:
     assert r.verdict == "equivalent", r.reason
 
 
+# XLA folds the gradient's `/ 96` into `* (1/96)` rounded to f32, which tv reads as the exact
+# value of its bits (docs/equivalence.md, "Constants"): the correct step is refuted by 3e-8.
+# Reading rounded reciprocals as exact broke shape reduction's normalisers (session 26).
+@pytest.mark.xfail(strict=True, reason="XLA's rounded 1/96 is another constant to tv")
 def test_a_mean_over_a_count_no_power_of_two_divides(s) -> None:
-    """A mean over 6 x 16 elements: XLA folds the gradient's `/ 96` into `* (1/96)` rounded
-    to f32. That constant is read as 1/96 (docs/equivalence.md, "Constants"); before, the
-    correct step was refuted with a difference of 1e-8."""
+    """A mean over 6 x 16 elements under a (2, 4) jit: the correct step is proved."""
     args = _args((D, HIDDEN), (HIDDEN, D), (6, D), (6, D))
     w, batch = _weights(s, "megatron"), s("data", None)
     module = _lower(step_value_and_grad, (*w, batch, batch), (*w, s()), args)
@@ -116,18 +118,3 @@ def test_a_wrong_count_in_a_mean_is_still_refuted(s) -> None:
     from tv_ir.pipeline import check
 
     assert check(spec, impl).verdict == "not_equivalent"
-
-
-def test_rounded_integer_reciprocals_are_read_exactly() -> None:
-    from fractions import Fraction
-
-    from tv_ir.ir.importer import integer_reciprocals
-    from tv_ir.semantics import terms as T
-
-    k = np.array([1 / 96, -1 / 3, 1 / 12, 0.1, 0.5, 3.0], dtype=np.float32)
-    off = np.nextafter(np.float32(1 / 12), np.float32(1))  # one ulp off: no reciprocal
-    got = integer_reciprocals(np.append(k, off))
-    assert got[:5].tolist() == [1 / 96, -1 / 3, 1 / 12, 1 / 10, 0.5]
-    assert got[5] == 3.0 and got[6] == float(off)
-    assert T.const(got[0]) == T.const(Fraction(1, 96))
-    assert T.const(float(off)) != T.const(Fraction(1, 12))

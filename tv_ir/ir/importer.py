@@ -788,34 +788,11 @@ def _dense_to_numpy(a) -> np.ndarray:
         values = _printed_elements(str(a), dt, int(np.prod(shape, dtype=np.int64)))
         return values.reshape(shape)
     arr = np.array(a)
-    if arr.shape != tuple(t.shape):  # splat: a broadcast view, one element whatever its size
-        arr = arr.reshape(-1)[:1].reshape(())
     if arr.dtype.kind == "f":
-        arr = integer_reciprocals(arr)
-    return np.broadcast_to(arr, tuple(t.shape)) if arr.shape != tuple(t.shape) else arr
-
-
-MAX_RECIPROCAL = 1 << 24  # the largest n whose rounded reciprocal 1/n is read as exact
-
-
-def integer_reciprocals(arr: np.ndarray) -> np.ndarray:
-    """Float constants widened to float64, each that is the reciprocal of an integer n
-    rounded to its own type (and of no other integer) replaced by 1/n (docs/equivalence.md,
-    "Constants"): a compiler that folds `x / n` into `x * (1/n)` (XLA does for a mean's
-    gradient) changes nothing but rounding, which tv does not model."""
-    dt = arr.dtype
-    out = arr.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        n = np.rint(1.0 / out)
-        ok = np.isfinite(n) & (np.abs(n) >= 2) & (np.abs(n) <= MAX_RECIPROCAL)
-        if not ok.any():
-            return out
-        rounded = (1.0 / n).astype(dt) == arr
-        step = np.sign(n)
-        unique = ((1.0 / (n + step)).astype(dt) != arr) & ((1.0 / (n - step)).astype(dt) != arr)
-        hit = ok & rounded & unique
-        out[hit] = 1.0 / n[hit]
-    return out
+        arr = arr.astype(np.float64)
+    if arr.shape != tuple(t.shape):  # splat: a broadcast view, one element whatever its size
+        arr = np.broadcast_to(arr.reshape(-1)[:1].reshape(()), tuple(t.shape))
+    return arr
 
 
 def _small_float_dtype(et: str):

@@ -184,9 +184,6 @@ class Bool(_Interned):
         return f"{self.kind}({', '.join(map(repr, self.args))})"
 
 
-_MAX_RECIPROCAL = 1 << 24  # as tv_ir.ir.importer.MAX_RECIPROCAL
-
-
 def _num(c) -> Num:
     """Exact rational for a Python/numpy number (floats convert exactly)."""
     if isinstance(c, (int, Fraction)) and not isinstance(c, bool):
@@ -203,10 +200,6 @@ def _num(c) -> Num:
         r = Fraction(f)
         if r.denominator == 1:
             r = r.numerator
-        elif 0.5 / _MAX_RECIPROCAL < abs(f) < 0.5:  # 1/n rounded is 1/n (equivalence.md)
-            n = round(1.0 / f)
-            if 2 <= abs(n) <= _MAX_RECIPROCAL and 1.0 / n == f:
-                r = Fraction(1, n)
         if len(_FLOAT_CACHE) < 100_000:
             _FLOAT_CACHE[f] = r
     return r
