@@ -102,11 +102,11 @@ def with_equal_ids(fn: Function, inputs: list) -> list:
 
 # ops defined only for non-negative (or positive) operand 0, as reals
 _ROOTS = frozenset("stablehlo." + n for n in "sqrt rsqrt log log_plus_one power cbrt".split())
-# ops through which an argument's sign reaches their result: (op, operand positions)
+# ops through which an argument's sign reaches their result: (op, operand positions); a
+# multiply carries the operand the other of which reads no argument (`under_roots`)
 _SIGN_CARRYING = {
     **{n: (0,) for n in _CARRYING},
     "stablehlo.add": (0, 1),
-    "stablehlo.multiply": (0, 1),
     "stablehlo.divide": (0,),
     "stablehlo.subtract": (0,),
     "stablehlo.reduce": (0,),
@@ -138,10 +138,11 @@ def under_roots(fn: Function) -> list[int]:
             if isinstance(t, TensorType) and t.is_float:
                 found.add(i)
             continue
-        positions = _SIGN_CARRYING.get(op.name, ())
         if op.name == "stablehlo.multiply":  # a scaling: by a constant, not by a value
             a, b = op.operands
             positions = tuple(k for k, other in ((0, b), (1, a)) if not reads(other))
+        else:
+            positions = _SIGN_CARRYING.get(op.name, ())
         stack += [op.operands[k] for k in positions if k < len(op.operands)]
     return sorted(found)
 
