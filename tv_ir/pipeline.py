@@ -235,6 +235,9 @@ def _check(
         else:
             placement = _boundary_placement(spec_m, impl_m, layouts)
     check_signatures(spec_m, impl_m, placement)
+    from tv_ir.passes import reciprocal_constants
+
+    reciprocal_constants.run(spec_m, impl_m)  # `x * (1/n)` for `x / n` (XLA's folding)
     induction_note = None
     if induction:
         found = _by_induction(spec_m, impl_m, placement, timeout, seed, progress, reduce_shapes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tv_ir.errors import Unsupported
+from tv_ir.ir.float_constants import EXACT, exact_reciprocal
 from tv_ir.ir.program import TensorType
 from tv_ir.semantics import terms as T
 from tv_ir.semantics.algebra import NumpyAlgebra
@@ -66,6 +67,15 @@ def _imaginary_companion(e: T.Poly) -> T.Poly | None:
         return None
     imag = T.Key("input.imag", key.number, key.dtype, f"{key.name}.imag")
     return T.symbol(imag, index)
+
+
+def _exact_reciprocal(f: float):
+    """The rational a float64 constant stands for: one passes/reciprocal_constants.py read
+    it as, or 1/n for a float64 1/n rounded (n no power of 2, whose reciprocals are exact)."""
+    r = EXACT.get(f) or exact_reciprocal(f)
+    if r is None or r.denominator & (r.denominator - 1) == 0:
+        return None
+    return r
 
 
 def _sym(*xs) -> bool:
@@ -224,6 +234,23 @@ class SymbolicAlgebra(NumpyAlgebra):
         out = np.empty(re.shape, dtype=object)
         for idx in np.ndindex(*re.shape):
             out[idx] = ComplexTerm(T.lift(re[idx]), T.lift(im[idx]))
+        return out
+
+    def constant(self, value: np.ndarray, t: TensorType) -> np.ndarray:
+        """As numpy holds it, except that a read reciprocal 1/n (tv_ir/ir/float_constants.py)
+        is the exact rational: arithmetic on it with other constants is then exact, as it is
+        where it meets a term (in float64, `72 * (1/72)` need not be 1)."""
+        out = super().constant(value, t)
+        if out.dtype.kind != "f" or not out.size:
+            return out
+        first = out.reshape(-1)[0]
+        if np.all(out == first):  # one number (a splat): looked up once
+            exact = _exact_reciprocal(float(first))
+            if exact is None:
+                return out
+            arr = np.empty(out.shape, dtype=object)
+            arr.fill(exact)
+            return arr
         return out
 
     def table(self, value: np.ndarray, t: TensorType, key: str) -> np.ndarray:

@@ -39,6 +39,7 @@ from fractions import Fraction
 import numpy as np
 
 from tv_ir.errors import Unsupported
+from tv_ir.ir.float_constants import EXACT, exact_reciprocal
 
 Num = int | Fraction
 Mono = tuple  # ((atom_id, power), ...) sorted by atom id
@@ -185,7 +186,8 @@ class Bool(_Interned):
 
 
 def _num(c) -> Num:
-    """Exact rational for a Python/numpy number (floats convert exactly)."""
+    """Exact rational for a Python/numpy number: a float is the exact value of its bits,
+    but a float64 1/n rounded is 1/n and one a pass read as a rational is that rational."""
     if isinstance(c, (int, Fraction)) and not isinstance(c, bool):
         return c
     if isinstance(c, (bool, np.bool_)):
@@ -195,11 +197,13 @@ def _num(c) -> Num:
     f = float(c)
     if math.isinf(f) or math.isnan(f):
         raise ValueError("non-finite")
-    r = _FLOAT_CACHE.get(f)
+    r = EXACT.get(f) or _FLOAT_CACHE.get(f)  # EXACT first: a pass may add to it later
     if r is None:
         r = Fraction(f)
         if r.denominator == 1:
             r = r.numerator
+        else:  # 1/n rounded to float64 is 1/n (tv_ir/ir/float_constants.py)
+            r = exact_reciprocal(f) or r
         if len(_FLOAT_CACHE) < 100_000:
             _FLOAT_CACHE[f] = r
     return r
