@@ -33,7 +33,10 @@ for p in (ROOT, BENCH, ROOT / "examples" / "jax"):
 
 MESHES = ["2x4", "8x4", "16x4", "64x8"]
 WIDTH = 64  # dim, FFN, vocabulary and the 4 heads x head_dim: every mesh axis divides it
-SEQ = 2  # tokens per sequence: the mean counts 4 x DATA, a power of 2 (equivalence.md)
+# tokens per sequence: the loss averages 6 x DATA tokens, equal to no width of the step (at 2
+# tokens the count 4 x 16 at DATA 16 equals the width 64, and shape reduction keeps a count's
+# class at its real size)
+SEQ = 3
 
 
 def _step(data: int):
