@@ -33,7 +33,7 @@ _SAME_NUMBER = {"stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.co
 
 
 def run(spec: Module, impl: Module) -> int:
-    """Rewrites both modules in place; returns how many constants it read as 1/n."""
+    """Rewrites both modules in place; returns how many constants it read as some k/n."""
     divisors = _divisors(spec) | _divisors(impl)
     if not divisors:
         return 0
@@ -96,12 +96,17 @@ def _divisors(module: Module) -> set[int]:
 
 def _read(module: Module, candidates: set[Fraction]) -> int:
     count = 0
+    roundings: dict = {}  # element type -> {a candidate rounded to it: the candidates}
     for op in _ops(module):
         c = _one_number(op)
         if c is None or c == 0 or not np.isfinite(c):
             continue
         dtype = storage_dtype(op.results[0].type)
-        near = {q for q in candidates if _rounds_to(q, dtype) == c}
+        if dtype not in roundings:
+            roundings[dtype] = by_rounding = {}
+            for q in candidates:
+                by_rounding.setdefault(_rounds_to(q, dtype), set()).add(q)
+        near = roundings[dtype].get(float(c), ())
         if len(near) != 1:
             continue
         exact = next(iter(near))

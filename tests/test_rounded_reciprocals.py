@@ -12,25 +12,26 @@ import pytest
 from tv_ir.passes import reciprocal_constants
 
 import tv_ir
-from tv_ir.ir.float_constants import exact_reciprocal, integer_reciprocals
+from tv_ir.ir.float_constants import exact_reciprocal
 from tv_ir.pipeline import prepare
+from tv_ir.semantics import terms
 
 
-def test_which_floats_round_a_reciprocal() -> None:
+def test_a_float64_rounding_of_a_reciprocal_reads_as_it() -> None:
     for n in (3, 12, 96, 100_000, 5120):
-        assert integer_reciprocals(np.float32(1 / n)) == 1 / n, n
-    assert integer_reciprocals(np.float32(-1 / 12)) == -1 / 12
-    assert integer_reciprocals(np.float16(1 / 3)) == 1 / 3
-    assert integer_reciprocals(np.asarray(1 / 3, ml_dtypes.bfloat16), ml_dtypes.bfloat16) == 1 / 3
-    near = np.nextafter(np.float32(1 / 12), np.float32(1))  # rounds no 1/n
-    assert integer_reciprocals(near) == float(near)
-    for c in (np.float32(0.7), np.float32(3.0), np.float32(0.0)):
-        assert integer_reciprocals(c) == float(c)
-    # 1/n rounded to bf16 for large n is also 1/(n + 1): no one n, so the bits
-    big = np.asarray(1 / 1000, ml_dtypes.bfloat16)
-    assert integer_reciprocals(big, ml_dtypes.bfloat16) == float(big)
-    assert exact_reciprocal(1 / 12) == Fraction(1, 12)
+        assert exact_reciprocal(1 / n) == Fraction(1, n), n
+        assert terms._num(1 / n) == Fraction(1, n), n
+    assert exact_reciprocal(-1 / 12) == Fraction(-1, 12)
     assert exact_reciprocal(float(np.float32(1 / 12))) is None  # float64's 1/n only
+    assert exact_reciprocal(0.7) is None
+    assert terms._num(0.1) == Fraction(1, 10)
+    assert terms._num(0.3) == Fraction(0.3)  # no reciprocal: the value of its bits
+
+
+def test_a_bfloat16_mean_folded_into_its_reciprocal_is_proved() -> None:
+    spec = _divided(12.0).replace("f32", "bf16")
+    impl = _times(ml_dtypes.bfloat16(1 / 12)).replace("f32", "bf16")
+    assert tv_ir.check(spec, impl).verdict == "equivalent"
 
 
 def _program(body: str) -> str:
@@ -85,3 +86,18 @@ def test_read_reciprocals_are_exact_in_arithmetic_between_constants() -> None:
   %d = stablehlo.divide %x, %n : tensor<8xf32>
   %y = stablehlo.multiply %d, %m : tensor<8xf32>""")
     assert tv_ir.check(spec, three).verdict == "equivalent"
+
+
+def test_a_constant_folded_with_the_reciprocal_is_read_as_their_product() -> None:
+    # (x / 12) * 0.1 against x * c, c = 0.1 / 12 rounded to f32: the simplifier's fold of
+    # both constants (AdamW's (1 - b1) times a mean's gradient)
+    tenth = np.float32(0.1)
+    spec = _program(f"""  %n = stablehlo.constant dense<12.0> : tensor<8xf32>
+  %t = stablehlo.constant dense<{float(tenth)!r}> : tensor<8xf32>
+  %d = stablehlo.divide %x, %n : tensor<8xf32>
+  %y = stablehlo.multiply %d, %t : tensor<8xf32>""")
+    folded = np.float32(float(Fraction(float(tenth)) / 12))
+    assert float(folded) != float(Fraction(float(tenth)) / 12)  # rounded: another number
+    assert tv_ir.check(spec, _times(folded)).verdict == "equivalent"
+    off = np.nextafter(folded, np.float32(1))  # one float away: no fold of the pair's
+    assert tv_ir.check(spec, _times(off)).verdict == "not_equivalent"
