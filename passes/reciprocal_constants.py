@@ -9,8 +9,9 @@ The simplifier also folds the constants around it: AdamW's `(1 - b1) * g` with `
 mean's gradient becomes one constant, `(1 - b1) * (1/12)` rounded. So this pass runs on the
 pair: where either program divides by a constant integer n (no power of 2, whose
 reciprocals are exact), a one-number float constant of either program that is k/n rounded
-to its type, k +-1 or +- the exact value of a one-number constant of the pair, and that rounds
-no other such k/n, is read as k/n exactly (its float64 value in the module; the exact
+to its type (once, or as `k * (1/n)` folded in the type's arithmetic), k +-1 or +- the exact
+value of a one-number constant of the pair, and that rounds no other such k/n, is read as
+k/n exactly (its float64 value in the module; the exact
 rational in `float_constants.EXACT`, which the symbolic interpreter reads). Nothing else
 changes: a learning rate of 0.001 or a table of frequencies keeps the exact value of its
 bits, and `* (1/95)` against `/ 96` is still a difference (docs/equivalence.md,
@@ -47,7 +48,7 @@ def run(spec: Module, impl: Module) -> int:
         numbers = set()
     numbers.add(Fraction(1))
     numbers |= {-k for k in numbers}
-    candidates = {k / n for k in numbers for n in divisors}
+    candidates = {(k, n) for k in numbers for n in divisors}
     return _read(spec, candidates) + _read(impl, candidates)
 
 
@@ -94,7 +95,7 @@ def _divisors(module: Module) -> set[int]:
     return out
 
 
-def _read(module: Module, candidates: set[Fraction]) -> int:
+def _read(module: Module, candidates: set[tuple[Fraction, int]]) -> int:
     count = 0
     roundings: dict = {}  # element type -> {a candidate rounded to it: the candidates}
     for op in _ops(module):
@@ -104,8 +105,9 @@ def _read(module: Module, candidates: set[Fraction]) -> int:
         dtype = storage_dtype(op.results[0].type)
         if dtype not in roundings:
             roundings[dtype] = by_rounding = {}
-            for q in candidates:
-                by_rounding.setdefault(_rounds_to(q, dtype), set()).add(q)
+            for k, n in candidates:
+                for rounded in _roundings(k, n, dtype):
+                    by_rounding.setdefault(rounded, set()).add(k / n)
         near = roundings[dtype].get(float(c), ())
         if len(near) != 1:
             continue
@@ -121,6 +123,11 @@ def _read(module: Module, candidates: set[Fraction]) -> int:
     return count
 
 
-def _rounds_to(q: Fraction, dtype) -> float:
+def _roundings(k: Fraction, n: int, dtype) -> set[float]:
+    """k/n as a constant of `dtype` may hold it: rounded once, or k times 1/n each rounded
+    and their product rounded (a compiler folding `k * (1/n)` in the type's arithmetic)."""
     with np.errstate(over="ignore", under="ignore"):
-        return float(np.asarray(float(q)).astype(dtype))
+        once = np.asarray(float(k / n)).astype(dtype)
+        k_t, inv_t = np.asarray(float(k)).astype(dtype), np.asarray(1.0 / n).astype(dtype)
+        folded = np.multiply(k_t, inv_t, dtype=dtype)
+    return {float(once), float(folded)}

@@ -101,3 +101,16 @@ def test_a_constant_folded_with_the_reciprocal_is_read_as_their_product() -> Non
     assert tv_ir.check(spec, _times(folded)).verdict == "equivalent"
     off = np.nextafter(folded, np.float32(1))  # one float away: no fold of the pair's
     assert tv_ir.check(spec, _times(off)).verdict == "not_equivalent"
+
+
+def test_a_constant_folded_in_f32_arithmetic_is_read_as_the_product() -> None:
+    # the simplifier writes x * f32(1/12), then folds 0.9 * f32(1/12) in f32 arithmetic:
+    # 0.075, one float away from 0.9 / 12 rounded once (0.074999996)
+    nine = np.float32(0.9)
+    spec = _program(f"""  %n = stablehlo.constant dense<12.0> : tensor<8xf32>
+  %t = stablehlo.constant dense<{float(nine)!r}> : tensor<8xf32>
+  %d = stablehlo.divide %x, %n : tensor<8xf32>
+  %y = stablehlo.multiply %d, %t : tensor<8xf32>""")
+    folded = np.multiply(nine, np.float32(1 / 12), dtype=np.float32)
+    assert folded != np.float32(float(Fraction(float(nine)) / 12))
+    assert tv_ir.check(spec, _times(folded)).verdict == "equivalent"
