@@ -11,11 +11,11 @@ pair: where either program divides by a constant integer n (no power of 2, whose
 reciprocals are exact), a one-number float constant of either program that is k/n rounded
 to its type (once, or as `k * (1/n)` folded in the type's arithmetic), k +-1 or +- the exact
 value of a one-number constant of the pair, and that rounds no other such k/n, is read as
-k/n exactly (its float64 value in the module; the exact
-rational in `float_constants.EXACT`, which the symbolic interpreter reads). Nothing else
-changes: a learning rate of 0.001 or a table of frequencies keeps the exact value of its
-bits, and `* (1/95)` against `/ 96` is still a difference (docs/equivalence.md,
-"Constants").
+k/n exactly (its float64 value in the module; the exact rational in `float_constants.EXACT`,
+which the symbolic interpreter reads). Nothing else changes: a learning rate of 0.001 or a
+table of frequencies keeps the exact value of its bits, and `* (1/95)` against `/ 96` is
+still a difference (docs/equivalence.md, "Constants"). The modules are rewritten in place
+(the constants' values only).
 """
 
 from __future__ import annotations
