@@ -81,21 +81,22 @@ def test_read_reciprocals_are_exact_in_arithmetic_between_constants() -> None:
   %k = stablehlo.constant dense<3.0> : tensor<8xf32>
   %ck = stablehlo.multiply %c, %k : tensor<8xf32>
   %y = stablehlo.multiply %ck, %x : tensor<8xf32>""")
-    spec = _program("""  %n = stablehlo.constant dense<12.0> : tensor<8xf32>
-  %m = stablehlo.constant dense<3.0> : tensor<8xf32>
+    assert tv_ir.check(_divided_then_times(3.0), three).verdict == "equivalent"
+
+
+def _divided_then_times(k: float) -> str:
+    """(x / 12) * k"""
+    return _program(f"""  %n = stablehlo.constant dense<12.0> : tensor<8xf32>
+  %k = stablehlo.constant dense<{k!r}> : tensor<8xf32>
   %d = stablehlo.divide %x, %n : tensor<8xf32>
-  %y = stablehlo.multiply %d, %m : tensor<8xf32>""")
-    assert tv_ir.check(spec, three).verdict == "equivalent"
+  %y = stablehlo.multiply %d, %k : tensor<8xf32>""")
 
 
 def test_a_constant_folded_with_the_reciprocal_is_read_as_their_product() -> None:
     # (x / 12) * 0.1 against x * c, c = 0.1 / 12 rounded to f32: the simplifier's fold of
     # both constants (AdamW's (1 - b1) times a mean's gradient)
     tenth = np.float32(0.1)
-    spec = _program(f"""  %n = stablehlo.constant dense<12.0> : tensor<8xf32>
-  %t = stablehlo.constant dense<{float(tenth)!r}> : tensor<8xf32>
-  %d = stablehlo.divide %x, %n : tensor<8xf32>
-  %y = stablehlo.multiply %d, %t : tensor<8xf32>""")
+    spec = _divided_then_times(float(tenth))
     folded = np.float32(float(Fraction(float(tenth)) / 12))
     assert float(folded) != float(Fraction(float(tenth)) / 12)  # rounded: another number
     assert tv_ir.check(spec, _times(folded)).verdict == "equivalent"
@@ -107,10 +108,7 @@ def test_a_constant_folded_in_f32_arithmetic_is_read_as_the_product() -> None:
     # the simplifier writes x * f32(1/12), then folds 0.9 * f32(1/12) in f32 arithmetic:
     # 0.075, one float away from 0.9 / 12 rounded once (0.074999996)
     nine = np.float32(0.9)
-    spec = _program(f"""  %n = stablehlo.constant dense<12.0> : tensor<8xf32>
-  %t = stablehlo.constant dense<{float(nine)!r}> : tensor<8xf32>
-  %d = stablehlo.divide %x, %n : tensor<8xf32>
-  %y = stablehlo.multiply %d, %t : tensor<8xf32>""")
+    spec = _divided_then_times(float(nine))
     folded = np.multiply(nine, np.float32(1 / 12), dtype=np.float32)
     assert folded != np.float32(float(Fraction(float(nine)) / 12))
     assert tv_ir.check(spec, _times(folded)).verdict == "equivalent"
