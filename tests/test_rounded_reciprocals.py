@@ -75,13 +75,14 @@ def test_a_reciprocal_no_program_divides_by_keeps_its_bits() -> None:
 
 
 def test_read_reciprocals_are_exact_in_arithmetic_between_constants() -> None:
-    # (1/12 * 3) * x against (x / 12) * 3: the constants multiply before they meet x
+    # (1/12 * 7) * x against (x / 12) * 7: the constants multiply before they meet x (in
+    # float64, 1/12 * 7 is not 7/12: 3 would be exact there and show nothing)
     c = float(np.float32(1 / 12))
-    three = _program(f"""  %c = stablehlo.constant dense<{c!r}> : tensor<8xf32>
-  %k = stablehlo.constant dense<3.0> : tensor<8xf32>
+    seven = _program(f"""  %c = stablehlo.constant dense<{c!r}> : tensor<8xf32>
+  %k = stablehlo.constant dense<7.0> : tensor<8xf32>
   %ck = stablehlo.multiply %c, %k : tensor<8xf32>
   %y = stablehlo.multiply %ck, %x : tensor<8xf32>""")
-    assert tv_ir.check(_divided_then_times(3.0), three).verdict == "equivalent"
+    assert tv_ir.check(_divided_then_times(7.0), seven).verdict == "equivalent"
 
 
 def _divided_then_times(k: float) -> str:
