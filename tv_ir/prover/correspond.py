@@ -224,6 +224,21 @@ class TileIndex:
             out += [(vid, box, [self._tile(vid, box, i, local) for i in runs]) for box in boxes]
         return out
 
+    def agrees(self, pieces: list[tuple[int, Box, list]]) -> bool:
+        """Is every (spec value, box, arrays) piece's block equal to its arrays (one
+        device's value in every run), as the tiles `candidates` names are? Compared at once."""
+        blocks, arrays = [], []
+        for vid, box, runs in pieces:
+            if vid not in self.traces[0].values or len(runs) != len(self.traces):
+                return False
+            for i, a in enumerate(runs):
+                block = np.asarray(self.traces[i].values[vid])[box_index(box)]
+                if block.size != np.size(a):
+                    return False
+                blocks.append(np.reshape(block, -1))
+                arrays.append(np.reshape(a, -1))
+        return not blocks or close_elementwise(np.concatenate(arrays), np.concatenate(blocks))
+
     def _tile(self, vid: int, box: Box, run: int, local: tuple):
         return np.reshape(self.traces[run].values[vid][box_index(box)], local)
 

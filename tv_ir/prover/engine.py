@@ -41,6 +41,7 @@ from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
 from .obligation_cache import ObligationCache, renaming_classes
 from .placement import Placement
+from .repeated_stages import RepeatedStages
 from .simulate import (
     close,
     compared_constants,
@@ -86,7 +87,8 @@ class Options:
     seed: int = 0
     progress: Callable[[str], None] | None = None
     time_limit: float | None = None  # seconds for the whole proof (None: no limit)
-    # reuse a stage proof for stage obligations that are renamings of it (repeated layers)
+    # reuse a stage proof for stage obligations that are renamings of it (repeated layers),
+    # and the match of a stage for stages of the same form (`repeated_stages`)
     reuse_proofs: bool = True
 
 
@@ -164,6 +166,9 @@ class StageProver:
         self.obligation: tuple | None = None  # (impl op, spec value id): see _now_proving
         self.spec_op = None  # the spec op being evaluated symbolically (before any obligation)
         self.cache = ObligationCache() if self.opt.reuse_proofs else None
+        self.repeats = RepeatedStages(spec) if self.opt.reuse_proofs else None
+        # implementation value id -> per device, the (spec value, box) it was proved equal to
+        self.cut_of: dict[int, tuple] = {}
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -608,6 +613,15 @@ class StageProver:
             # the same in every run: a constant (a mask, an idle stage's zeros) whose
             # symbolic value is a constant too; tiles of any spec constant would "match"
             return per_device
+        form = None
+        if self.repeats is not None:
+            form = self.repeats.form(v.owner, v.index, self.cut_of)
+        if form is not None:
+            predicted = self.repeats.predict(*form)
+            if predicted is not None:
+                out = self._cut_as_predicted(v, per_device, predicted, runs, index)
+                if out is not None:
+                    return out
         for c in index.candidates(runs):
             view = self.spec_view(c.spec_value)
             c = _likeliest_boxes(c, per_device, [view, self._definition_of(c.spec_value)])
@@ -619,16 +633,67 @@ class StageProver:
             if outcome.status == "proved":
                 self.stats.stages += 1
                 syms = self._cut_symbols(c.spec_value)
+                self._cut_found(v, form, tuple((c.spec_value, b) for b in c.boxes))
                 return [c.block(syms, d) for d in range(len(per_device))]
         if len(per_device) > 1:
-            return self._cut_per_device(per_device, runs, index)
+            cuts: list = [None] * len(per_device)
+            out = self._cut_per_device(per_device, runs, index, cuts)
+            if any(c is not None for c in cuts):
+                self._cut_found(v, form, tuple(cuts))
+            return out
         return per_device
 
-    def _cut_per_device(self, per_device: list, runs: list, index: TileIndex) -> list:
+    def _cut_found(self, v, form, cut: tuple) -> None:
+        """`v` was proved equal, on each device, to the (spec value, box) of `cut`."""
+        self.cut_of[v.id] = cut
+        if form is not None:
+            self.repeats.record(*form, cut)
+
+    def _cut_as_predicted(
+        self, v, per_device: list, predicted: tuple, runs: list, index: TileIndex
+    ) -> list | None:
+        """`v` proved equal on each device to the block `predicted` names (a stage of the
+        same form matched the same blocks of other values: `repeated_stages`), then its
+        symbols; None when that is not proved (the caller looks for the match). The block
+        must agree in simulation first, as a candidate found by looking does."""
+        predicted = tuple(p and (self.twins.get(p[0], p[0]), p[1]) for p in predicted)
+        cut = [(d, *p) for d, p in enumerate(predicted) if p is not None]
+        if not cut or any(vid not in self.defs and vid not in self.views for _, vid, _ in cut):
+            return None
+        if not index.agrees([(vid, box, runs[d]) for d, vid, box in cut]):
+            self.repeats.misses += 1
+            return None
+        terms = [np.asarray(a) for a in per_device]
+        self._now_proving(v.owner, cut[0][1])
+        if all(self._is_definition(terms[d], vid, box) for d, vid, box in cut):
+            self.stats.proved_by_normal_form += 1
+        else:
+            pairs = []
+            for d, vid, box in cut:
+                t = terms[d]
+                block = np.asarray(self.spec_view(vid))[box_index(box)]
+                if block.shape != t.shape:
+                    return None
+                pairs += _element_pairs(t, block)
+            if self._prove_pairs(pairs, STAGE_LEVELS, final=False).status != "proved":
+                self.repeats.misses += 1
+                return None
+        self.repeats.hits += 1
+        counted = 1 if len({vid for _, vid, _ in cut}) == 1 else len(cut)  # as when looked for
+        self.stats.stages += counted
+        self.stats.repeated_stages += counted
+        out = list(per_device)  # a device the earlier stage did not cut keeps its value
+        for d, vid, box in cut:
+            out[d] = np.asarray(self._cut_symbols(vid))[box_index(box)]
+        self.cut_of[v.id] = predicted
+        return out
+
+    def _cut_per_device(self, per_device: list, runs: list, index: TileIndex, cuts: list) -> list:
         """No spec value whose tiles the devices hold: cut each device on its own, at a tile
         of whichever spec value its value equals (a pipeline stage holds another layer's
         activation than its neighbour). Each replacement is proved for its device; a device
-        whose value is no spec tile (an idle stage's work) keeps its value."""
+        whose value is no spec tile (an idle stage's work) keeps its value. `cuts[d]` is set
+        to device d's (spec value, box) when it is cut."""
         out = list(per_device)
         cut: list[tuple[np.ndarray, int]] = []  # the distinct values met, and their device
         for d, a in enumerate(per_device):
@@ -640,6 +705,7 @@ class StageProver:
                 # the same terms as a device already cut (a value replicated over a tensor
                 # axis): the same obligation, so the same replacement, proved (or not) alike
                 out[d] = out[same]
+                cuts[d] = cuts[same]
                 if out[same] is not per_device[same]:
                     self.stats.stages += 1
                     self.stats.cache_hits += 1
@@ -661,6 +727,7 @@ class StageProver:
                 if outcome.status == "proved":
                     self.stats.stages += 1
                     out[d] = np.asarray(self._cut_symbols(vid))[box_index(box)]
+                    cuts[d] = (vid, box)
                     break
         return out
 

@@ -99,6 +99,9 @@ class Stats:
     # stage obligations proved by reusing the proof of one they are a renaming of
     # (tv_ir.prover.obligation_cache: repeated layers, devices doing the same work)
     cache_hits: int = 0
+    # stages proved against the spec value a stage of the same form was, renamed
+    # (tv_ir.prover.repeated_stages: repeated layers and micro-batches), not looked for
+    repeated_stages: int = 0
     # loops proved by induction: each body proved once (tv_ir.prover.loop_induction)
     loops_by_induction: int = 0
     seconds: dict[str, float] = field(default_factory=dict)

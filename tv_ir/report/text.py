@@ -22,7 +22,8 @@ def render(r) -> str:
         lines.append(
             f"  {s.stages} stage{plural} proved ({s.proved_by_normal_form} by normal form, "
             f"{s.proved_by_z3} by Z3, {s.cache_hits} by reusing the proof of an identical "
-            f"stage, {s.expansions} cut-point expansions) in {timing}"
+            f"stage, {s.repeated_stages} matched by the form of an earlier stage, "
+            f"{s.expansions} cut-point expansions) in {timing}"
         )
     elif r.verdict == NOT_EQUIVALENT:
         ce = r.counterexample
