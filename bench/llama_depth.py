@@ -70,7 +70,8 @@ def main() -> None:
     a = ap.parse_args()
 
     header = (
-        f"{'layers':>6} {'bug':>9} {'verdict':>15} {'stages':>6} {'hits':>5} {'tv s':>7} "
+        f"{'layers':>6} {'bug':>9} {'verdict':>15} {'stages':>6} {'hits':>5} {'form':>5} "
+        f"{'tv s':>7} "
         f"{'lower':>6} {'import':>6} {'sim':>5} {'prove':>6} {'confirm':>7} {'layers':>6} "
         f"{'lconf':>6} {'peak MB':>7} {'xla s':>6} {'TV s':>6}"
     )
@@ -111,6 +112,7 @@ def main() -> None:
         print(
             f"{layers:>6} {bug or '-':>9} {res['verdict']:>15} "
             f"{S.fmt(res.get('stages'), 'd'):>6} {S.fmt(res.get('cache_hits'), 'd'):>5} "
+            f"{S.fmt(res.get('repeated'), 'd'):>5} "
             f"{S.fmt(res.get('seconds')):>7} {S.fmt(res.get('lower_s')):>6} "
             f"{S.fmt(imp):>6} {S.fmt(ph.get('simulate')):>5} {S.fmt(ph.get('prove')):>6} "
             f"{S.fmt(ph.get('confirm')):>7} {S.fmt(ph.get('layers')):>6} "
@@ -125,10 +127,12 @@ def main() -> None:
         results.append({"layers": layers, "bug": bug, **res})
     print(
         "\nhits: stage obligations proved by reusing the proof of a renamed copy"
-        "\n(tv_ir/prover/obligation_cache.py); tv s: verify() in a fresh child, lowering"
-        "\nincluded; lower / import / sim / prove / confirm: its phases (s); layers: the pair"
-        "\nbuilt and unrolled at fewer layers, lconf: the concrete checks at the real layer"
-        "\ncount and a larger one (layer loops only, docs/equivalence.md); xla s: XLA's"
+        "\n(tv_ir/prover/obligation_cache.py); form: stages matched to the spec value a stage"
+        "\nof the same form was (tv_ir/prover/repeated_stages.py); tv s: verify() in a fresh"
+        "\nchild, lowering included; lower / import / sim / prove / confirm: its phases (s);"
+        "\nlayers: the pair built and unrolled at fewer layers, lconf: the concrete checks at"
+        "\nthe real layer count and a larger one (layer loops only, docs/equivalence.md);"
+        "\nxla s: XLA's"
         f"\ncompile time of spec + implementation; TV s: {TRAINVERIFY_NOTE}."
     )
     if a.json:

@@ -174,6 +174,7 @@ def worker_verify(row: dict, time_limit: float, memory: float) -> dict:
         report = verify_mod.verify(fn, *args, spec=spec, time_limit=time_limit, memory_limit=memory)
         out.update(verdict=report.verdict, stages=report.stats.stages)
         out.update(cache_hits=report.stats.cache_hits, phases=dict(report.stats.seconds))
+        out["repeated"] = report.stats.repeated_stages
         out["reduced"] = (report.reduction or {}).get("reduced_elements")
         if report.reason:
             out["reason"] = report.reason
