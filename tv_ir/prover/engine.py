@@ -39,6 +39,9 @@ from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
 from . import smt, workers
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import refutation
+from .mirrored_ops import mirrored_cut
+from .mirrored_ops import same_term as _same
+from .mirrored_ops import same_terms as _same_terms
 from .obligation_cache import ObligationCache, renaming_classes
 from .placement import Placement
 from .repeated_stages import RepeatedStages
@@ -54,6 +57,7 @@ from .simulate import (
     with_equal_ids,
     with_non_negative_roots,
 )
+from .spec_graph import SpecGraph
 
 SIM_RUNS = 2
 # iterations a loop may run in the simulations on extreme integers and on guard sets (zeros)
@@ -166,7 +170,8 @@ class StageProver:
         self.obligation: tuple | None = None  # (impl op, spec value id): see _now_proving
         self.spec_op = None  # the spec op being evaluated symbolically (before any obligation)
         self.cache = ObligationCache() if self.opt.reuse_proofs else None
-        self.repeats = RepeatedStages(spec) if self.opt.reuse_proofs else None
+        self.spec_graph = SpecGraph(spec)
+        self.repeats = RepeatedStages(self.spec_graph) if self.opt.reuse_proofs else None
         # implementation value id -> per device, the (spec value, box) it was proved equal to
         self.cut_of: dict[int, tuple] = {}
 
@@ -489,8 +494,29 @@ class StageProver:
                 self.opt.progress(f"stages: {self.stats.stages} proved, {done[0]}/{total} values")
             return results
 
+        def mirrored(op, operands_of):
+            cut = mirrored_cut(
+                self.spec_graph, op, operands_of, self.cut_of, self.spec_env, self._block_of
+            )
+            if cut is None:
+                return None
+            cut = tuple((self.twins.get(vid, vid), box) for vid, box in cut)
+            if any(vid not in self.defs for vid, _ in cut):
+                return None
+            done[0] += 1
+            self.stats.stages += 1 if len({vid for vid, _ in cut}) == 1 else len(cut)
+            self.stats.proved_by_normal_form += 1
+            self.stats.mirrored_stages += 1
+            self.cut_of[op.results[0].id] = cut
+            return [[np.asarray(self._cut_symbols(vid))[box_index(box)]] for vid, box in cut]
+
         interp = SpmdInterpreter(
-            self.impl, SymbolicAlgebra(), self.place.num_replicas, self.place.num_partitions, hook
+            self.impl,
+            SymbolicAlgebra(),
+            self.place.num_replicas,
+            self.place.num_partitions,
+            hook,
+            mirrored,
         )
         impl_outs = interp.run(self.place.shard_inputs(inputs))
 
@@ -642,6 +668,32 @@ class StageProver:
                 self._cut_found(v, form, tuple(cuts))
             return out
         return per_device
+
+    def _block_of(self, arr) -> tuple | None:
+        """(spec value, box) when `arr` is exactly that box of the value's symbols (a shard
+        of an input, a slice of a cut value), else None."""
+        arr = np.asarray(arr)
+        if arr.dtype != object or arr.size == 0:
+            return None
+        ends = []
+        for e in (arr.flat[0], arr.flat[-1]):
+            a = T.as_atom(e) if isinstance(e, T.Poly) else None
+            if a is None:
+                return None
+            o = self.owner.get(a.id)
+            if o is None and a.id in self.input_atoms:
+                i, idx = self.input_atoms[a.id]
+                o = (self.spec.main.args[i].id, idx)
+            if o is None or o[0] not in self.syms:
+                return None
+            ends.append(o)
+        (vid, first), (other, last) = ends
+        if other != vid or len(first) != arr.ndim:
+            return None
+        box = tuple((a, b + 1) for a, b in zip(first, last, strict=True))
+        if any(b - a != n for (a, b), n in zip(box, arr.shape, strict=True)):
+            return None
+        return (vid, box) if _same_terms(arr, np.asarray(self.syms[vid])[box_index(box)]) else None
 
     def _cut_found(self, v, form, cut: tuple) -> None:
         """`v` was proved equal, on each device, to the (spec value, box) of `cut`."""
@@ -1228,15 +1280,6 @@ def _is_sym(r) -> bool:
     return isinstance(r, np.ndarray) and r.dtype == object
 
 
-def _same(x, y) -> bool:
-    if isinstance(x, T.Bool) or isinstance(y, T.Bool):
-        return T.lift_bool(x) is T.lift_bool(y)
-    try:
-        return T.lift(x) == T.lift(y)
-    except TvError:
-        return False
-
-
 def _residue(x, y):
     """A numeric pair as one residue x - y (proved when it is 0, where both are defined);
     booleans, pairs defined in different places, and pairs with an infinite side stay
@@ -1272,14 +1315,6 @@ def _work_size(w) -> int:
 
 def _as_pair(w):
     return (w, T.with_dom(T.ZERO, w.dom)) if isinstance(w, T.Poly) else w
-
-
-def _same_terms(a: np.ndarray, b: np.ndarray) -> bool:
-    """Are two arrays the same terms element by element (hash-consed normal forms with
-    their definedness conditions; a number and the constant term of its value alike)?"""
-    return a.shape == b.shape and all(
-        x is y or _same(x, y) for x, y in zip(a.flat, b.flat, strict=True)
-    )
 
 
 def _syms(e) -> frozenset:

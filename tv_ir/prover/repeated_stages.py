@@ -23,8 +23,9 @@ falls back to the search. So a wrong prediction costs time, never a verdict.
 
 from __future__ import annotations
 
-from tv_ir.ir.program import Module, Op, Value
-from tv_ir.ir.structure import op_signature
+from tv_ir.ir.program import Op, Value
+
+from .spec_graph import SpecGraph
 
 # implementation ops followed back from a stage's operands to values already cut
 FORM_DEPTH = 4
@@ -38,11 +39,8 @@ Cut = tuple
 class RepeatedStages:
     """Cuts proved so far, by form; predictions of the cut of a stage of a form met before."""
 
-    def __init__(self, spec: Module) -> None:
-        self._spec = spec
-        self._defining: dict[int, tuple[Op, int]] | None = None  # spec value -> (op, result)
-        self._users: dict[int, list[Op]] = {}
-        self._signatures: dict[int, tuple] = {}  # id(op) -> op_signature(op)
+    def __init__(self, graph: SpecGraph) -> None:
+        self._graph = graph
         self._proved: dict[tuple, tuple[list[int], Cut]] = {}  # form -> (numbering, cut)
         self.hits = 0  # predictions proved
         self.misses = 0  # predictions made and not proved
@@ -75,12 +73,12 @@ class RepeatedStages:
             if depth == 0:
                 return ("value", str(u.type))
             inner = tuple(describe(w, depth - 1) for w in u.owner.operands)
-            return (self._signature(u.owner), u.index, inner)
+            return (self._graph.signature(u.owner), u.index, inner)
 
         operands = tuple(describe(u, FORM_DEPTH) for u in op.operands)
         if not numbering:
             return None
-        return (self._signature(op), result, operands), numbering
+        return (self._graph.signature(op), result, operands), numbering
 
     def record(self, form: tuple, numbering: list[int], cut: Cut) -> None:
         """A stage of `form` was proved equal to `cut` (first proof of a form kept)."""
@@ -110,7 +108,7 @@ class RepeatedStages:
     def _image(self, vid: int, renaming: dict[int, int | None], depth: int) -> int | None:
         if vid in renaming:
             return renaming[vid]
-        defining = self._definition(vid)
+        defining = self._graph.definition(vid)
         if defining is None:
             return vid  # an argument the renaming leaves: itself
         found = None
@@ -128,10 +126,10 @@ class RepeatedStages:
     def _applied(self, op: Op, j: int, floats: list[Value], images: list[int]) -> int | None:
         """The `j`-th result of the one spec op of `op`'s signature whose float operands are
         `images` (None when there is none, or more than one)."""
-        signature = self._signature(op)
+        signature = self._graph.signature(op)
         found = None
-        for other in self._users.get(images[0], ()):
-            if other is op or self._signature(other) != signature:
+        for other in self._graph.users(images[0]):
+            if other is op or self._graph.signature(other) != signature:
                 continue
             theirs = [u.id for u in other.operands if u.type.is_float]
             if all(map(self._alike, theirs, images)):
@@ -144,28 +142,10 @@ class RepeatedStages:
         """The same value, or two constants of one value (each layer has its own copy)."""
         if a == b:
             return True
-        da, db = self._definition(a), self._definition(b)
+        da, db = self._graph.definition(a), self._graph.definition(b)
         return (
             da is not None
             and db is not None
             and da[0].name == db[0].name == "stablehlo.constant"
-            and self._signature(da[0]) == self._signature(db[0])
+            and self._graph.signature(da[0]) == self._graph.signature(db[0])
         )
-
-    def _definition(self, vid: int) -> tuple[Op, int] | None:
-        if self._defining is None:
-            self._defining = {}
-            for op in self._spec.main.body.ops:
-                for j, r in enumerate(op.results):
-                    self._defining[r.id] = (op, j)
-                for u in op.operands:
-                    users = self._users.setdefault(u.id, [])
-                    if not users or users[-1] is not op:
-                        users.append(op)
-        return self._defining.get(vid)
-
-    def _signature(self, op: Op) -> tuple:
-        s = self._signatures.get(id(op))
-        if s is None:
-            s = self._signatures[id(op)] = op_signature(op)
-        return s

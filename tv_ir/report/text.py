@@ -23,6 +23,7 @@ def render(r) -> str:
             f"  {s.stages} stage{plural} proved ({s.proved_by_normal_form} by normal form, "
             f"{s.proved_by_z3} by Z3, {s.cache_hits} by reusing the proof of an identical "
             f"stage, {s.repeated_stages} matched by the form of an earlier stage, "
+            f"{s.mirrored_stages} mirroring a spec op, "
             f"{s.expansions} cut-point expansions) in {timing}"
         )
     elif r.verdict == NOT_EQUIVALENT:

@@ -65,6 +65,9 @@ from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW
 _GSPMD = ("SPMDFullToShardShape", "SPMDShardToFullShape")
 PerDevice = list[list]  # [device_id][value index]
 SpmdHook = Callable[[Op, PerDevice], PerDevice]
+# before a top-level op is evaluated: its results on every device, when they are known
+# without evaluating it (given the op and how to read its operands on every device)
+SpmdPrehook = Callable[[Op, Callable[[Op], PerDevice]], PerDevice | None]
 
 
 @dataclasses.dataclass
@@ -100,10 +103,12 @@ class SpmdInterpreter:
         num_replicas: int | None = None,
         num_partitions: int | None = None,
         hook: SpmdHook | None = None,
+        prehook: SpmdPrehook | None = None,
     ):
         self.module = module
         self.alg = alg
         self.hook = hook
+        self.prehook = prehook
         self.grid = ProcessGrid(
             num_replicas or int(module.attrs.get("mhlo.num_replicas", 1)),
             num_partitions or int(module.attrs.get("mhlo.num_partitions", 1)),
@@ -149,8 +154,15 @@ class SpmdInterpreter:
                 proc.env[v.id] = x
         envs = [proc.env for proc in self.procs]
         hook = self.hook if top else None
+        prehook = self.prehook if top else None
         for op in block.ops:
             check_time()
+            results = prehook(op, self._operands) if prehook is not None else None
+            if results is not None:  # known without evaluating the op
+                for env, rs in zip(envs, results, strict=True):
+                    for v, r in zip(op.results, rs, strict=True):
+                        env[v.id] = r
+                continue
             results = self._op(op, top)
             if type(results) is Stacked:
                 if hook is None:  # held stacked: each device reads its slice when it needs it

@@ -1,0 +1,75 @@
+"""Element-wise stages that mirror a spec op on the same terms at the same box are cut
+without computing their terms (tv_ir/prover/mirrored_ops.py); anything else is not."""
+
+from __future__ import annotations
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import tv_ir
+from tv_ir.prover import engine
+
+ARGS = (jax.ShapeDtypeStruct((4, 6), jnp.float32), jax.ShapeDtypeStruct((4, 6), jnp.float32))
+
+
+def spec(x, y):
+    return jnp.tanh(x * y + x) / (1.0 + y * y)
+
+
+def sharded(body):
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P("data"), P("data")), out_specs=P("data"), check_vma=False
+    )
+
+
+def shifted(x, y):
+    """y from the other device: the same ops on another block of y."""
+    return spec(x, jax.lax.ppermute(y, "data", [(0, 1), (1, 0)]))
+
+
+def other_op(x, y):
+    return jnp.tanh(x * y - x) / (1.0 + y * y)  # BUG: subtracts
+
+
+def other_constant(x, y):
+    return jnp.tanh(x * y + x) / (1.5 + y * y)
+
+
+def lowered(fn) -> str:
+    return jax.jit(fn).lower(*ARGS).as_text(debug_info=True)
+
+
+def line_of(fn, marker: str) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if marker in line)
+
+
+def test_elementwise_ops_on_the_spec_blocks_are_mirrored():
+    report = tv_ir.check(lowered(spec), lowered(sharded(spec)))
+    assert report.verdict == "equivalent"
+    assert report.stats.mirrored_stages >= 4  # multiply, add, tanh, divide...
+    assert "mirroring a spec op" in str(report)
+
+
+def test_verdicts_agree_without_mirroring(monkeypatch):
+    impls = [sharded(f) for f in (spec, shifted, other_op, other_constant)]
+    with_ = [tv_ir.check(lowered(spec), lowered(f)) for f in impls]
+    monkeypatch.setattr(engine, "mirrored_cut", lambda *args: None)
+    without = [tv_ir.check(lowered(spec), lowered(f)) for f in impls]
+    assert [r.verdict for r in with_] == [r.verdict for r in without]
+    assert [r.verdict for r in with_][1:] == ["not_equivalent"] * 3
+    assert without[0].stats.mirrored_stages == 0
+
+
+def test_another_block_another_op_or_another_constant_is_refuted():
+    report = tv_ir.check(lowered(spec), lowered(sharded(other_op)))
+    assert report.verdict == "not_equivalent"
+    assert report.location.line == line_of(other_op, "# BUG: subtracts")
+    for fn in (shifted, other_constant):
+        assert tv_ir.check(lowered(spec), lowered(sharded(fn))).verdict == "not_equivalent"
