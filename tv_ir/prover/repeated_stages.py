@@ -10,11 +10,12 @@ instead, keyed before anything is evaluated:
 - a stage's *form* is its op (`op_signature`: name, attributes, types, regions), which of
   its results it is, and per operand how it was cut: per device, the block (box) of a spec
   value it was proved equal to, the spec values numbered by first occurrence (an operand
-  not cut is its type only);
+  not cut is described by the ops that made it, a few deep);
 - when a stage of some form was proved equal to blocks of spec values, a later stage of
   the same form is predicted to match the *image* of those values under the renaming its
   operands give (first spec value to first, ...), the image of a value outside the
-  renaming being the spec op of the same signature applied to the images of its operands.
+  renaming being the spec op of the same signature applied to the images of its operands
+  (an argument, or a value the renaming leaves, is itself).
 
 A prediction is only a candidate: the stage is proved against it as against any candidate
 (by normal form or expansion, `StageProver._cut_as_predicted`), and an unproved prediction

@@ -28,6 +28,7 @@ class SpecGraph:
         return self._users.get(vid, [])
 
     def signature(self, op: Op) -> tuple:
+        """`op_signature(op)`, remembered (any op: the implementation's too)."""
         s = self._signatures.get(id(op))
         if s is None:
             s = self._signatures[id(op)] = op_signature(op)
