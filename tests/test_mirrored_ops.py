@@ -3,6 +3,7 @@ without computing their terms (tv_ir/prover/mirrored_ops.py); anything else is n
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import jax
@@ -73,3 +74,63 @@ def test_another_block_another_op_or_another_constant_is_refuted():
     assert report.location.line == line_of(other_op, "# BUG: subtracts")
     for fn in (shifted, other_constant):
         assert tv_ir.check(lowered(spec), lowered(sharded(fn))).verdict == "not_equivalent"
+
+
+# -- dot_general: blocks holding whole contracting dimensions -----------------------------
+
+W = jax.ShapeDtypeStruct((6, 5), jnp.float32)
+
+
+def dense(x, w):
+    return jnp.tanh(x @ w)
+
+
+def reversed_rows(x, w):
+    return jnp.tanh(x @ w[::-1])  # BUG: rows reversed
+
+
+def lowered_dense(fn) -> str:
+    return jax.jit(fn).lower(ARGS[0], W).as_text(debug_info=True)
+
+
+def by_rows(body):
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"), check_vma=False
+    )
+
+
+def by_contraction(x, w, summed=True):
+    mesh = Mesh(np.array(jax.devices()[:2]), ("model",))
+
+    def body(x, w):
+        partial = x @ w
+        return jnp.tanh(jax.lax.psum(partial, "model") if summed else partial)
+
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P(None, "model"), P("model", None)),
+        out_specs=P(),
+        check_vma=False,
+    )(x, w)
+
+
+def test_a_dot_of_row_blocks_with_the_whole_weight_is_mirrored():
+    report = tv_ir.check(lowered_dense(dense), lowered_dense(by_rows(dense)))
+    assert report.verdict == "equivalent"
+    assert report.stats.mirrored_stages == 2  # the dot and the tanh
+
+
+def test_a_dot_over_part_of_its_contraction_is_not_mirrored():
+    report = tv_ir.check(lowered_dense(dense), lowered_dense(by_contraction))
+    assert report.verdict == "equivalent"  # the partial sums are proved as before
+    assert report.stats.mirrored_stages == 1  # the tanh of the summed dot only
+    unsummed = functools.partial(by_contraction, summed=False)
+    assert tv_ir.check(lowered_dense(dense), lowered_dense(unsummed)).verdict == "not_equivalent"
+
+
+def test_a_dot_on_other_terms_is_refuted():
+    report = tv_ir.check(lowered_dense(dense), lowered_dense(by_rows(reversed_rows)))
+    assert report.verdict == "not_equivalent"
+    assert report.location.line == line_of(reversed_rows, "# BUG: rows reversed")
