@@ -49,7 +49,9 @@ def hidden_line() -> int:
 
 
 def stop_at_call(monkeypatch, n: int, stop) -> None:
-    """Call `stop(prover)` before the n-th stage/output obligation is decided."""
+    """Call `stop(prover)` before the n-th stage/output obligation is decided (stages
+    mirroring a spec op, which decide none, off: the hidden line's are)."""
+    monkeypatch.setattr(engine, "mirrored_cut", lambda *args: None)
     original = engine.StageProver._prove_pairs
     calls = [0]
 
@@ -72,7 +74,7 @@ def test_over_budget_midway_names_impl_op_and_spec_candidate(monkeypatch):
     over = [False]
     real_rss = limits.rss_mb
     monkeypatch.setattr(limits, "rss_mb", lambda: 1e9 if over[0] else real_rss())
-    stop_at_call(monkeypatch, 1, lambda prover: over.__setitem__(0, True))
+    stop_at_call(monkeypatch, 2, lambda prover: over.__setitem__(0, True))
     r = verify(tp_mlp, X, W1, W2, spec=mlp, memory_limit=50_000)
     assert r.verdict == "unknown", str(r)
     assert r.reason.startswith("memory limit of 50000 MB reached"), r.reason
@@ -86,7 +88,7 @@ def test_time_limit_midway_names_impl_op_and_spec_candidate(monkeypatch):
     def out_of_time(prover):
         prover.deadline = 0.0  # long past
 
-    stop_at_call(monkeypatch, 1, out_of_time)
+    stop_at_call(monkeypatch, 2, out_of_time)
     r = verify(tp_mlp, X, W1, W2, spec=mlp, time_limit=600)
     assert r.verdict == "unknown", str(r)
     assert r.reason.startswith("time limit of 600 s reached"), r.reason
@@ -99,6 +101,7 @@ def test_output_obligation_named(monkeypatch):
     """Stopped at the last obligation (an output): the reason says which output."""
 
     def count(monkeypatch):
+        monkeypatch.setattr(engine, "mirrored_cut", lambda *args: None)  # as stop_at_call
         calls = [0]
         original = engine.StageProver._prove_pairs
 
