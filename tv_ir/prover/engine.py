@@ -504,7 +504,7 @@ class StageProver:
             if any(vid not in self.defs for vid, _ in cut):
                 return None
             done[0] += 1
-            self.stats.stages += 1 if len({vid for vid, _ in cut}) == 1 else len(cut)
+            self.stats.stages += _stages_counted([vid for vid, _ in cut])
             self.stats.proved_by_normal_form += 1
             self.stats.mirrored_stages += 1
             self.cut_of[op.results[0].id] = cut
@@ -713,7 +713,6 @@ class StageProver:
         if not cut or any(vid not in self.defs and vid not in self.views for _, vid, _ in cut):
             return None
         if not index.agrees([(vid, box, runs[d]) for d, vid, box in cut]):
-            self.repeats.misses += 1
             return None
         terms = [np.asarray(a) for a in per_device]
         self._now_proving(v.owner, cut[0][1])
@@ -728,10 +727,8 @@ class StageProver:
                     return None
                 pairs += _element_pairs(t, block)
             if self._prove_pairs(pairs, STAGE_LEVELS, final=False).status != "proved":
-                self.repeats.misses += 1
                 return None
-        self.repeats.hits += 1
-        counted = 1 if len({vid for _, vid, _ in cut}) == 1 else len(cut)  # as when looked for
+        counted = _stages_counted([vid for _, vid, _ in cut])
         self.stats.stages += counted
         self.stats.repeated_stages += counted
         out = list(per_device)  # a device the earlier stage did not cut keeps its value
@@ -1278,6 +1275,12 @@ def _by_device(outputs: list, n: int) -> list:
 
 def _is_sym(r) -> bool:
     return isinstance(r, np.ndarray) and r.dtype == object
+
+
+def _stages_counted(vids: list[int]) -> int:
+    """Stages a cut counts for, as when it is looked for: one when every device holds a
+    block of the same spec value, else one per device cut."""
+    return 1 if len(set(vids)) == 1 else len(vids)
 
 
 def _residue(x, y):

@@ -26,7 +26,7 @@ from tv_ir.semantics import terms as T
 from tv_ir.semantics.interpreters.device_batch import ELEMENTWISE
 
 from .correspond import box_index
-from .spec_graph import SpecGraph, elementwise_signature
+from .spec_graph import SpecGraph, shape_free_signature
 
 DOT = "stablehlo.dot_general"
 
@@ -52,7 +52,7 @@ def mirrored_cut(
     if not isinstance(t, TensorType) or not t.is_float or getattr(t, "is_complex", False):
         return None
     shape = tuple(t.shape)
-    signature = elementwise_signature(op)
+    signature = shape_free_signature(op)
     if op.name == DOT:
         return _mirrored_dots(graph, op, signature, operands_of(op), cut_of, spec_env, block_of)
     if not _position_wise(op):
@@ -81,7 +81,7 @@ def _mirrored(graph: SpecGraph, signature, vid: int, box, values: list, spec_env
     """(result, box) of the spec op reading `vid` whose operands at `box` are `values`."""
     index = box_index(box)
     for s_op in graph.users(vid):
-        if graph.elementwise_signature(s_op) != signature or not _position_wise(s_op):
+        if graph.shape_free_signature(s_op) != signature or not _position_wise(s_op):
             continue
         if all(
             w.id in spec_env and same_terms(np.asarray(x), np.asarray(spec_env[w.id])[index])
@@ -112,7 +112,7 @@ def _mirrored_dots(graph, op, signature, operands, cut_of, spec_env, block_of) -
             return None
         found = None
         for s_op in graph.users(known[0]):
-            if graph.elementwise_signature(s_op) != signature:
+            if graph.shape_free_signature(s_op) != signature:
                 continue
             sl, sr = (spec_env.get(w.id) for w in s_op.operands)
             if sl is None or sr is None:

@@ -43,8 +43,6 @@ class RepeatedStages:
     def __init__(self, graph: SpecGraph) -> None:
         self._graph = graph
         self._proved: dict[tuple, tuple[list[int], Cut]] = {}  # form -> (numbering, cut)
-        self.hits = 0  # predictions proved
-        self.misses = 0  # predictions made and not proved
 
     def form(self, op: Op, result: int, cuts: dict[int, Cut]) -> tuple[tuple, list[int]] | None:
         """(form, spec values by number) of `op`'s `result`-th value given how values were

@@ -15,7 +15,7 @@ class SpecGraph:
         self._defining: dict[int, tuple[Op, int]] | None = None  # value -> (op, result)
         self._users: dict[int, list[Op]] = {}
         self._signatures: dict[int, tuple] = {}  # id(op) -> op_signature(op)
-        self._elementwise: dict[int, tuple] = {}  # id(op) -> elementwise_signature(op)
+        self._shape_free: dict[int, tuple] = {}  # id(op) -> shape_free_signature(op)
 
     def definition(self, vid: int) -> tuple[Op, int] | None:
         """(op, result index) defining spec value `vid`; None for an argument."""
@@ -34,10 +34,10 @@ class SpecGraph:
             s = self._signatures[id(op)] = op_signature(op)
         return s
 
-    def elementwise_signature(self, op: Op) -> tuple:
-        s = self._elementwise.get(id(op))
+    def shape_free_signature(self, op: Op) -> tuple:
+        s = self._shape_free.get(id(op))
         if s is None:
-            s = self._elementwise[id(op)] = elementwise_signature(op)
+            s = self._shape_free[id(op)] = shape_free_signature(op)
         return s
 
     def _index(self) -> None:
@@ -53,10 +53,10 @@ class SpecGraph:
                     users.append(op)
 
 
-def elementwise_signature(op: Op) -> tuple:
-    """What an element-wise op computes of each position, whatever the shapes: its name,
-    attributes and element types (not the shapes: a block of the operands gives the same
-    block of the result)."""
+def shape_free_signature(op: Op) -> tuple:
+    """What an op computes whatever the shapes: its name, attributes and element types (for
+    an element-wise op, or a dot holding its whole contraction, a block of the operands
+    gives the same block of the result)."""
     return (
         op.name,
         tuple(sorted((k, attr_key(v)) for k, v in op.attrs.items())),

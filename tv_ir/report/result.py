@@ -102,8 +102,8 @@ class Stats:
     # stages proved against the spec value a stage of the same form was, renamed
     # (tv_ir.prover.repeated_stages: repeated layers and micro-batches), not looked for
     repeated_stages: int = 0
-    # element-wise stages cut as the spec op they mirror, on the same terms at the same box,
-    # without computing their terms (tv_ir.prover.mirrored_ops)
+    # element-wise and dot stages cut as the spec op they mirror, on the same terms at one
+    # box, without computing their terms (tv_ir.prover.mirrored_ops)
     mirrored_stages: int = 0
     # loops proved by induction: each body proved once (tv_ir.prover.loop_induction)
     loops_by_induction: int = 0
