@@ -23,7 +23,7 @@ import numpy as np
 from tv_ir.errors import TvError
 from tv_ir.ir.program import Op, TensorType
 from tv_ir.semantics import terms as T
-from tv_ir.semantics.interpreters.device_batch import ELEMENTWISE
+from tv_ir.semantics.ops.registry import ELEMENTWISE
 
 from .correspond import box_index
 from .spec_graph import SpecGraph, shape_free_signature

@@ -38,16 +38,8 @@ from tv_ir.ir.program import Op, TensorType
 from tv_ir.semantics.interpreters.evaluator import InterpreterError
 from tv_ir.semantics.ops import OpContext, lookup
 from tv_ir.semantics.ops.reduction import reducer_kind
+from tv_ir.semantics.ops.registry import ELEMENTWISE
 
-ELEMENTWISE = frozenset(
-    "stablehlo." + n
-    for n in (
-        "add subtract multiply divide remainder power maximum minimum atan2 negate abs sign "
-        "compare select clamp and or xor not convert exponential exponential_minus_one log "
-        "log_plus_one logistic tanh sqrt rsqrt cbrt sine cosine tan floor ceil "
-        "round_nearest_afz round_nearest_even is_finite"
-    ).split()
-)
 # off (TV_DEVICE_BATCH=0, or set in a context): device by device, for comparison
 DEVICE_BATCH = contextvars.ContextVar(
     "device_batch", default=os.environ.get("TV_DEVICE_BATCH", "1") != "0"

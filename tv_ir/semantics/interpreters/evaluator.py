@@ -16,6 +16,7 @@ from tv_ir.errors import TvError, Unsupported
 from tv_ir.ir.program import Block, Function, Module, Op
 from tv_ir.limits import check_time
 from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.interpreters.invariant_ops import InvariantValues
 from tv_ir.semantics.ops import OpContext, lookup
 from tv_ir.semantics.ops.complex_numbers import COMPLEX_AWARE
 from tv_ir.semantics.ops.registry import REGION_ON_ARRAYS
@@ -38,6 +39,8 @@ class BlockEvaluator:
         self.hook = hook
         self.device = device
         self.env: dict[int, object] = {}
+        # a region's constant-derived values, made once (concrete runs only)
+        self.invariants = InvariantValues() if type(alg) is NumpyAlgebra else None
 
     def run(self, fn: Function | None = None, args: list | None = None) -> list:
         fn = fn or self.module.main
@@ -55,14 +58,24 @@ class BlockEvaluator:
             raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(args)}")
         for v, a in zip(block.args, args, strict=True):
             env[v.id] = a
+        fixed = self._fixed(block, top)
         for op in block.ops:
             check_time()
-            results = self.evaluate_op(op)
+            if fixed and id(op) in fixed:
+                results = self.invariants.results(op, self.evaluate_op)
+            else:
+                results = self.evaluate_op(op)
             if top and self.hook is not None:
                 results = self.hook(op, results)
             for v, r in zip(op.results, results, strict=True):
                 env[v.id] = r
         return [env[v.id] for v in block.results]
+
+    def _fixed(self, block: Block, top: bool) -> frozenset[int] | None:
+        """The ops of a region run again and again (a loop body) whose values are made once."""
+        if top or self.invariants is None or REGION_ON_ARRAYS.get():
+            return None
+        return self.invariants.of(block)
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""

@@ -47,6 +47,7 @@ from tv_ir.semantics.interpreters.evaluator import (
     checked_results,
     run_evaluator,
 )
+from tv_ir.semantics.interpreters.invariant_ops import InvariantValues
 from tv_ir.semantics.interpreters.mesh_coords import mesh_coords
 from tv_ir.semantics.interpreters.process_grid import ProcessGrid
 from tv_ir.semantics.layout import Layout
@@ -60,7 +61,7 @@ from tv_ir.semantics.ops.control import (
     select_results,
     while_,
 )
-from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW
+from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW, REGION_ON_ARRAYS
 
 _GSPMD = ("SPMDFullToShardShape", "SPMDShardToFullShape")
 PerDevice = list[list]  # [device_id][value index]
@@ -125,6 +126,8 @@ class SpmdInterpreter:
             for proc, env in zip(self.procs, self.batch.envs, strict=True):
                 proc.env = env
         self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
+        # a region's constant-derived values on all devices, made once (concrete runs)
+        self.invariants = InvariantValues()
 
     @property
     def num_devices(self) -> int:
@@ -155,6 +158,9 @@ class SpmdInterpreter:
         envs = [proc.env for proc in self.procs]
         hook = self.hook if top else None
         prehook = self.prehook if top else None
+        fixed = None
+        if not top and self.procs[0].invariants is not None and not REGION_ON_ARRAYS.get():
+            fixed = self.invariants.of(block)
         for op in block.ops:
             check_time()
             results = prehook(op, self._operands) if prehook is not None else None
@@ -163,7 +169,10 @@ class SpmdInterpreter:
                     for v, r in zip(op.results, rs, strict=True):
                         env[v.id] = r
                 continue
-            results = self._op(op, top)
+            if fixed and id(op) in fixed:  # the same on every device, every time
+                results = self.invariants.results(op, self._op)
+            else:
+                results = self._op(op, top)
             if type(results) is Stacked:
                 if hook is None:  # held stacked: each device reads its slice when it needs it
                     self.batch.put(op, results)

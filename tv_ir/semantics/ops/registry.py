@@ -19,6 +19,17 @@ from tv_ir.errors import Unsupported
 # over all lanes, lane_merge_sort): the region's scalar results may be such arrays
 REGION_ON_ARRAYS = contextvars.ContextVar("region_on_arrays", default=False)
 
+# element-wise ops: each result element is f of the operands' elements at its position
+ELEMENTWISE = frozenset(
+    "stablehlo." + n
+    for n in (
+        "add subtract multiply divide remainder power maximum minimum atan2 negate abs sign "
+        "compare select clamp and or xor not convert exponential exponential_minus_one log "
+        "log_plus_one logistic tanh sqrt rsqrt cbrt sine cosine tan floor ceil "
+        "round_nearest_afz round_nearest_even is_finite"
+    ).split()
+)
+
 OPS: dict[str, Callable] = {}
 # ops that read the process's place in the grid (partition_id, replica_id): per-device
 # evaluators like OPS, kept apart because single-device conformance cannot exercise them
