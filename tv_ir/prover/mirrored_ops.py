@@ -162,21 +162,10 @@ def _position_wise(op: Op) -> bool:
 
 def same_terms(a: np.ndarray, b: np.ndarray) -> bool:
     """Are two arrays the same terms element by element (hash-consed normal forms with
-    their definedness conditions; a number and the constant term of its value alike)?
-    Identical objects are told apart in one pass over their ids; only the others are
-    compared as terms."""
-    if a.shape != b.shape:
-        return False
-    if a.size <= 32:
-        return all(x is y or same_term(x, y) for x, y in zip(a.flat, b.flat, strict=True))
-    x, y = a.flat[0], b.flat[0]
-    if x is not y and not same_term(x, y):
-        return False  # most arrays that differ do at their first element
-    xs, ys = a.ravel().tolist(), b.ravel().tolist()
-    n = len(xs)
-    ids_x = np.fromiter(map(id, xs), dtype=np.int64, count=n)
-    ids_y = np.fromiter(map(id, ys), dtype=np.int64, count=n)
-    return all(same_term(xs[k], ys[k]) for k in np.flatnonzero(ids_x != ids_y).tolist())
+    their definedness conditions; a number and the constant term of its value alike)?"""
+    return a.shape == b.shape and all(
+        x is y or same_term(x, y) for x, y in zip(a.flat, b.flat, strict=True)
+    )
 
 
 def same_term(x, y) -> bool:

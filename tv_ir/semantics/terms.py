@@ -188,8 +188,6 @@ class Bool(_Interned):
 def _num(c) -> Num:
     """Exact rational for a Python/numpy number: a float is the exact value of its bits,
     but a float64 1/n rounded is 1/n and one a pass read as a rational is that rational."""
-    if type(c) is int or type(c) is Fraction:  # exact already (no ABC isinstance check)
-        return c
     if isinstance(c, (int, Fraction)) and not isinstance(c, bool):
         return c
     if isinstance(c, (bool, np.bool_)):
@@ -215,8 +213,6 @@ _FLOAT_CACHE: dict[float, Num] = {}
 
 
 def _norm(c: Num) -> Num:
-    if type(c) is int:  # most coefficients (Fraction's isinstance check is an ABC's)
-        return c
     if isinstance(c, Fraction) and c.denominator == 1:
         return c.numerator
     return c
@@ -602,8 +598,6 @@ def sum_of(items) -> Poly:
 
 def _zero_number(x) -> bool:
     """A plain number (not a term) equal to 0."""
-    if type(x) is Poly:  # most operands: a term (Fraction's isinstance check is an ABC's)
-        return False
     return isinstance(x, (int, float, Fraction, np.integer, np.floating, np.bool_)) and x == 0
 
 
