@@ -436,14 +436,8 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     # used, so they are not made for it)
     with ChecksBeside() as checks:
         if not red.singled_out:
-            # each witness's two runs are parts of their own: the child and this process
-            # share them out once the proof is done (the real layer count's pair is most of
-            # the checks' work)
-            witnesses = red.layer_witnesses
-            parts = [
-                partial(_layer_run, w, options.seed, side) for w in witnesses for side in SIDES
-            ]
-            checks.add_parts("layers", parts, partial(_layers_agree, witnesses))
+            parts = [partial(_layer_check, w, options.seed) for w in red.layer_witnesses]
+            checks.add_parts("layers", parts, _first_reason)
         report = _check(
             f_spec,
             f_impl,
@@ -501,20 +495,12 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     return report
 
 
-SIDES = ("spec", "impl")
-
-
-def _layer_run(w, seed: int, side: str):
-    """One side's run of one of the concrete checks a proof at fewer layers needs
-    (docs/equivalence.md, "Why it is not enough"): the pair at the real layer count, or at
-    a larger one, every other class reduced (`w`), on one random input (the same for both
-    sides: from `seed`). A `localise.Run` (None: the implementation hangs), or why the
-    check cannot be made (a string)."""
-    import numpy as np
-
-    from .prover.localise import impl_run, spec_run
-    from .prover.real_size import LAYER_WITNESS_LIMIT
-    from .prover.simulate import random_inputs
+def _layer_check(w, seed: int) -> str | None:
+    """One of the concrete checks a proof at fewer layers needs (docs/equivalence.md, "Why
+    it is not enough"): the pair at the real layer count, or at a larger one, every other
+    class reduced (`w`), agrees on random inputs. None when it does, else why the proof is
+    not used."""
+    from .prover.real_size import LAYER_WITNESS_LIMIT, differs_on_random_inputs
 
     try:
         w_spec, w_impl, w_place = w.build()
@@ -524,28 +510,17 @@ def _layer_run(w, seed: int, side: str):
         return f"proved at fewer layers, but with {w.name} at {w.larger} too large to run"
     # one run: random inputs show a difference of these small programs, or none is there
     # to show (the real layer count unrolled costs what depth costs)
-    inputs = random_inputs(w_spec.main, np.random.default_rng(seed))
-    if side == "spec":
-        return spec_run(w_spec, inputs)
-    return impl_run(w_impl, w_place, inputs)
-
-
-def _layers_agree(witnesses: list, runs: list) -> str | None:
-    """None when every witness's two runs (`_layer_run`, spec then implementation) agree,
-    else why the proof at fewer layers is not used."""
-    from .prover.localise import runs_differ
-
-    for k, w in enumerate(witnesses):
-        spec, impl = runs[2 * k], runs[2 * k + 1]
-        why = next((r for r in (spec, impl) if isinstance(r, str)), None)
-        if why is not None:
-            return why
-        if runs_differ(spec, impl):
-            return (
-                f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
-                "reduced) the programs differ"
-            )
+    if differs_on_random_inputs(w_spec, w_impl, w_place, seed, runs=1):
+        return (
+            f"proved with {w.name} at {w.reduced}, but at {w.larger} (other classes "
+            "reduced) the programs differ"
+        )
     return None
+
+
+def _first_reason(reasons: list) -> str | None:
+    """The first of the layer checks' reasons not to use the proof (None: none)."""
+    return next((r for r in reasons if r is not None), None)
 
 
 def _unrolled(module: Module) -> Module:

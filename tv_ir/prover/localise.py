@@ -63,44 +63,12 @@ def without_location() -> Iterator[None]:
 def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
     where: that walk costs more than the runs)."""
-    return runs_differ(spec_run(spec, inputs), impl_run(impl, placement, inputs))
-
-
-@dataclass
-class Run:
-    """What comparing needs of one side's run: the spec's outputs, or per output of the
-    implementation each device's copy (device, box, array); and whether it overflowed."""
-
-    outputs: list
-    overflowed: bool
-
-
-def spec_run(spec: Module, inputs: list) -> Run:
-    trace = run_traced(spec, inputs)
-    return Run(trace.outputs, overflowed(spec, trace))
-
-
-def impl_run(impl: Module, placement, inputs: list) -> Run | None:
-    """The implementation's side of `differs` (None: it hangs)."""
+    spec_tr = run_traced(spec, inputs)
     try:
-        trace = _run_impl(impl, placement, inputs)
+        impl_tr = _run_impl(impl, placement, inputs)
     except ProgramHangs:
-        return None
-    return Run(_copies(trace, placement), overflowed(impl, trace))
-
-
-def runs_differ(spec: Run, impl: Run | None) -> bool:
-    """Whether two runs of one input differ: some device's copy of an output is not the
-    spec's, or the implementation hangs where the spec returns."""
-    if impl is None:
-        return True
-    if spec.overflowed or impl.overflowed:
-        return False  # floats are reals: a run that overflows float64 shows no difference
-    return any(
-        not close(_block(a, box), b)
-        for a, held in zip(spec.outputs, impl.outputs, strict=True)
-        for _, box, b in held
-    )
+        return True  # the spec returned; the implementation never does
+    return _first_difference(spec_tr, impl_tr, spec, impl, placement)[1] is not None
 
 
 def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool = True):
@@ -267,7 +235,14 @@ def _first_difference(spec_tr, impl_tr, spec: Module, impl: Module, placement):
     device's copy) of the first output some device's copy of which is not the spec's."""
     if overflowed(spec, spec_tr) or overflowed(impl, impl_tr):
         return [], None  # floats are reals: a run that overflows float64 shows no difference
-    copies = _copies(impl_tr, placement)
+    # every device's copy of each output is compared: a replicated output is right only if
+    # each device holding it holds the spec's value
+    copies = placement.output_copies(
+        [
+            [impl_tr.outputs[k][d] for k in range(len(impl_tr.outputs))]
+            for d in range(placement.num_devices)
+        ]
+    )
     outputs = []
     found = None
     for i, (a, held) in enumerate(zip(spec_tr.outputs, copies, strict=True)):
@@ -277,17 +252,6 @@ def _first_difference(spec_tr, impl_tr, spec: Module, impl: Module, placement):
         if bad is not None and found is None:
             found = (i, *bad)
     return outputs, found
-
-
-def _copies(impl_tr, placement) -> list:
-    """Per output, every device's copy (device, box, array): a replicated output is right
-    only if each device holding it holds the spec's value."""
-    return placement.output_copies(
-        [
-            [impl_tr.outputs[k][d] for k in range(len(impl_tr.outputs))]
-            for d in range(placement.num_devices)
-        ]
-    )
 
 
 def _body_returns(op, output, walk) -> list[OpSite]:

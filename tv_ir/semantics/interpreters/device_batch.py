@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-import itertools
 import math
 import operator
 import os
@@ -155,31 +154,6 @@ class DeviceBatch:
                     dict.pop(env, vid, None)
             store.stacks[vid] = r
             store.views.pop(vid, None)  # an older stack's views: not kept alive by them
-
-    def bind(self, vid: int, values: list) -> bool:
-        """Hold the devices' `values` of `vid` (a block's argument) as the stack they are
-        slices of (a loop's carried value: the body's result, as it was stacked) or as `One`
-        (the same object on every device), without a write per device; False when they are
-        neither."""
-        store, first = self.store, values[0]
-        if all(map(operator.is_, values, itertools.repeat(first))):
-            r, views = One(first), None
-        else:
-            owner = store.owner.get(id(first))
-            known = store.views.get(owner) if owner is not None else None
-            if known is None or not all(map(operator.is_, known[1], values)):
-                return False
-            r, views = known
-        if vid in store.own:
-            store.own.discard(vid)
-            for env in self.envs:
-                dict.pop(env, vid, None)
-        store.stacks[vid] = r
-        if views is None:
-            store.views.pop(vid, None)
-        else:
-            store.views[vid] = (r, views)  # each device reads the same objects again
-        return True
 
     def per_device(self, op: Op, out: Stacked) -> list:
         """`out` as `[device][result]` (for a hook: it sees what device-by-device gives)."""

@@ -150,15 +150,10 @@ class SpmdInterpreter:
 
     # -- blocks and ops ----------------------------------------------------------------------
     def _block(self, block: Block, args: PerDevice, top: bool) -> PerDevice:
-        for a in args:
+        for proc, a in zip(self.procs, args, strict=True):
             if len(a) != len(block.args):
                 raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(a)}")
-        batch = self.batch
-        for k, v in enumerate(block.args):
-            values = [a[k] for a in args]
-            if batch is not None and batch.bind(v.id, values):
-                continue
-            for proc, x in zip(self.procs, values, strict=True):
+            for v, x in zip(block.args, a, strict=True):
                 proc.env[v.id] = x
         envs = [proc.env for proc in self.procs]
         hook = self.hook if top else None
