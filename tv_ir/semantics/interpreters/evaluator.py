@@ -58,7 +58,7 @@ class BlockEvaluator:
             raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(args)}")
         for v, a in zip(block.args, args, strict=True):
             env[v.id] = a
-        fixed = self._fixed(block, top)
+        fixed = self.invariants.of(block, top) if self.invariants is not None else None
         for op in block.ops:
             check_time()
             if fixed and id(op) in fixed:
@@ -70,12 +70,6 @@ class BlockEvaluator:
             for v, r in zip(op.results, results, strict=True):
                 env[v.id] = r
         return [env[v.id] for v in block.results]
-
-    def _fixed(self, block: Block, top: bool) -> frozenset[int] | None:
-        """The ops of a region run again and again (a loop body) whose values are made once."""
-        if top or self.invariants is None or REGION_ON_ARRAYS.get():
-            return None
-        return self.invariants.of(block)
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""

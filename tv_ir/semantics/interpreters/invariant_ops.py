@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from tv_ir.ir.program import Block, Op
-from tv_ir.semantics.ops.registry import ELEMENTWISE
+from tv_ir.semantics.ops.registry import ELEMENTWISE, REGION_ON_ARRAYS
 
 # pure ops without regions whose results depend on their operands and attributes alone
 PURE = ELEMENTWISE | frozenset(
@@ -49,7 +49,11 @@ class InvariantValues:
         self._ops: dict[int, tuple[Block, frozenset[int]]] = {}
         self._values: dict[int, tuple[Op, object]] = {}
 
-    def of(self, block: Block) -> frozenset[int]:
+    def of(self, block: Block, top: bool) -> frozenset[int] | None:
+        """The ops of `block` whose values are made once; None for the top-level block (run
+        once anyway) and for a region run on arrays standing for many scalars."""
+        if top or REGION_ON_ARRAYS.get():
+            return None
         known = self._ops.get(id(block))
         if known is None or known[0] is not block:
             known = self._ops[id(block)] = (block, constant_derived(block))

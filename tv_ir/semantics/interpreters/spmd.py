@@ -61,7 +61,7 @@ from tv_ir.semantics.ops.control import (
     select_results,
     while_,
 )
-from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW, REGION_ON_ARRAYS
+from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW
 
 _GSPMD = ("SPMDFullToShardShape", "SPMDShardToFullShape")
 PerDevice = list[list]  # [device_id][value index]
@@ -127,7 +127,7 @@ class SpmdInterpreter:
                 proc.env = env
         self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
         # a region's constant-derived values on all devices, made once (concrete runs)
-        self.invariants = InvariantValues()
+        self.invariants = InvariantValues() if type(alg) is NumpyAlgebra else None
 
     @property
     def num_devices(self) -> int:
@@ -158,9 +158,7 @@ class SpmdInterpreter:
         envs = [proc.env for proc in self.procs]
         hook = self.hook if top else None
         prehook = self.prehook if top else None
-        fixed = None
-        if not top and self.procs[0].invariants is not None and not REGION_ON_ARRAYS.get():
-            fixed = self.invariants.of(block)
+        fixed = self.invariants.of(block, top) if self.invariants is not None else None
         for op in block.ops:
             check_time()
             results = prehook(op, self._operands) if prehook is not None else None
