@@ -251,11 +251,11 @@ def test_a_coordinate_in_arithmetic_keeps_its_axis():
     w = np.ones((32, 4), np.float32)
 
     def spec(x, w):
-        return x * w
+        return x * w[::-1]
 
-    def body(x, w):  # this device's rows of the replicated w, at an offset from its index
+    def body(x, w):  # this device's rows of the reversed w, counted from the end
         i = jax.lax.axis_index("data")
-        return x * jax.lax.dynamic_slice_in_dim(w, i * 4, 4)
+        return x * jax.lax.rev(jax.lax.dynamic_slice_in_dim(w, 28 - i * 4, 4), (0,))
 
     impl = jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
     reduced, whole = both(lower(spec, XS, w), lower(impl, XS, w))
@@ -266,6 +266,37 @@ def test_a_coordinate_in_arithmetic_keeps_its_axis():
     assert '"data": 8 kept (its coordinate is used by stablehlo.multiply' in note
     assert 'every device simulated; mesh reduction: "data": 8 kept' in str(reduced)
     assert not any("every device simulated" in n for n in whole.notes)  # asked for
+
+
+def tile_of(w, i, bug: bool = False):
+    """This device's rows of a replicated w: a tile at coordinate x tile (`bug`: the last
+    device's tile doubled)."""
+    rows = jax.lax.dynamic_slice_in_dim(w, i * 4, 4)
+    if bug:
+        rows = jnp.where(i == 7, 2 * rows, rows)
+    return rows
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_a_tile_at_coordinate_times_tile_is_reduced(bug):
+    """`dynamic_slice(w, axis_index * 4, 4)` of a replicated w of 8 x 4 rows: w's rows are
+    split over "data" inside the body, so they shrink with it (8 -> 2 devices, 32 -> 8
+    rows); a bug on the last device is refuted there and named at its real coordinate."""
+    mesh = mesh_of(("data", 8))
+    w = np.arange(32 * 4, dtype=np.float32).reshape(32, 4)
+
+    def spec(x, w):
+        return x * w
+
+    def body(x, w):
+        return x * tile_of(w, jax.lax.axis_index("data"), bug)
+
+    impl = jax.shard_map(body, mesh=mesh, in_specs=(P("data"), P()), out_specs=P("data"))
+    reduced, whole = both(lower(spec, XS, w), lower(impl, XS, w))
+    assert reduced.verdict == whole.verdict == ("not_equivalent" if bug else "equivalent")
+    assert axes_of(reduced) == {"data": (8, 2, None)}
+    if bug:
+        assert reduced.counterexample.mesh_coords == {"data": 7}
 
 
 # ---------------------------------------------------------------- the template
@@ -390,3 +421,69 @@ def test_a_call_in_the_body_is_not_read_as_a_template():
     spec, prog = prepare(lower(doubled, XS), "spec"), load(text)
     found = reduce_mesh(spec, prog, _boundary_placement(spec, prog, None))
     assert not found.reduced and "a call at" in found.failed
+
+
+# ---------------------------------------------------------------- gathers over a shrunk axis
+
+SEQ = np.linspace(-1, 1, 32 * 4, dtype=np.float32).reshape(32, 4)
+WSQ = np.linspace(-1, 1, 4 * 4, dtype=np.float32).reshape(4, 4)
+
+
+def causal_attention(x, w, masked: bool = True):
+    h = jnp.tanh(x @ w)
+    scores = h @ h.T
+    if masked:
+        mask = jnp.tril(jnp.ones((x.shape[0], x.shape[0]), dtype=bool))
+        scores = jnp.where(mask, scores, -1e9)
+    return jax.nn.softmax(scores, axis=-1) @ h
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_sequence_gathered_over_a_shrunk_axis(bug):
+    """Sequence parallelism: each device holds 4 of 32 positions, all-gathers the sequence
+    over "model", attends causally over all of it and keeps its own rows. The gathered
+    sequence (and the causal mask over it) follows the axis: on 2 devices it is 8 long.
+    The bug (no causal mask) is refuted on the reduced mesh."""
+    mesh = mesh_of(("model", 8))
+
+    def body(x, w):
+        full = jax.lax.all_gather(x, "model", axis=0, tiled=True)
+        y = causal_attention(full, w, masked=not bug)
+        return jax.lax.dynamic_slice_in_dim(y, jax.lax.axis_index("model") * 4, 4)
+
+    impl = jax.shard_map(body, mesh=mesh, in_specs=(P("model"), P()), out_specs=P("model"))
+    reduced, whole = both(lower(causal_attention, SEQ, WSQ), lower(impl, SEQ, WSQ))
+    assert reduced.verdict == whole.verdict == ("not_equivalent" if bug else "equivalent")
+    assert axes_of(reduced) == {"model": (8, 2, None)}
+
+
+SP_W1, SP_W2 = (np.linspace(-1, 1, 32, dtype=np.float32).reshape(s) for s in [(4, 8), (8, 4)])
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_megatron_sequence_parallel_reduce_scatter(bug):
+    """Megatron with sequence parallelism: the sequence all-gathered into the tensor-parallel
+    region, the partial products reduce-scattered back along it. Both collectives' shapes
+    follow "model" and shrink with it (8 -> 2); the bug (each device's partial rows, never
+    summed) is refuted there."""
+    mesh = mesh_of(("model", 8))
+
+    def spec(x, w1, w2):
+        return jnp.tanh(x @ w1) @ w2
+
+    def body(x, w1, w2):
+        full = jax.lax.all_gather(x, "model", axis=0, tiled=True)
+        partial = jnp.tanh(full @ w1) @ w2
+        if bug:
+            return jax.lax.dynamic_slice_in_dim(partial, jax.lax.axis_index("model") * 4, 4)
+        return jax.lax.psum_scatter(partial, "model", scatter_dimension=0, tiled=True)
+
+    impl = jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(P("model"), P(None, "model"), P("model", None)),
+        out_specs=P("model"),
+    )
+    reduced, whole = both(lower(spec, SEQ, SP_W1, SP_W2), lower(impl, SEQ, SP_W1, SP_W2))
+    assert reduced.verdict == whole.verdict == ("not_equivalent" if bug else "equivalent")
+    assert axes_of(reduced) == {"model": (8, 2, None)}

@@ -436,7 +436,8 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     # used, so they are not made for it)
     with ChecksBeside() as checks:
         if not red.singled_out:
-            parts = [partial(_layer_check, w, options.seed) for w in red.layer_witnesses]
+            plan = _LayerCheckMesh((f_spec, f_impl, f_place) if reduce_mesh else None)
+            parts = [partial(_layer_check, w, options.seed, plan) for w in red.layer_witnesses]
             checks.add_parts("layers", parts, _first_reason)
         report = _check(
             f_spec,
@@ -495,15 +496,51 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     return report
 
 
-def _layer_check(w, seed: int) -> str | None:
+class _LayerCheckMesh:
+    """The mesh the layer checks run on: the one the pair at fewer layers reduces to (made
+    once per process, in whichever process makes a check first), or the real one."""
+
+    def __init__(self, fewer):
+        self.fewer = fewer
+        self.plan = None
+
+    def on_it(self, spec: Module, impl: Module, placement):
+        """(spec, impl, placement) on the reduced mesh, or as given when the mesh does not
+        shrink or a permute runs in a loop (its reach is the trip count's, which the plan
+        of the unrolled pair at fewer layers did not see)."""
+        if self.fewer is None or _permutes_in_loops(impl):
+            return spec, impl, placement
+        from .prover.mesh_transfer import on_reduced_mesh, plan
+
+        if self.plan is None:
+            self.plan = plan(*self.fewer)
+        if not self.plan.reduced:
+            return spec, impl, placement
+        return on_reduced_mesh(self.plan, spec, impl, placement) or (spec, impl, placement)
+
+
+def _permutes_in_loops(m: Module) -> bool:
+    for op in walk(m.main.body):
+        if op.name == "stablehlo.while" and any(
+            inner.name == "stablehlo.collective_permute"
+            for r in op.regions
+            for inner in walk(r.block)
+        ):
+            return True
+    return False
+
+
+def _layer_check(w, seed: int, mesh: _LayerCheckMesh | None = None) -> str | None:
     """One of the concrete checks a proof at fewer layers needs (docs/equivalence.md, "Why
     it is not enough"): the pair at the real layer count, or at a larger one, every other
-    class reduced (`w`), agrees on random inputs. None when it does, else why the proof is
-    not used."""
+    class reduced (`w`), agrees on random inputs (on the mesh the pair at fewer layers was
+    proved on). None when it does, else why the proof is not used."""
     from .prover.real_size import LAYER_WITNESS_LIMIT, differs_on_random_inputs
 
     try:
         w_spec, w_impl, w_place = w.build()
+        if mesh is not None:
+            w_spec, w_impl, w_place = mesh.on_it(w_spec, w_impl, w_place)
     except Exception as e:  # shapes an op forbids: this check cannot be made
         return f"proved at fewer layers, but {w.name} at {w.larger}: {e}"
     if elements(w_spec) + elements(w_impl) > LAYER_WITNESS_LIMIT:

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 from tv_ir.ir.program import Module
 
-from .rewrite import reduced_impl, whole_factor
+from .body_shapes import BodyShapes
+from .rewrite import reduced_impl, remapped, whole_factor
 from .spec_dims import shrink_spec
 from .template import NOT_A_SHARD_MAP as NOT_A_SHARD_MAP
 from .template import Mesh, Template, mismatches, read_template
@@ -166,6 +167,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
     out.real_mesh = t.mesh
     out.arg_axes = t.arg_axes
     kept = dict(t.kept)
+    body = None
     for _ in range(len(t.mesh.sizes) + 1):
         if sizes is not None:
             target = tuple(sizes)
@@ -175,10 +177,24 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
         reduced = t.mesh.resized(target)
         if reduced.devices == t.mesh.devices:
             break
+        shaped = [a for a in t.shaped if target[a] < t.mesh.sizes[a]]
+        body_impl, sites, arg_axes, result_axes = impl, t, t.arg_axes, t.result_axes
+        if shaped:  # the body's shapes follow these axes: rescaled with them, or kept
+            if body is None:
+                body = BodyShapes(impl, t)
+            found = _rescaled(body, t, reduced)
+            if isinstance(found, str):
+                if sizes is not None:
+                    out.failed = f"the body cannot be rescaled on that mesh: {found}"
+                    break
+                for a in shaped:
+                    kept.setdefault(a, f"{t.shaped[a]}; {found}")
+                continue
+            body_impl, sites, arg_axes, result_axes = found
         wanted = {}
         for values, axes_list in (
-            (spec.main.args, t.arg_axes),
-            (spec.main.body.results, t.result_axes),
+            (spec.main.args, arg_axes),
+            (spec.main.body.results, result_axes),
         ):
             for v, axes in zip(values, axes_list, strict=True):
                 for a, ax in enumerate(axes):
@@ -188,7 +204,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
                         wanted[(v, a)] = (f, shards)
         small_spec, failed = shrink_spec(spec, wanted)
         if small_spec is not None:
-            small_impl = reduced_impl(impl, t, reduced)
+            small_impl = reduced_impl(body_impl, sites, reduced, reshaped=bool(shaped))
             differs = _signature_difference(small_spec, small_impl)
             if differs:  # a spec dimension tied to a split one, which the impl holds whole
                 out.failed = f"the spec and the implementation shrink differently: {differs}"
@@ -201,7 +217,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
             out.failed = f"the spec cannot shrink on that mesh: {next(iter(failed.values()))}"
             break
         for (v, a), why in failed.items():
-            axes = _axes_of(v, a, spec, t)
+            axes = _axes_of(v, a, spec, arg_axes, result_axes)
             for axis in axes:
                 if target[axis] < t.mesh.sizes[axis]:
                     kept.setdefault(axis, f"splits a spec dimension that cannot shrink: {why}")
@@ -229,10 +245,35 @@ def _signature_difference(spec: Module, impl: Module) -> str:
     return ""
 
 
-def _axes_of(v, a: int, spec: Module, t: Template) -> tuple[int, ...]:
+def _rescaled(body: BodyShapes, t: Template, reduced: Mesh):
+    """(the impl with its body's shapes on `reduced`, its template's sites there, the axes
+    of each argument's and result's dimensions), or why the body cannot be rescaled."""
+    factor, why = body.factors(reduced)
+    if factor is None:
+        return why
+    rescaled, why, vmap = body.rewrite(factor)
+    if rescaled is None:
+        return why
+    main = body.impl.main
+
+    def real(axes: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(a for a in axes if t.mesh.sizes[a] > 1)
+
+    found = []
+    for values, boundary in ((main.args, t.arg_axes), (main.body.results, t.result_axes)):
+        found.append([])
+        for v, split in zip(values, boundary, strict=True):
+            got = body.axes_of(v)
+            if any(real(b) != real(g) for g, b in zip(got, split, strict=True) if real(b)):
+                return "the body's devices parts disagree with the shard_map's shardings"
+            found[-1].append([b or g for g, b in zip(got, split, strict=True)])
+    return rescaled, remapped(t, vmap), found[0], found[1]
+
+
+def _axes_of(v, a: int, spec: Module, arg_axes, result_axes) -> tuple[int, ...]:
     for values, axes_list in (
-        (spec.main.args, t.arg_axes),
-        (spec.main.body.results, t.result_axes),
+        (spec.main.args, arg_axes),
+        (spec.main.body.results, result_axes),
     ):
         for w, axes in zip(values, axes_list, strict=True):
             if w is v:

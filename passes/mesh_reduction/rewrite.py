@@ -30,12 +30,23 @@ def shrunk_type(t, axes: list[tuple[int, ...]], real: Mesh, reduced: Mesh):
     return TensorType(shape, t.dtype)
 
 
-def reduced_impl(impl: Module, t: Template, reduced: Mesh) -> Module:
-    """`impl` on the `reduced` mesh (`t` is its template)."""
+def remapped(t: Template, vmap: dict) -> Template:
+    """`t` with its sites on a copy of its program (`vmap`: each value's copy)."""
+
+    def copy(op: Op) -> Op:
+        return vmap[op.results[0].id].owner
+
+    sites = [dataclasses.replace(s, op=copy(s.op)) for s in t.sites]
+    return dataclasses.replace(t, sites=sites, manual=copy(t.manual))
+
+
+def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = False) -> Module:
+    """`impl` on the `reduced` mesh (`t` is its template); `reshaped`: its shapes are already
+    those of the reduced mesh (body_shapes.py), only its sites change."""
     sites = {id(s.op): s for s in t.sites if s.kind in ("groups", "pairs")}
     constants = {}
     for s in t.sites:
-        if s.kind in ("stride", "size", "last"):
+        if s.kind in ("stride", "size", "last", "whole"):
             constants.setdefault(id(s.op), []).append(s)
     vmap: dict[int, Value] = {}
 
@@ -79,8 +90,9 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh) -> Module:
 
     main = impl.main
     args = []
+    same = t.mesh.resized(reduced.sizes) if reshaped else None
     for a, axes in zip(main.args, t.arg_axes, strict=True):
-        na = Value(shrunk_type(a.type, axes, t.mesh, reduced), a.name)
+        na = Value(shrunk_type(a.type, axes, same or t.mesh, reduced), a.name)
         vmap[a.id] = na
         args.append(na)
     out_axes = [
@@ -94,7 +106,7 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh) -> Module:
     for op in main.body.ops:
         if op is t.manual:
             types = [
-                shrunk_type(r.type, ax, t.mesh, reduced)
+                shrunk_type(r.type, ax, same or t.mesh, reduced)
                 for r, ax in zip(op.results, out_axes, strict=True)
             ]
             ops.extend(copy_op(op, types))

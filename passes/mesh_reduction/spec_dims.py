@@ -41,19 +41,18 @@ def shrink_spec(spec: Module, wanted: Wanted) -> tuple[Module | None, dict]:
         if f == 1:
             continue
         root = d.find((v.id, a))
-        target = root
-        if root in defs:  # a merged dimension: the major part shrinks
-            parts = defs[root][0]
-            minor = math.prod(d.real[p] for p in parts[1:])
+        targets = [root]
+        if root in defs:  # a merged dimension: its major-most parts shrink
+            found = _majors(d, defs, root)
             size = v.type.shape[a]
-            if parts[0] in defs or (size // shards) % max(minor, 1) or shards % f:
+            if found is None or any((size // shards) % max(m, 1) for _, m in found) or shards % f:
                 failed[(v, a)] = "a merged dimension whose shards split its minor parts"
                 continue
-            target = parts[0]
-        if forced.get(target, f) != f or forced.get(root, f) != f:
+            targets += [major for major, _ in found]
+        if any(forced.get(x, f) != f for x in targets):
             failed[(v, a)] = "tied to a dimension that shrinks by another factor"
             continue
-        forced[target] = forced[root] = f
+        forced.update((x, f) for x in targets)
     if failed:
         return None, failed
     indexed = _indexed(d, rules)
@@ -65,6 +64,8 @@ def shrink_spec(spec: Module, wanted: Wanted) -> tuple[Module | None, dict]:
     if failed:
         return None, failed
     for root, members in d.classes().items():
+        if root in defs and root not in forced:
+            continue  # a merged dimension: its parts' factors make its own
         for k in members:
             d.divides(k, forced.get(root, 1))
     factor = choose(d)
@@ -80,18 +81,37 @@ def shrink_spec(spec: Module, wanted: Wanted) -> tuple[Module | None, dict]:
     return rewriter.module(spec), {}
 
 
+def _majors(d: DimClasses, defs, root, seen=frozenset()) -> list | None:
+    """The major-most part of each way a merged dimension is defined ((kv heads x group) x
+    head_dim: the kv heads), with the product of the minor parts below it; None on a
+    cycle."""
+    if root in seen:
+        return None
+    out = []
+    for parts in defs[root]:
+        minor = math.prod(d.real[p] for p in parts[1:])
+        if parts[0] not in defs:
+            out.append((parts[0], minor))
+            continue
+        below = _majors(d, defs, parts[0], seen | {root})
+        if below is None:
+            return None
+        out += [(major, m * minor) for major, m in below]
+    return out
+
+
 def _indexed(d: DimClasses, rules: ShapeRules) -> dict:
     """Classes the spec indexes: offsets other than 0 and a member's whole size (a slice, a
-    pad, a concatenation), positions (an iota), integers in its units. Shape reduction
-    scales those with the class; on a smaller mesh a tile keeps its size, so an offset of
-    one tile from either end, or from the middle, would have to be read differently (first,
-    last, or scaled), and is not guessed: the axes splitting the class keep their sizes."""
+    pad, a concatenation), integers in its units. Shape reduction scales those with the
+    class; on a smaller mesh a tile keeps its size, so an offset of one tile from either
+    end, or from the middle, would have to be read differently (first, last, or scaled),
+    and is not guessed: the axes splitting the class keep their sizes. Positions alone (an
+    iota, compared with other positions: a causal mask) are the class's positions at any
+    size, as in shape reduction; compared with an integer, that integer is in its units."""
     out = {}
     for key, offsets in d.offsets.items():
         if any(o not in (0, d.real[key]) for o in offsets):
             out.setdefault(d.find(key), "the spec slices or pads it at offsets")
-    for key in rules.pos.index.values():
-        out.setdefault(d.find(key), "the spec reads positions along it (iota)")
     for r in rules.pos.rescales:
         out.setdefault(d.find(r.key), f"the spec offsets it by integers at {r.op.loc}")
     return out

@@ -10,7 +10,12 @@ shrink:
   others), row-major as `jax.lax.psum(x, axes)` lowers them;
 - `source_target_pairs` that shift one axis's coordinate by k, cyclic or not;
 - `(partition_id / stride) % size`, an axis's coordinate (strides and sizes are sites), used
-  only in comparisons with its first or last coordinate (the last is a site);
+  only in comparisons with its first or last coordinate (the last is a site), or times a
+  tile size as the start of a `dynamic_slice` (`dynamic_update_slice`) of that tile from a
+  dimension of `size x tile` (JAX's normalisation of a negative start adds `size x tile`, a
+  site);
+- `all_gather` and `reduce_scatter` over a set of axes, whose gathered dimension is the
+  group size x the tile (body_shapes.py rescales the body with them);
 - the boundary: which axes split which dimension of each argument and result.
 
 `instantiate` gives a site's attribute or constant at any sizes: the template checked at the
@@ -34,6 +39,11 @@ RESHAPING = {
     "stablehlo.reduce_scatter",
     "stablehlo.all_to_all",
     "stablehlo.collective_broadcast",
+}
+# reshaping collectives whose shapes body_shapes.py rescales with their groups
+GATHERING = {
+    "stablehlo.all_gather": "all_gather_dim",
+    "stablehlo.reduce_scatter": "scatter_dimension",
 }
 COMPARE_OK = {"EQ", "NE", "LT", "LE", "GT", "GE"}
 
@@ -118,6 +128,8 @@ def instantiate(site: Site, mesh: Mesh):
         return mesh.stride(axis)
     if site.kind == "size":
         return mesh.sizes[axis]
+    if site.kind == "whole":
+        return mesh.sizes[axis] * site.k
     return mesh.sizes[axis] - 1  # "last"
 
 
@@ -137,12 +149,22 @@ class Template:
     # per @main argument / result: for each dimension, the axes (indices) it is split over
     arg_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
     result_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
+    # axes whose size the body's shapes follow (an all_gather over them, a tile sliced at
+    # coordinate x tile) -> what would keep them if the body cannot be rescaled
+    shaped: dict[int, str] = field(default_factory=dict)
+    # id(op) -> the axes of an all_gather / reduce_scatter the body is rescaled with
+    gathers: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    # id(dynamic_slice or dynamic_update_slice) -> {dimension: axis} of its tile starts
+    tile_starts: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def need(self, axis: int, n: int) -> None:
         self.needs[axis] = max(self.needs.get(axis, 2), n)
 
     def keep(self, axis: int, why: str) -> None:
         self.kept.setdefault(axis, why)
+
+    def shape(self, axis: int, why: str) -> None:
+        self.shaped.setdefault(axis, why)
 
 
 def read_template(impl: Module) -> Template:
@@ -328,6 +350,14 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
             if op is not None and op.name == "stablehlo.convert":
                 todo.append(op.results[0])
                 continue
+            if op is not None and op.name == "stablehlo.multiply":
+                c = _scalar(op.operands[1 - k])
+                why = f"its coordinate is used by {op.name} at {op.loc}"
+                if c is None or c <= 0 or not _tile_start(t, axis, op.results[0], c, uses):
+                    t.keep(axis, why)
+                else:
+                    t.shape(axis, why)
+                continue
             direction = getattr(op.attrs.get("comparison_direction"), "value", None) if op else None
             if op is None or op.name != "stablehlo.compare" or direction not in COMPARE_OK:
                 what = op.name if op is not None else "return"
@@ -343,6 +373,77 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
                 t.keep(axis, f"its coordinate is compared with {c} at {op.loc}")
     if len(ends) == 2:
         t.need(axis, 3)  # first, interior and last devices
+
+
+def _tile_start(t: Template, axis: int, v, tile: int, uses) -> bool:
+    """`v = coordinate x tile` is used only as the start of a tile of a `size x tile`
+    dimension (`dynamic_slice`, `dynamic_update_slice`), possibly through JAX's
+    normalisation of a negative start (`select(v < 0, v + size x tile, v)`) and a division
+    by a constant that divides the tile (shape reduction's rescaled start: `start / k`,
+    a tile of `tile / k`)."""
+    n = t.mesh.sizes[axis]
+    starts: list[tuple[Op, int, int]] = []
+    sites: list[Site] = []
+    selects: list[Op] = []
+    tests: set[int] = set()
+    todo, unit = [v], {v.id: tile}
+    while todo:
+        value = todo.pop()
+        u = unit[value.id]
+        for op, k in uses.get(value.id, []):
+            if op is None:
+                return False
+            name = op.name
+            if name == "stablehlo.dynamic_slice" and k >= 1:
+                if op.attrs["slice_sizes"][k - 1] != u:
+                    return False
+                starts.append((op, k - 1, u))
+            elif name == "stablehlo.dynamic_update_slice" and k >= 2:
+                if op.operands[1].type.shape[k - 2] != u:
+                    return False
+                starts.append((op, k - 2, u))
+            elif name == "stablehlo.compare" and k == 0 and _scalar(op.operands[1]) == 0:
+                direction = getattr(op.attrs.get("comparison_direction"), "value", None)
+                if direction != "LT" or not all(
+                    w is not None and w.name == "stablehlo.select" and j == 0
+                    for w, j in uses.get(op.results[0].id, [])
+                ):
+                    return False
+                tests.add(op.results[0].id)
+            elif name == "stablehlo.add" and _scalar(op.operands[1 - k]) == n * u:
+                sites.append(Site(op, "whole", (axis,), k=u, operand=1 - k))
+                if not _derived(op.results[0], u, unit, todo):
+                    return False
+            elif name == "stablehlo.select" and k in (1, 2):
+                selects.append(op)
+                if not _derived(op.results[0], u, unit, todo):
+                    return False
+            elif name == "stablehlo.divide" and k == 0:
+                c = _scalar(op.operands[1])
+                if c is None or c <= 0 or u % c or not _derived(op.results[0], u // c, unit, todo):
+                    return False
+            else:
+                return False
+    # a select picks between the start and the start + size x tile on the start's sign
+    for op in selects:
+        if op.operands[0].id not in tests or not all(x.id in unit for x in op.operands[1:]):
+            return False
+    for op, dim, u in starts:
+        if op.operands[0].type.shape[dim] != n * u:
+            return False
+    for op, dim, _ in starts:
+        t.tile_starts.setdefault(id(op), {})[dim] = axis
+    t.sites.extend(sites)
+    return bool(starts)
+
+
+def _derived(v, u: int, unit: dict, todo: list) -> bool:
+    """v is a start in units of u tiles (the same unit wherever it is reached)."""
+    if v.id in unit:
+        return unit[v.id] == u
+    unit[v.id] = u
+    todo.append(v)
+    return True
 
 
 def _groups(t: Template, op: Op, reads_input: set[int]) -> None:
@@ -365,12 +466,33 @@ def _groups(t: Template, op: Op, reads_input: set[int]) -> None:
         return
     t.sites.append(Site(op, "groups", found))
     names = ", ".join(mesh.names[a] for a in found)
-    if op.name in RESHAPING:
+    if op.name in GATHERING and len(found) and _tiled(op):
+        t.gathers[id(op)] = found
+        for a in found:
+            t.shape(a, f"{op.name} over {names} at {op.loc} (its shapes follow the axis size)")
+    elif op.name in RESHAPING:
         for a in found:
             t.keep(a, f"{op.name} over {names} at {op.loc} (its shapes follow the axis size)")
     elif not any(v.id in reads_input for v in op.operands):
         for a in found:
             t.keep(a, f"{op.name} over {names} at {op.loc} sums a value that reads no input")
+
+
+def _tiled(op: Op) -> bool:
+    """One operand and result, the gathered (scattered) dimension the only one that
+    differs, by the group size."""
+    if len(op.operands) != 1 or len(op.results) != 1:
+        return False
+    dim = op.attrs.get(GATHERING[op.name])
+    x, r = op.operands[0].type.shape, op.results[0].type.shape
+    g = np.asarray(op.attrs["replica_groups"]).shape[-1]
+    if dim is None or len(x) != len(r) or not 0 <= dim < len(x):
+        return False
+    small, big = (x, r) if op.name == "stablehlo.all_gather" else (r, x)
+    return all(
+        (a == b) if i != dim else (b == a * g)
+        for i, (a, b) in enumerate(zip(small, big, strict=True))
+    )
 
 
 def _same_groups(a: np.ndarray, b: np.ndarray, order_free: bool) -> bool:

@@ -1,0 +1,216 @@
+"""The shard_map body's shapes on a smaller mesh, where they follow the axis sizes.
+
+An `all_gather` over axes S makes a dimension of |S| tiles, a `reduce_scatter` splits one
+into |S|, and a tile sliced at `coordinate x tile` comes from a dimension of `size x tile`:
+on a mesh where S is smaller those dimensions are smaller, and so is everything computed
+from them (the attention over a gathered sequence). The body's dimensions are grouped into
+classes by shape reduction's rules (passes/shape_reduction/rules.py), except that such a
+dimension is the *product* of a devices part (one per mesh axis) and its tile, as a global
+dimension split over axes is at the shard_map's boundary. The devices parts shrink by their
+axes' real / reduced sizes, nothing else does: tiles keep their sizes, constants their
+values (a mean's `1/N` included, as everywhere in mesh reduction). What the rewrite cannot
+read as that family is refused, and the axes keep their sizes: a devices part tied to
+another axis's or to a class some op keeps (a window, a table), an offset inside a
+shrinking dimension (a slice at one tile from the end is no longer the same tile), an offset
+that differs per device, a count computed from a size.
+"""
+
+from __future__ import annotations
+
+from tv_ir.passes.shape_reduction.classes import DimClasses, Key
+from tv_ir.passes.shape_reduction.factors import _products, _value
+from tv_ir.passes.shape_reduction.rewrite import Rewriter, inconsistent
+from tv_ir.passes.shape_reduction.rules import ShapeRules
+
+from tv_ir.ir.program import Module, Op, TensorType, Value
+
+from .template import GATHERING, Mesh, Template
+
+
+class BodyShapes:
+    """The body's classes on the real mesh, with devices parts; `failed` says why not."""
+
+    def __init__(self, impl: Module, t: Template):
+        self.t = t
+        self.d = DimClasses()
+        self.rules = _MeshRules(self.d, impl, t)
+        self.rules.run(impl.main)
+        self.impl = impl
+
+    def axes_of(self, v: Value) -> list[tuple[int, ...]]:
+        """For each dimension of v, the axes whose devices parts make it up (major first)."""
+        defs, _ = _products(self.d)
+        out = []
+        for k in self.rules.keys(v):
+            out.append(tuple(_axes(self.d, defs, self.d.find(k))))
+        return out
+
+    def factors(self, reduced: Mesh) -> tuple[dict[Key, int] | None, str]:
+        """Every class's factor on `reduced`, or (None, why not)."""
+        d, real = self.d, self.t.mesh
+        if self.rules.pos.counts:
+            n, where = self.rules.pos.counts[0]
+            return None, f"the body computes a count ({n}) from a size at {where}"
+        classes = d.classes()
+        defs, pinned = _products(d)
+        factor: dict[Key, int] = {}
+        for root, members in classes.items():
+            if root in defs:
+                continue
+            axes = {_axis_of(k) for k in members} - {None}
+            if len(axes) > 1:
+                return None, "the devices of two axes are tied in one dimension"
+            f = 1
+            if axes:
+                a = axes.pop()
+                f = real.sizes[a] // reduced.sizes[a]
+            if f > 1:
+                why = d.reason_kept(members) or d.reason_uneven(members)
+                if why or root in pinned:
+                    return None, why or "a gathered dimension tied to its own tile"
+            factor[root] = f
+        for whole in defs:
+            values = _value(defs, factor, whole)
+            own = {_axis_of(k) for k in classes[whole]} - {None}
+            if len(values) != 1 or own:
+                return None, "a dimension gathered two ways"
+            f = values.pop()
+            if f > 1:
+                why = d.reason_kept(classes[whole]) or d.reason_uneven(classes[whole])
+                if why:
+                    return None, why
+            factor[whole] = f
+        for key, offsets in d.offsets.items():
+            if factor.get(d.find(key), 1) > 1 and any(o not in (0, d.real[key]) for o in offsets):
+                return None, f"the body offsets a gathered dimension ({d.names.get(key, '?')})"
+        for r in self.rules.pos.rescales:
+            if factor.get(d.find(r.key), 1) > 1:
+                return None, f"the body offsets a gathered dimension at {r.op.loc}"
+        return factor, ""
+
+    def rewrite(self, factor: dict[Key, int]) -> tuple[Module | None, str, dict]:
+        """The impl with the body's shapes at `factor` (sites still at the real sizes), and
+        each value's copy (by the original's id)."""
+        rw = Rewriter(self.d, factor, [], self.t.mesh.devices, {}, self.rules.pos.splats, {})
+        out = rw.module(self.impl)
+        bad = inconsistent(out)
+        if bad is not None:
+            return None, f"the rescaled body is inconsistent at {bad}", {}
+        return out, "", rw.vmap
+
+
+def _axis_of(key: Key) -> int | None:
+    """The mesh axis of a devices part's key (their value ids are negative)."""
+    return -1 - key[0] if key[0] < 0 else None
+
+
+def _axes(d: DimClasses, defs, root: Key, seen=frozenset()) -> list[int]:
+    if root in seen:
+        return []
+    if root not in defs:
+        a = next((_axis_of(k) for k in d.classes()[root] if _axis_of(k) is not None), None)
+        return [] if a is None else [a]
+    out: list[int] = []
+    for p in defs[root][0]:
+        out += _axes(d, defs, p, seen | {root})
+    return out
+
+
+class _MeshRules(ShapeRules):
+    """Shape reduction's rules on the implementation, with the dimensions the mesh axes make
+    up (boundary splits, gathers, tiles sliced at coordinate x tile) read as products of
+    devices parts and tiles rather than tied to their tiles."""
+
+    def __init__(self, d: DimClasses, impl: Module, t: Template):
+        super().__init__(d, impl, "impl", t.mesh.devices, 1, False)
+        self.t = t
+        self._parts = 0
+
+    def part(self, axis: int) -> Key:
+        self._parts += 1
+        key = self.d.add((-1 - axis, self._parts), self.t.mesh.sizes[axis], "devices")
+        self.d.tie(key, self.d.add((-1 - axis, 0), self.t.mesh.sizes[axis], "devices"))
+        return key
+
+    def product(self, whole: Key, tile: Key, axes: tuple[int, ...]) -> None:
+        self.d.product(whole, tuple(self.part(a) for a in axes) + (tile,))
+
+    def rule_manual_computation(self, op: Op) -> None:
+        body = op.regions[0].block
+        index = {n: i for i, n in enumerate(self.t.mesh.names)}
+
+        def split(whole: Value, local: Value, sharding) -> None:
+            kw, kl = self.keys(whole), self.keys(local)
+            dims = getattr(sharding, "dims", None) or [()] * len(kw)
+            for a, (w, loc, dim) in enumerate(zip(kw, kl, dims, strict=True)):
+                if whole.type.shape[a] == local.type.shape[a]:
+                    self.d.tie(w, loc)
+                else:
+                    self.product(w, loc, tuple(index[ax.name] for ax in dim))
+
+        for a, b, s in zip(op.operands, body.args, op.attrs["in_shardings"], strict=True):
+            self.keys(b)
+            if isinstance(a.type, TensorType):
+                split(a, b, s)
+            if a.id in self.pos.independent:
+                self.pos.independent.add(b.id)
+            if a.id in self.pos.index:
+                self.untrack(a, f"sdy.manual_computation at {op.loc}")
+        self.block(body)
+        for a, r, s in zip(body.results, op.results, op.attrs["out_shardings"], strict=True):
+            if isinstance(r.type, TensorType):
+                split(r, a, s)
+            self.untrack(a, f"sdy.manual_computation at {op.loc}")
+
+    def _gather(self, op: Op) -> bool:
+        axes = self.t.gathers.get(id(op))
+        if axes is None:
+            return False
+        x, r = op.operands[0], op.results[0]
+        dim = op.attrs[GATHERING[op.name]]
+        kx, kr = self.keys(x), self.keys(r)
+        small, big = (kx, kr) if op.name == "stablehlo.all_gather" else (kr, kx)
+        for a, (s, b) in enumerate(zip(small, big, strict=True)):
+            if a == dim:
+                self.product(b, s, axes)
+            else:
+                self.d.tie(s, b)
+        self.carry(x, r)
+        return True
+
+    def rule_all_gather(self, op: Op) -> None:
+        if not self._gather(op):
+            super().rule_all_gather(op)
+
+    def rule_reduce_scatter(self, op: Op) -> None:
+        if not self._gather(op):
+            super().rule_reduce_scatter(op)
+
+    def _tiles(self, op: Op, x: Value, tile: Value, first_start: int) -> bool:
+        starts = self.t.tile_starts.get(id(op))
+        if starts is None:
+            return False
+        kx, kt = self.keys(x), self.keys(tile)
+        for a in range(len(kx)):
+            if a in starts:
+                self.product(kx[a], kt[a], (starts[a],))
+                continue
+            self.d.tie(kx[a], kt[a])
+            if tile.type.shape[a] != x.type.shape[a]:
+                self.in_units(op, first_start + a, kx[a])
+        return True
+
+    def rule_dynamic_slice(self, op: Op) -> None:
+        if self._tiles(op, op.operands[0], op.results[0], 1):
+            self.untrack(op.operands[0], f"dynamic_slice at {op.loc}")
+            return
+        super().rule_dynamic_slice(op)
+
+    def rule_dynamic_update_slice(self, op: Op) -> None:
+        x, u, r = op.operands[0], op.operands[1], op.results[0]
+        if self._tiles(op, x, u, 2):
+            self.tie_all(x, r)
+            for v in (x, u):
+                self.untrack(v, f"dynamic_update_slice at {op.loc}")
+            return
+        super().rule_dynamic_update_slice(op)
