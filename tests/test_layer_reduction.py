@@ -453,3 +453,36 @@ def test_running_out_after_the_loops_were_not_proved_says_why_they_were_not(monk
     assert report.reason.startswith("simulating the programs"), report.reason
     assert "loops checked unrolled, not by induction:" in report.reason
     assert "at fewer layers the verdict was unknown" in report.reason
+
+
+def test_real_count_checks_run_on_the_reduced_mesh(monkeypatch, tmp_path):
+    """A data-parallel pipeline on 4 x 2 devices: the pair at fewer layers is proved on 2 x 2
+    (mesh reduction), and so are the concrete checks at the real layer count and a larger
+    one (each device's count recorded in a file: they may run in a forked child)."""
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, STAGES), ("data", "stage"))
+
+    def body(w_local, x):
+        stage = jax.lax.axis_index("stage")
+        h0, _ = jax.lax.scan(lambda c, wi: (dense(c, wi, w_local), None), x, w_local)
+        h = jax.lax.ppermute(h0, "stage", [(0, 1)])
+        h1, _ = jax.lax.scan(lambda c, wi: (dense(c, wi, w_local), None), h, w_local)
+        return jax.lax.psum(jnp.where(stage == STAGES - 1, h1, 0.0), "stage")
+
+    impl = jax.shard_map(
+        body, mesh=mesh, in_specs=(P("stage"), P("data")), out_specs=P("data"), check_vma=False
+    )
+    seen = tmp_path / "devices"
+    differs = real_size.differs_on_random_inputs
+
+    def recorded(spec, impl, placement, *a, **k):
+        with open(seen, "a") as f:
+            f.write(f"{placement.num_devices}\n")
+        return differs(spec, impl, placement, *a, **k)
+
+    monkeypatch.setattr(real_size, "differs_on_random_inputs", recorded)
+    args = (sds(8, HIDDEN, HIDDEN), sds(8, HIDDEN))
+    report = tv_ir.check(lower(scanned(dense), *args), lower(impl, *args), **LIMITS)
+    assert report.verdict == "equivalent", report.reason
+    assert report.mesh_reduction["devices"] == [8, 4]
+    assert any("checked concretely at the real layer count" in n for n in report.notes)
+    assert sorted(set(seen.read_text().split())) == ["4"]  # both layer counts, on 2 x 2

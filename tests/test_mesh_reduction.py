@@ -487,3 +487,25 @@ def test_megatron_sequence_parallel_reduce_scatter(bug):
     reduced, whole = both(lower(spec, SEQ, SP_W1, SP_W2), lower(impl, SEQ, SP_W1, SP_W2))
     assert reduced.verdict == whole.verdict == ("not_equivalent" if bug else "equivalent")
     assert axes_of(reduced) == {"model": (8, 2, None)}
+
+
+def test_an_offset_inside_a_gathered_dimension_keeps_the_axis():
+    """The last tile of the gathered sequence (a slice 28 rows in): on 2 devices the same
+    slice would be 4 rows in, a tile from the start rather than from the end; not guessed,
+    the axis keeps its size and says why."""
+    mesh = mesh_of(("model", 8))
+
+    def spec(x):
+        return x + jnp.tile(x[-4:], (8, 1))
+
+    def body(x):
+        full = jax.lax.all_gather(x, "model", axis=0, tiled=True)
+        return x + full[28:]
+
+    impl = jax.shard_map(body, mesh=mesh, in_specs=P("model"), out_specs=P("model"))
+    reduced, whole = both(lower(spec, SEQ), lower(impl, SEQ))
+    assert reduced.verdict == whole.verdict == "equivalent"
+    sp, prog = prepare(lower(spec, SEQ), "spec"), prepare(lower(impl, SEQ), "impl")
+    found = reduce_mesh(sp, prog, _boundary_placement(sp, prog, None))
+    assert not found.reduced
+    assert "all_gather over model" in found.axes[0].kept  # its slice ties tile and whole
