@@ -206,6 +206,13 @@ def pipelined(layer):
     """The stack over a "stage" mesh axis: each stage scans its own layers; stage 0's output
     is sent to stage 1, whose output is the result (a two-stage pipeline)."""
     mesh = Mesh(np.array(jax.devices()[:STAGES]), ("stage",))
+    return jax.shard_map(
+        two_stages(layer), mesh=mesh, in_specs=(P("stage"), P()), out_specs=P(), check_vma=False
+    )
+
+
+def two_stages(layer):
+    """One device's program of the two-stage pipeline (`pipelined`)."""
 
     def body(w_local, x):
         stage = jax.lax.axis_index("stage")
@@ -214,9 +221,7 @@ def pipelined(layer):
         h1, _ = jax.lax.scan(lambda c, wi: (layer(c, wi, w_local), None), h, w_local)
         return jax.lax.psum(jnp.where(stage == STAGES - 1, h1, 0.0), "stage")
 
-    return jax.shard_map(
-        body, mesh=mesh, in_specs=(P("stage"), P()), out_specs=P(), check_vma=False
-    )
+    return body
 
 
 def scanned(layer):
@@ -460,16 +465,12 @@ def test_real_count_checks_run_on_the_reduced_mesh(monkeypatch, tmp_path):
     (mesh reduction), and so are the concrete checks at the real layer count and a larger
     one (each device's count recorded in a file: they may run in a forked child)."""
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, STAGES), ("data", "stage"))
-
-    def body(w_local, x):
-        stage = jax.lax.axis_index("stage")
-        h0, _ = jax.lax.scan(lambda c, wi: (dense(c, wi, w_local), None), x, w_local)
-        h = jax.lax.ppermute(h0, "stage", [(0, 1)])
-        h1, _ = jax.lax.scan(lambda c, wi: (dense(c, wi, w_local), None), h, w_local)
-        return jax.lax.psum(jnp.where(stage == STAGES - 1, h1, 0.0), "stage")
-
     impl = jax.shard_map(
-        body, mesh=mesh, in_specs=(P("stage"), P("data")), out_specs=P("data"), check_vma=False
+        two_stages(dense),
+        mesh=mesh,
+        in_specs=(P("stage"), P("data")),
+        out_specs=P("data"),
+        check_vma=False,
     )
     seen = tmp_path / "devices"
     differs = real_size.differs_on_random_inputs
