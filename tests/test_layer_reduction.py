@@ -487,3 +487,26 @@ def test_real_count_checks_run_on_the_reduced_mesh(monkeypatch, tmp_path):
     assert report.mesh_reduction["devices"] == [8, 4]
     assert any("checked concretely at the real layer count" in n for n in report.notes)
     assert sorted(set(seen.read_text().split())) == ["4"]  # both layer counts, on 2 x 2
+
+
+def test_a_splat_starting_two_stacks_ties_neither():
+    """Two accumulators started from one zeros constant (CSE shares it): `u v^T` and `v u^T`
+    summed over the layers. Through the shared splat the accumulators' rows would be one
+    class, and so u's and v's sizes; they are not."""
+    from tv_ir.passes.shape_reduction.classes import DimClasses
+    from tv_ir.passes.shape_reduction.rules import ShapeRules
+
+    def f(p, q):
+        def step(c, uv):
+            (a, b), (u, v) = c, uv
+            return (a + jnp.outer(u, v), b + jnp.outer(v, u)), None
+
+        zeros = jnp.zeros((HIDDEN, HIDDEN))
+        (a, b), _ = jax.lax.scan(step, (zeros, zeros), (p, q))
+        return a, b
+
+    m = run_in_loops(prepare(lower(f, sds(8, HIDDEN), sds(8, HIDDEN)), "spec", unroll=False))
+    d = DimClasses()
+    ShapeRules(d, m, "spec", 1, 1, False).run(m.main)
+    p, q = m.main.args
+    assert d.find((p.id, 1)) != d.find((q.id, 1))

@@ -141,6 +141,11 @@ class Rewriter:
                 new_ops, nv = self.splat_at(v, self.operand_type(v, op))
                 before += new_ops
                 operands.append(nv)
+            elif v.id in self.splats and op.name == "stablehlo.while":
+                # a splat starting the loop's state, at the state's reduced shape
+                new_ops, nv = self.splat_at(v, self.type_of(op.results[k]))
+                before += new_ops
+                operands.append(nv)
             else:
                 operands.append(self.vmap[v.id])
         attrs = self.attrs(op)

@@ -873,10 +873,17 @@ class ShapeRules:
         key = self.d.add(trip_key(found), found.trips, f"layers of the loop at {op.loc}")
         self.d.at_least(key, MIN_LAYERS)
         constants = invariant_integers(op, self.pos.known)
+        # a splat starting the state (zeros for a gradient stack, shared by CSE with other
+        # stacks of the same shape) ties nothing: the state's own dimensions stand for it
+        # and it is copied at the state's reduced shape (rewrite.py), as for an elementwise
+        # use; tied through it, two stacks' dimensions would be one class
+        anchors = [
+            body.args[j] if a.id in self.pos.splats else a for j, a in enumerate(op.operands)
+        ]
         for block in (cond, body):
             for j, (a, b) in enumerate(zip(op.operands, block.args, strict=True)):
                 dims_of(self.d, b, "loop state")
-                self.tie_all(a, b)
+                self.tie_all(anchors[j], b)
                 if a.id in self.pos.index:
                     self.untrack(a, f"loop at {op.loc}")
                 if j in constants:  # the same integers on every iteration
@@ -892,7 +899,7 @@ class ShapeRules:
         self.pos.layer_loops.append(found)
         self.block(cond)
         self.block(body)
-        for a, b, r in zip(op.operands, body.results, op.results, strict=True):
+        for a, b, r in zip(anchors, body.results, op.results, strict=True):
             self.tie_all(a, b)
             self.tie_all(a, r)
 
