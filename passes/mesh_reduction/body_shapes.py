@@ -28,7 +28,7 @@ from .template import GATHERING, Mesh, Template
 
 
 class BodyShapes:
-    """The body's classes on the real mesh, with devices parts; `failed` says why not."""
+    """The body's classes on the real mesh, with devices parts (read once per program)."""
 
     def __init__(self, impl: Module, t: Template):
         self.t = t
@@ -36,13 +36,22 @@ class BodyShapes:
         self.rules = _MeshRules(self.d, impl, t)
         self.rules.run(impl.main)
         self.impl = impl
+        self.classes = self.d.classes()
+        self.defs, self.pinned = _products(self.d)
 
     def axes_of(self, v: Value) -> list[tuple[int, ...]]:
         """For each dimension of v, the axes whose devices parts make it up (major first)."""
-        defs, _ = _products(self.d)
-        out = []
-        for k in self.rules.keys(v):
-            out.append(tuple(_axes(self.d, defs, self.d.find(k))))
+        return [tuple(self._axes(self.d.find(k))) for k in self.rules.keys(v)]
+
+    def _axes(self, root: Key, seen=frozenset()) -> list[int]:
+        if root in seen:
+            return []
+        if root not in self.defs:
+            axes = [_axis_of(k) for k in self.classes[root] if _axis_of(k) is not None]
+            return axes[:1]
+        out: list[int] = []
+        for p in self.defs[root][0]:
+            out += self._axes(p, seen | {root})
         return out
 
     def factors(self, reduced: Mesh) -> tuple[dict[Key, int] | None, str]:
@@ -51,8 +60,7 @@ class BodyShapes:
         if self.rules.pos.counts:
             n, where = self.rules.pos.counts[0]
             return None, f"the body computes a count ({n}) from a size at {where}"
-        classes = d.classes()
-        defs, pinned = _products(d)
+        classes, defs, pinned = self.classes, self.defs, self.pinned
         factor: dict[Key, int] = {}
         for root, members in classes.items():
             if root in defs:
@@ -104,18 +112,6 @@ def _axis_of(key: Key) -> int | None:
     return -1 - key[0] if key[0] < 0 else None
 
 
-def _axes(d: DimClasses, defs, root: Key, seen=frozenset()) -> list[int]:
-    if root in seen:
-        return []
-    if root not in defs:
-        a = next((_axis_of(k) for k in d.classes()[root] if _axis_of(k) is not None), None)
-        return [] if a is None else [a]
-    out: list[int] = []
-    for p in defs[root][0]:
-        out += _axes(d, defs, p, seen | {root})
-    return out
-
-
 class _MeshRules(ShapeRules):
     """Shape reduction's rules on the implementation, with the dimensions the mesh axes make
     up (boundary splits, gathers, tiles sliced at coordinate x tile) read as products of
@@ -135,32 +131,19 @@ class _MeshRules(ShapeRules):
     def product(self, whole: Key, tile: Key, axes: tuple[int, ...]) -> None:
         self.d.product(whole, tuple(self.part(a) for a in axes) + (tile,))
 
-    def rule_manual_computation(self, op: Op) -> None:
-        body = op.regions[0].block
+    def shard_boundary(self, whole: Value, local: Value, sharding) -> None:
+        """A dimension the sharding splits is the product of its axes' devices parts and the
+        tile; the others are tied."""
+        if not isinstance(whole.type, TensorType):
+            return
         index = {n: i for i, n in enumerate(self.t.mesh.names)}
-
-        def split(whole: Value, local: Value, sharding) -> None:
-            kw, kl = self.keys(whole), self.keys(local)
-            dims = getattr(sharding, "dims", None) or [()] * len(kw)
-            for a, (w, loc, dim) in enumerate(zip(kw, kl, dims, strict=True)):
-                if whole.type.shape[a] == local.type.shape[a]:
-                    self.d.tie(w, loc)
-                else:
-                    self.product(w, loc, tuple(index[ax.name] for ax in dim))
-
-        for a, b, s in zip(op.operands, body.args, op.attrs["in_shardings"], strict=True):
-            self.keys(b)
-            if isinstance(a.type, TensorType):
-                split(a, b, s)
-            if a.id in self.pos.independent:
-                self.pos.independent.add(b.id)
-            if a.id in self.pos.index:
-                self.untrack(a, f"sdy.manual_computation at {op.loc}")
-        self.block(body)
-        for a, r, s in zip(body.results, op.results, op.attrs["out_shardings"], strict=True):
-            if isinstance(r.type, TensorType):
-                split(r, a, s)
-            self.untrack(a, f"sdy.manual_computation at {op.loc}")
+        kw, kl = self.keys(whole), self.keys(local)
+        dims = getattr(sharding, "dims", None) or [()] * len(kw)
+        for a, (w, loc, dim) in enumerate(zip(kw, kl, dims, strict=True)):
+            if whole.type.shape[a] == local.type.shape[a]:
+                self.d.tie(w, loc)
+            else:
+                self.product(w, loc, tuple(index[ax.name] for ax in dim))
 
     def _gather(self, op: Op) -> bool:
         axes = self.t.gathers.get(id(op))

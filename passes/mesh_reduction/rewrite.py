@@ -90,9 +90,12 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = Fals
 
     main = impl.main
     args = []
-    same = t.mesh.resized(reduced.sizes) if reshaped else None
+
+    def on_reduced(ty, axes):
+        return ty if reshaped else shrunk_type(ty, axes, t.mesh, reduced)
+
     for a, axes in zip(main.args, t.arg_axes, strict=True):
-        na = Value(shrunk_type(a.type, axes, same or t.mesh, reduced), a.name)
+        na = Value(on_reduced(a.type, axes), a.name)
         vmap[a.id] = na
         args.append(na)
     out_axes = [
@@ -105,10 +108,7 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = Fals
     ops: list[Op] = []
     for op in main.body.ops:
         if op is t.manual:
-            types = [
-                shrunk_type(r.type, ax, same or t.mesh, reduced)
-                for r, ax in zip(op.results, out_axes, strict=True)
-            ]
+            types = [on_reduced(r.type, ax) for r, ax in zip(op.results, out_axes, strict=True)]
             ops.extend(copy_op(op, types))
         else:
             ops.extend(copy_op(op))

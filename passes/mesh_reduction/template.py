@@ -466,7 +466,7 @@ def _groups(t: Template, op: Op, reads_input: set[int]) -> None:
         return
     t.sites.append(Site(op, "groups", found))
     names = ", ".join(mesh.names[a] for a in found)
-    if op.name in GATHERING and len(found) and _tiled(op):
+    if op.name in GATHERING and found and _tiled(op):
         t.gathers[id(op)] = found
         for a in found:
             t.shape(a, f"{op.name} over {names} at {op.loc} (its shapes follow the axis size)")

@@ -908,19 +908,25 @@ class ShapeRules:
 
     def rule_manual_computation(self, op: Op) -> None:
         body = op.regions[0].block
-        for a, b in zip(op.operands, body.args, strict=True):
+        ins = op.attrs.get("in_shardings") or [None] * len(op.operands)
+        outs = op.attrs.get("out_shardings") or [None] * len(op.results)
+        for a, b, s in zip(op.operands, body.args, ins, strict=True):
             dims_of(self.d, b, "shard_map argument")
-            self.tie_all(a, b)
-            self._shard_boundaries(a, b)
+            self.shard_boundary(a, b, s)
             if a.id in self.pos.independent:
                 self.pos.independent.add(b.id)
             if a.id in self.pos.index:
                 self.untrack(a, f"sdy.manual_computation at {op.loc}")
         self.block(body)
-        for a, b in zip(body.results, op.results, strict=True):
-            self.tie_all(a, b)
-            self._shard_boundaries(b, a)
+        for a, b, s in zip(body.results, op.results, outs, strict=True):
+            self.shard_boundary(b, a, s)
             self.untrack(a, f"sdy.manual_computation at {op.loc}")
+
+    def shard_boundary(self, whole: Value, local: Value, sharding) -> None:
+        """A shard_map's global value and its tile (`sharding`: the Shardy sharding between
+        them): tied, each shard's boundary an offset on the grid."""
+        self.tie_all(whole, local)
+        self._shard_boundaries(whole, local)
 
     def _shard_boundaries(self, whole: Value, local: Value) -> None:
         """Every shard's boundary in a dimension split over devices is an offset that must
