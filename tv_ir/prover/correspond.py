@@ -31,6 +31,12 @@ ALTERNATIVES = 8
 # at most RTOL; twice that for rounding): they are not compared
 PEAK_SLACK = 2 * RTOL
 FEW_CANDIDATES = 16  # candidates compared without that sorting out
+# a value whose every element is below this "equals" a near-zero tile of any unrelated value
+# under matching's floored comparison (|a - b| <= RTOL x max(1, ...)): a backward value
+# scaled by 1/1024 on a far pipeline stage is 1e-9, an AdamW g*g 1e-11. Its matches count
+# only where they hold at the elements' own magnitude; trying an unrelated one expands that
+# spec value through everything not yet proved before it, without bound
+TINY = 1e3 * RTOL
 
 
 MOVEMENT_OPS = {
@@ -374,9 +380,13 @@ class TileIndex:
 
     def tile_matches(self, arrays: list) -> list[tuple[int, Box]]:
         """(spec value, box) of every spec tile one device's value equals in every run,
-        earliest spec value first."""
-        found = self._matches(tuple(np.shape(arrays[0])), arrays)
-        return [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
+        earliest spec value first (a TINY value: the tiles it equals at its own magnitude)."""
+        local = tuple(np.shape(arrays[0]))
+        found = self._matches(local, arrays)
+        out = [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
+        if _magnitude(arrays) < TINY:
+            out = [(vid, box) for vid, box in out if self._equal_closely(vid, box, arrays, local)]
+        return out
 
     def values_held(self, per_device: list[list]) -> set[int]:
         """The spec values a tile of which every device's value is (in every run): the
@@ -520,6 +530,8 @@ class TileIndex:
         # floors the scale at 1, so a value of tiny elements (a gradient behind a saturated
         # softmax) equals every near-zero tile, and earlier spec values would be tried first
         close = {v: self._closest_boxes(v, found[v], per_device, local) for v in found}
+        if max(map(_magnitude, per_device)) < TINY:  # matches by the floor alone: none
+            found = {v: b for v, b in found.items() if close[v] is not None}
         ordered = sorted(found, key=lambda v: (close[v] is None, self.order.get(v, 0)))
         out = []
         for v in ordered[:limit] if limit else ordered:
