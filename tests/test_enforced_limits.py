@@ -125,3 +125,20 @@ def test_a_thread_loading_a_module_is_seen_importing(tmp_path, monkeypatch) -> N
         idle.join()
     assert not limits._importing(importer.ident)
     monkeypatch.delitem(sys.modules, "tv_test_slow_module", raising=False)
+
+
+def test_a_stop_while_checking_loops_unrolled_says_why_they_were(monkeypatch) -> None:
+    """The watchdog's exception, raised again with why the loops were not proved as loops,
+    is a clear unknown (it was a TypeError traceback: its class took no message)."""
+    from tv_ir import pipeline
+
+    def slow_plan(*args):  # planning that never calls check_time
+        for _ in range(6000):
+            time.sleep(0.01)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(pipeline, "_by_induction", lambda *a, **k: "no loop invariant found")
+    monkeypatch.setattr(pipeline, "_mesh_plan", slow_plan)
+    r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
+    assert r.verdict == "unknown" and "time limit of 1 s" in r.reason, r.reason
+    assert "not by induction: no loop invariant found" in r.reason, r.reason

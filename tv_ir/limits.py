@@ -177,6 +177,17 @@ class OutOfMemoryBudget(TvError):
     exit_code = 2
 
 
+def interrupting(base: type, message: str) -> type:
+    """The exception class a watchdog raises in another thread: raised there without
+    arguments, so it carries `message` itself; a handler that raises it again with a message
+    of its own (`type(e)(...)`: a reason added) gets that one."""
+
+    def init(self, *args) -> None:
+        base.__init__(self, *(args or (message,)))
+
+    return type(base.__name__, (base,), {"__init__": init})
+
+
 class _Aside:
     """MB set aside for a forked child working beside the run (`memory_set_aside`), and how
     to stop it: the run takes its share back when it needs it (the child's work is then
@@ -446,8 +457,7 @@ def enforced_limits():
     limit_reason = time_limit_reason()  # this thread's context: the limit as the user gave it
 
     def interrupt(base: type, message: str) -> None:
-        init = lambda self: base.__init__(self, message)  # noqa: E731 (raised without arguments)
-        raised = type(base.__name__, (base,), {"__init__": init})
+        raised = interrupting(base, message)
         with lock:  # never once the run has ended (the `finally` below disarms under it)
             if armed[0]:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
