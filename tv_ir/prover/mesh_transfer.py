@@ -16,11 +16,16 @@ def plan(spec, impl, placement) -> MeshReduction:
 
 def on_reduced_mesh(mesh: MeshReduction, spec, impl, placement):
     """(spec, impl, placement) of a pair on `mesh`'s reduced mesh, None when the pair
-    cannot be read that way."""
+    cannot be read that way. Ops nothing reads are dropped (`dce`): a dead broadcast no
+    axis splits keeps the real batch, 94 of a 126-layer witness's 95 million elements at
+    TrainVerify's 7,168-device plan, and the witness was "too large to run"."""
+    from tv_ir.passes import dce
+
     found = reduce_mesh(spec, impl, placement, sizes=mesh.reduced_mesh.sizes)
     if not found.reduced:
         return None
-    return found.spec, found.impl, Placement.replicated(found.spec.main, found.reduced_mesh.devices)
+    spec, impl = dce.run(found.spec), dce.run(found.impl)
+    return spec, impl, Placement.replicated(spec.main, found.reduced_mesh.devices)
 
 
 def name_real_device(report, mesh: MeshReduction) -> None:
