@@ -217,6 +217,25 @@ def test_a_tiny_value_is_not_matched_with_unrelated_tiles_by_the_floor_alone() -
     assert index.tile_matches([near]) == [(5, ((0, 2), (0, 4))), (5, ((2, 4), (0, 4)))]
 
 
+def test_a_tiny_value_is_compared_only_with_tiles_of_its_own_magnitude(monkeypatch) -> None:
+    """At DP 64 a pipeline step's backward values are ~1e-10: near zero, every tiny tile of
+    the program shared their projection key and peak under the floor at 1, and each was
+    compared element by element (20 s of a 60 s proof). They are sorted out at the
+    value's own magnitude: its own tile is found, and the 300 others are not compared."""
+    from tv_ir.prover import correspond
+
+    rng = np.random.default_rng(0)
+    spec = {k: 4e-10 * rng.standard_normal((4, 4)) for k in range(300)}
+    index = TileIndex([Trace(values=spec)], {k: (4, 4) for k in spec}, {k: k for k in spec})
+    compared = []
+    real = correspond.close_elementwise
+    monkeypatch.setattr(
+        correspond, "close_elementwise", lambda a, b: compared.append(1) or real(a, b)
+    )
+    assert index.tile_matches([spec[7][2:]]) == [(7, ((2, 4), (0, 4)))]
+    assert len(compared) <= 2, len(compared)
+
+
 def test_an_idle_device_is_looked_up_only_among_the_values_a_busy_one_holds(monkeypatch) -> None:
     # a pipeline's idle stage holds zeros, a zero tile of every one of 60 zero spec values;
     # the busy device (looked up first, having the larger values) names the one value both

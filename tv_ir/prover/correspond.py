@@ -301,19 +301,22 @@ class TileIndex:
         firsts: bool = False,
         one: bool = False,
         only: frozenset[int] | None = None,
+        own_scale: bool = False,
     ) -> list[tuple[int, tuple, int]]:
         """The index members (spec value, tile shape, row) of every tile the arrays (one
         device's value in every run) equal, at most ALTERNATIVES equal ones per value and
         tile shape (no caller uses more); `_member` gives their boxes. `firsts`: one member
         per spec value (all that a caller looking for the values needs); `one`: the first
-        member found only (whether there is one); `only`: members of these spec values only."""
+        member found only (whether there is one); `only`: members of these spec values only;
+        `own_scale`: tiles are sorted out at the arrays' own magnitude, not at least 1 (a
+        TINY value: near zero, every tiny tile of the program shares its key and peak)."""
         if self._memo is None:
-            return self._matches_uncached(local, arrays, firsts, one, only)
-        memo_key = (local, tuple(map(id, arrays)), firsts, one, only)
+            return self._matches_uncached(local, arrays, firsts, one, only, own_scale)
+        memo_key = (local, tuple(map(id, arrays)), firsts, one, only, own_scale)
         hit = self._memo.get(memo_key)
         if hit is not None:
             return list(hit)
-        out = self._matches_uncached(local, arrays, firsts, one, only)
+        out = self._matches_uncached(local, arrays, firsts, one, only, own_scale)
         self._memo[memo_key] = tuple(out)
         return out
 
@@ -324,13 +327,20 @@ class TileIndex:
         self._memo = {}
 
     def _matches_uncached(
-        self, local: tuple, arrays, firsts: bool, one: bool, only: frozenset[int] | None = None
+        self,
+        local: tuple,
+        arrays,
+        firsts: bool,
+        one: bool,
+        only: frozenset[int] | None = None,
+        own_scale: bool = False,
     ) -> list:
         key = self._project(local, arrays)
         if key is None:
             return []
         idx = self._index(local)
-        tol = 1e-7 * (1.0 + key[1])
+        floor = 0.0 if own_scale else 1.0  # the comparison's scale: max(floor, magnitudes)
+        tol = 1e-7 * (floor + key[1])
         lo = int(np.searchsorted(idx.keys, key[0] - tol, side="left"))
         hi = int(np.searchsorted(idx.keys, key[0] + tol, side="right"))
         # near-zero keys are shared by thousands of tiles (zeros of every value, an idle
@@ -343,9 +353,10 @@ class TileIndex:
             )
             peaks = idx.peaks[lo:hi]
             far = (idx.nonfinite[lo:hi] != nonfinite) | (
-                np.abs(peaks - peak) > PEAK_SLACK * np.maximum(1.0, np.maximum(peaks, peak))
+                np.abs(peaks - peak) > PEAK_SLACK * np.maximum(floor, np.maximum(peaks, peak))
             )
             sure = (idx.nonfinite[lo:hi] == 0) & (nonfinite == 0) & (peaks + peak <= 0.5 * RTOL)
+            sure &= not own_scale
             entries = np.flatnonzero(~far).tolist()
         else:  # a few candidates: comparing them costs less than sorting them out
             sure = np.zeros(hi - lo, dtype=bool)
@@ -382,9 +393,10 @@ class TileIndex:
         """(spec value, box) of every spec tile one device's value equals in every run,
         earliest spec value first (a TINY value: the tiles it equals at its own magnitude)."""
         local = tuple(np.shape(arrays[0]))
-        found = self._matches(local, arrays)
+        tiny = _magnitude(arrays) < TINY
+        found = self._matches(local, arrays, own_scale=tiny)
         out = [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
-        if _magnitude(arrays) < TINY:
+        if tiny:
             out = [(vid, box) for vid, box in out if self._equal_closely(vid, box, arrays, local)]
         return out
 
@@ -514,9 +526,10 @@ class TileIndex:
         # value, which a device holding data has already ruled out
         per: dict[int, dict[int, list[Box]]] = {}
         common: frozenset[int] | None = None
+        tiny = max(map(_magnitude, per_device)) < TINY
         for d in largest_first(per_device):
             here: dict[int, list[Box]] = {}
-            for member in self._matches(local, per_device[d], only=common):
+            for member in self._matches(local, per_device[d], only=common, own_scale=tiny):
                 boxes = here.setdefault(member[0], [])
                 if len(boxes) < ALTERNATIVES:  # equal tiles: kept as alternatives
                     boxes.append(self._member(member)[1])
@@ -530,7 +543,7 @@ class TileIndex:
         # floors the scale at 1, so a value of tiny elements (a gradient behind a saturated
         # softmax) equals every near-zero tile, and earlier spec values would be tried first
         close = {v: self._closest_boxes(v, found[v], per_device, local) for v in found}
-        if max(map(_magnitude, per_device)) < TINY:  # matches by the floor alone: none
+        if tiny:  # matches by the floor alone: none
             found = {v: b for v, b in found.items() if close[v] is not None}
         ordered = sorted(found, key=lambda v: (close[v] is None, self.order.get(v, 0)))
         out = []
