@@ -83,6 +83,8 @@ def _function(src: TensorType, dst: TensorType, piece: int | None, packed: int =
     def value(v):
         if isinstance(v, int):  # an integer's exact value (64-bit ones exceed a float's)
             return _one(v)
+        if isinstance(v, float) and d_np.kind in "iu":  # a float's bits: exact as well
+            return _one(v)
         v = np.asarray(v, dtype=np.float64)
         out = np.empty(v.shape, dtype=np.float64)
         for idx in np.ndindex(*v.shape):
@@ -106,7 +108,7 @@ def _function(src: TensorType, dst: TensorType, piece: int | None, packed: int =
                 bits = np.array([v]).astype(s_np)
         cast = bits.view(d_np).reshape(-1)
         out = cast[piece or 0]
-        return int(out) if isinstance(v, int) and out.dtype.kind in "iu" else float(out)
+        return int(out) if out.dtype.kind in "iu" else float(out)
 
     UNARY[name] = value
     return name

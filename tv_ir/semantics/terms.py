@@ -2304,6 +2304,10 @@ def _int_atom_value(a: Atom, env, memo):
 
         x = _eval_int(a.args[1], env, memo)
         v = UNARY[a.args[0]](x) if isinstance(x, int) else _eval_atom(a, env, memo)
+    elif k == "fn" and a.args[0].startswith("bitcast_"):  # a float's bits: exact on 64 bits
+        from tv_ir.semantics.algebra import UNARY
+
+        v = UNARY[a.args[0]](float(evaluate(a.args[1], env, memo)))
     else:
         v = env[a.id] if k == "sym" else _eval_atom(a, env, memo)
     if isinstance(v, (int, np.integer)):
