@@ -95,3 +95,15 @@ def test_a_tables_kept_pair_too_large_to_walk_is_located_on_the_generalised_one(
     line = next(k for k, s in enumerate(lines, 1) if "# BUG:" in s)
     assert (Path(site.file).name, site.line) == (Path(__file__).name, line), str(report)
     assert len(walks) == 1  # the generalised pair's only
+
+
+def test_the_setting_closed_in_another_context_is_dropped_quietly() -> None:
+    """A watchdog's stop landing inside `without_location`'s exit leaves it to the garbage
+    collector, in another context: "Exception ignored ... was created in a different
+    Context" was printed under the unknown verdict of the 405B-shaped step."""
+    import contextvars
+
+    cm = localise.without_location()
+    contextvars.copy_context().run(cm.__enter__)
+    cm.gen.close()  # raised ValueError before
+    assert localise._LOCATING.get() is True

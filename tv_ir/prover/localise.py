@@ -57,7 +57,12 @@ def without_location() -> Iterator[None]:
     try:
         yield
     finally:
-        _LOCATING.reset(token)
+        try:
+            _LOCATING.reset(token)
+        except ValueError:
+            # closed by the garbage collector in another context: a watchdog's stop landed
+            # inside `__exit__`, and the run's context, setting and all, is gone
+            pass
 
 
 def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
