@@ -357,13 +357,25 @@ class TileIndex:
             )
             sure = (idx.nonfinite[lo:hi] == 0) & (nonfinite == 0) & (peaks + peak <= 0.5 * RTOL)
             sure &= not own_scale
-            entries = np.flatnonzero(~far).tolist()
+            entries = np.flatnonzero(~far)
         else:  # a few candidates: comparing them costs less than sorting them out
             sure = np.zeros(hi - lo, dtype=bool)
-            entries = list(range(hi - lo))
+            entries = np.arange(hi - lo)
+        if only is not None:  # at once: an idle stage's zeros share a key with 10^5 tiles
+            entries = entries[np.isin(idx.vids[lo + entries], np.fromiter(only, dtype=np.int64))]
         out, seen = [], set()
+        if firsts and not one and sure.any():
+            # tiles equal at once, one member per spec value: found without a Python step
+            # for each of their (at DP 64, a 126-layer step's walk: minutes) copies
+            certain = entries[sure[entries]]
+            vids, first = np.unique(idx.vids[lo + certain], return_index=True)
+            for vid, k in zip(vids.tolist(), certain[first].tolist(), strict=True):
+                e = lo + k
+                out.append((vid, idx.tiles[int(idx.tile_of[e])], idx.members(e)[0]))
+                seen.add(vid)
+            entries = entries[~sure[entries]]
         verdicts: dict[tuple, bool] = {}  # equal tiles of several values: compared once
-        for k in entries:
+        for k in entries.tolist():
             e = lo + k
             vid = int(idx.vids[e])
             if (firsts and vid in seen) or (only is not None and vid not in only):
@@ -393,7 +405,7 @@ class TileIndex:
         """(spec value, box) of every spec tile one device's value equals in every run,
         earliest spec value first (a TINY value: the tiles it equals at its own magnitude)."""
         local = tuple(np.shape(arrays[0]))
-        tiny = _magnitude(arrays) < TINY
+        tiny = _tiny(_magnitude(arrays))
         found = self._matches(local, arrays, own_scale=tiny)
         out = [self._member(m) for m in sorted(found, key=lambda m: self.order.get(m[0], 0))]
         if tiny:
@@ -409,7 +421,10 @@ class TileIndex:
         # every zero tile of every spec value, a costly look-up that a device holding data
         # usually makes unnecessary (the intersection is empty after it)
         for arrays in sorted(per_device, key=_magnitude, reverse=True):
-            here = {m[0] for m in self._matches(local, arrays, firsts=True)}
+            tiny = _tiny(_magnitude(arrays))
+            only = None if common is None else frozenset(common)  # (no other is kept)
+            found = self._matches(local, arrays, firsts=True, only=only, own_scale=tiny)
+            here = {m[0] for m in found}
             common = here if common is None else common & here
             if not common:
                 return set()
@@ -417,7 +432,9 @@ class TileIndex:
 
     def holds_tile(self, arrays: list) -> bool:
         """Is this one device's value (in every run) a tile of some spec value?"""
-        return bool(self._matches(tuple(np.shape(arrays[0])), arrays, firsts=True, one=True))
+        tiny = _tiny(_magnitude(arrays))
+        local = tuple(np.shape(arrays[0]))
+        return bool(self._matches(local, arrays, firsts=True, one=True, own_scale=tiny))
 
     def _norm_index(self, local: tuple) -> _NormIndex:
         """Spec tiles divided by their largest-magnitude element (scale-free keys), sorted.
@@ -526,7 +543,7 @@ class TileIndex:
         # value, which a device holding data has already ruled out
         per: dict[int, dict[int, list[Box]]] = {}
         common: frozenset[int] | None = None
-        tiny = max(map(_magnitude, per_device)) < TINY
+        tiny = _tiny(max(map(_magnitude, per_device)))
         for d in largest_first(per_device):
             here: dict[int, list[Box]] = {}
             for member in self._matches(local, per_device[d], only=common, own_scale=tiny):
@@ -744,6 +761,11 @@ def largest_first(per_device: list) -> list[int]:
     which to ask whether every device's value matches (a device holding zeros matches
     many tiles, one holding data usually none, which settles the question)."""
     return sorted(range(len(per_device)), key=lambda d: -_magnitude(per_device[d]))
+
+
+def _tiny(magnitude: float) -> bool:
+    """Is a value of this largest magnitude TINY (zeros are not: they equal zero tiles)?"""
+    return 0.0 < magnitude < TINY
 
 
 def _magnitude(arrays: list) -> float:
