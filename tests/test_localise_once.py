@@ -107,3 +107,23 @@ def test_the_setting_closed_in_another_context_is_dropped_quietly() -> None:
     contextvars.copy_context().run(cm.__enter__)
     cm.gen.close()  # raised ValueError before
     assert localise._LOCATING.get() is True
+
+
+def test_a_walk_that_runs_out_leaves_the_refutation_standing(walks, monkeypatch) -> None:
+    """The walk on the pair with tables standing for any values ran out of memory (the
+    405B-shaped step with a bug in one layer of 126 on 7,168 devices): the counterexample,
+    replayed with the tables kept, is still reported, without a location, and the note
+    says why (it was `unknown`: memory limit)."""
+    import tv_ir.pipeline as pipeline
+    from tv_ir.limits import OutOfMemoryBudget
+
+    def out_of_memory(*args, **kwargs):
+        raise OutOfMemoryBudget("memory limit of 10 MB reached")
+
+    monkeypatch.setattr(pipeline, "LOCATE_GROWTH", 0)
+    monkeypatch.setattr(localise, "refutation", out_of_memory)
+    x = jax.ShapeDtypeStruct((T, D), jnp.float32)
+    report = verify(buggy, x, spec=spec)
+    assert report.verdict == "not_equivalent", str(report)
+    assert report.counterexample is not None
+    assert any("the walk stopped: memory limit of 10 MB" in n for n in report.notes), str(report)
