@@ -318,6 +318,20 @@ def private_mb() -> float:
 _meter: list = [None]
 
 
+def release_freed_memory() -> None:
+    """Collect garbage and give memory freed since back to the system (glibc's
+    `malloc_trim`): the memory limit is measured as resident memory, which still counts
+    what a large phase freed (a localisation walk's tile index: gigabytes) until the
+    allocator returns it, and the next check of the limit would stop the run for it."""
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: what is freed is returned as it may be
+        pass
+
+
 def _measured_mb() -> float:
     return _meter[0]() if _meter[0] is not None else rss_mb()
 
