@@ -460,6 +460,12 @@ def main() -> None:
         cfg = replace(cfg, dp=dp, fsdp=fsdp, pp=pp, tp=tp, batch=batch).check()
     if a.batch:
         cfg = with_(cfg, batch=a.batch)
+    # a bug not planted at this config leaves the programs equal: say so rather than
+    # report `equivalent` for a "bug"
+    if a.bug == "sp_gather" and cfg.stack == "scan":
+        ap.error("--bug sp_gather is planted in the Python-for stack only (--stack for)")
+    if a.bug == "kv_group" and cfg.kv_heads // cfg.tp == 1:
+        ap.error("--bug kv_group changes nothing when each TP rank holds one K/V head")
     t0 = time.perf_counter()
     report = verify(
         parallel_step(cfg, a.bug),
