@@ -387,15 +387,16 @@ def _locate_on_generalised(report: Report, reduction, first: Report) -> None:
         found = refutation(reduction.spec, reduction.impl, reduction.placement, inputs)
     except (OutOfMemoryBudget, OutOfTime) as e:
         # the refutation stands (replayed with the tables kept); only where is not known
-        release_freed_memory()
         report.notes.append(
             f"the diverging op was looked for on the pair with the constant tables standing "
             f"for any values too, and the walk stopped: {e} (with the tables kept: {why})"
         )
         return
-    # the walk's index (gigabytes at 56 devices: the 405B-shaped step on 7,168) is garbage
-    # now, but still resident: the next check of the memory limit would stop the run
-    release_freed_memory()
+    finally:
+        # the walk's index (gigabytes at 56 devices: the 405B-shaped step on 7,168) is
+        # garbage now, but still resident: the next check of the memory limit would stop
+        # the run for it
+        release_freed_memory()
     if found is None or found[1] is None or found[1].impl is None:
         note = found[1].note if found is not None and found[1] is not None else ""
         report.notes.append(

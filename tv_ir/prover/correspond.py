@@ -378,8 +378,8 @@ class TileIndex:
         for k in entries.tolist():
             e = lo + k
             vid = int(idx.vids[e])
-            if (firsts and vid in seen) or (only is not None and vid not in only):
-                continue  # near-zero tiles of values already found, or not asked for
+            if firsts and vid in seen:
+                continue  # near-zero tiles of values already found
             check_time()  # near-zero tiles: thousands may share a key
             tile = idx.tiles[int(idx.tile_of[e])]
             rows = idx.members(e)

@@ -2299,15 +2299,14 @@ def _int_atom_value(a: Atom, env, memo):
     if k in ("max", "min"):
         vals = [_eval_int(x, env, memo) for x in a.args[0]]
         return max(vals) if k == "max" else min(vals)
-    if k == "fn" and a.args[0].startswith(("bitcast_i", "bitcast_ui")):  # exact on 64 bits
+    if k == "fn" and a.args[0].startswith("bitcast_"):  # exact on 64 bits, either source
         from tv_ir.semantics.algebra import UNARY
 
-        x = _eval_int(a.args[1], env, memo)
-        v = UNARY[a.args[0]](x) if isinstance(x, int) else _eval_atom(a, env, memo)
-    elif k == "fn" and a.args[0].startswith("bitcast_"):  # a float's bits: exact on 64 bits
-        from tv_ir.semantics.algebra import UNARY
-
-        v = UNARY[a.args[0]](float(evaluate(a.args[1], env, memo)))
+        if a.args[0].startswith(("bitcast_i", "bitcast_ui")):
+            x = _eval_int(a.args[1], env, memo)
+            v = UNARY[a.args[0]](x) if isinstance(x, int) else _eval_atom(a, env, memo)
+        else:  # a float's bits
+            v = UNARY[a.args[0]](float(evaluate(a.args[1], env, memo)))
     else:
         v = env[a.id] if k == "sym" else _eval_atom(a, env, memo)
     if isinstance(v, (int, np.integer)):
