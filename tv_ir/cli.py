@@ -208,8 +208,9 @@ def _common(p):
     p.add_argument(
         "--whole-mesh",
         action="store_true",
-        help="simulate every device of a shard_map program's mesh (default: prove it on a "
-        "smaller mesh where its structure allows; see docs/equivalence.md, Mesh reduction)",
+        help="simulate every device of the mesh (default: prove a shard_map program, or XLA's "
+        "partitioning of a jit, on a smaller mesh where its structure allows; see "
+        "docs/equivalence.md, Mesh reduction)",
     )
 
 
@@ -345,6 +346,7 @@ def _run_partition(args) -> int:
             memory_limit=args.memory_limit,
             reduce_shapes=not args.no_reduce,
             workers=_workers(args),
+            reduce_mesh=not args.whole_mesh,
         )
     else:
         spec, spec_fn = (args.spec, None) if args.spec else (None, None)

@@ -142,8 +142,9 @@ def check(
     polled between steps: going over it makes the verdict unknown. `reduce_shapes` proves
     the pair at reduced shapes when every op allows it (docs/equivalence.md, "Shape
     reduction"); False checks the programs at their real sizes. `reduce_mesh` proves a
-    shard_map program on a smaller mesh when its structure allows it (docs/equivalence.md,
-    "Mesh reduction"); False simulates every device of its mesh. `workers`: processes for
+    shard_map program, or XLA's per-device program of a jit with shardings, on a smaller
+    mesh when its structure allows it (docs/equivalence.md, "Mesh reduction"); False
+    simulates every device of its mesh. `workers`: processes for
     the check's independent obligations (tv_ir.prover.workers; None: the idle cores once the
     obligations have taken a second, or $TV_WORKERS); the report is one worker's.
     """
@@ -308,7 +309,7 @@ def _check_unrolled(
         _locate_on_generalised(report, *generalised)
     whole_mesh = real
     if mesh is not None:  # the real sizes on the reduced mesh: what replays and confirms
-        real = (mesh.spec, mesh.impl, _replicated(mesh))
+        real = (mesh.spec, mesh.impl, _reduced_placement(mesh))
     if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
         # the prover was given what import left of the limit: name the user's limit
         report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
@@ -688,13 +689,13 @@ def _mesh_plan(real, reduce_mesh: bool):
     so a user whose 8,192 devices are all simulated learns what kept them)."""
     if not reduce_mesh:
         return None, None
-    from .passes.mesh_reduction import NOT_A_SHARD_MAP, NOT_DISTRIBUTED
+    from .passes.mesh_reduction import NO_MESH, NOT_A_SHARD_MAP, NOT_DISTRIBUTED
     from .prover.mesh_transfer import plan
 
     mesh = plan(*real)
     if mesh.reduced:
         return mesh, None
-    if mesh.failed in (NOT_A_SHARD_MAP, NOT_DISTRIBUTED):
+    if mesh.failed in (NOT_A_SHARD_MAP, NOT_DISTRIBUTED, NO_MESH):
         return None, None  # nothing a user expects reduced
     if mesh.failed:
         return None, f"every device simulated: mesh reduction not applied ({mesh.failed})"
@@ -704,8 +705,10 @@ def _mesh_plan(real, reduce_mesh: bool):
     return None, f"every device simulated; mesh reduction: {'; '.join(kept)}"
 
 
-def _replicated(mesh):
-    return Placement.replicated(mesh.spec.main, mesh.reduced_mesh.devices)
+def _reduced_placement(mesh):
+    from .prover.mesh_transfer import reduced_placement
+
+    return reduced_placement(mesh)
 
 
 def _reduce_and_prove(
@@ -748,7 +751,7 @@ def _reduce_and_prove(
             # shape reduction took what the mesh needed to shrink (offsets of one block):
             # the real shapes on the reduced mesh cost less than the reduced ones on all
             reduction = None
-            spec_m, impl_m, placement = mesh.spec, mesh.impl, _replicated(mesh)
+            spec_m, impl_m, placement = mesh.spec, mesh.impl, _reduced_placement(mesh)
         else:
             mesh = None
     if spec_m is not real[0]:
@@ -808,7 +811,7 @@ def _confirm_beside(aside, reduction, mesh, real, seed: int) -> None:
     if aside.confirms is not None:
         return  # one confirmation beside the proof (the first reduction's)
     if mesh is not None:
-        real = (mesh.spec, mesh.impl, _replicated(mesh))
+        real = (mesh.spec, mesh.impl, _reduced_placement(mesh))
     aside.confirms = reduction
     parts = agreement_parts(reduction, *real, seed=seed)
     aside.add_parts("confirm", parts, lambda outcomes: agreement_of(reduction, outcomes))
@@ -1059,8 +1062,9 @@ PARTITION_OPTIONS = (
     "memory_limit",
     "reduce_shapes",
     "workers",
+    "reduce_mesh",
 )
-CHECK_OPTIONS = PARTITION_OPTIONS + ("reduce_mesh",)
+CHECK_OPTIONS = PARTITION_OPTIONS
 
 
 def partition_and_check(
@@ -1072,10 +1076,12 @@ def partition_and_check(
     memory_limit: float | None = None,
     reduce_shapes: bool = True,
     workers: int | None = None,
+    reduce_mesh: bool = True,
 ) -> Report:
     """`tv partition`: run XLA's SPMD partitioner on an annotated module and prove its
     per-device output equal to the module's own (single-device) semantics. XLA partitions
-    the module at its real sizes; shape reduction then shrinks the partitioned program."""
+    the module at its real sizes and on its real mesh; shape reduction then shrinks the
+    partitioned program, and mesh reduction its mesh where the program is a template."""
     progress = progress_callback(progress)
     with memory_budget(memory_limit), use_workers(workers):
         return run_deep(
@@ -1088,10 +1094,13 @@ def partition_and_check(
             progress,
             time_limit,
             reduce_shapes,
+            reduce_mesh,
         )
 
 
-def _partition_and_check(module, timeout, seed, progress, time_limit, reduce_shapes) -> Report:
+def _partition_and_check(
+    module, timeout, seed, progress, time_limit, reduce_shapes, reduce_mesh
+) -> Report:
     from tv_ir.ir.importer import read_source
     from tv_ir.xla.partitioner import partition
 
@@ -1106,8 +1115,9 @@ def _partition_and_check(module, timeout, seed, progress, time_limit, reduce_sha
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
     )
     report = check(
-        spec_m, impl_m, timeout, seed, progress, placement, time_limit, reduce_shapes=reduce_shapes
-    )
+        spec_m, impl_m, timeout, seed, progress, placement, time_limit,
+        reduce_shapes=reduce_shapes, reduce_mesh=reduce_mesh,
+    )  # fmt: skip
     report.spec_name = name
     report.impl_name = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
     return report

@@ -31,8 +31,8 @@ def verify(
     `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
     are placed on it. `options`: `timeout` (seconds per solver query), `time_limit` (seconds
     for the whole run), `memory_limit` (MB of resident memory for the process), `seed`,
-    `progress`, `reduce_mesh` (default True: prove a shard_map program on a smaller mesh
-    where its structure allows; XLA's partitioned programs are checked on their own mesh),
+    `progress`, `reduce_mesh` (default True: prove a shard_map program, or XLA's partitioning
+    of a jit, on a smaller mesh where its structure allows; False simulates every device),
     `reduce_shapes` (default True: prove at reduced shapes where every op allows
     it; False checks at the real sizes), `workers` (processes for the check's independent
     obligations; default: the idle cores once they have taken a second, or $TV_WORKERS).
@@ -57,7 +57,6 @@ def verify(
                 f"fn {impl.name} is not sharded: without spec=, pass a jax.jit with shardings "
                 "(or in_shardings/out_shardings and mesh)"
             )
-        options.pop("reduce_mesh", None)  # mesh reduction reads shard_map programs only
         report = partition_and_check(impl.text, **options)
         _name(report, impl, impl, partitioned=True)
         return report

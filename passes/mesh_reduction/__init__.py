@@ -23,8 +23,9 @@ from tv_ir.ir.program import Module
 from .body_shapes import BodyShapes
 from .rewrite import reduced_impl, remapped, whole_factor
 from .spec_dims import shrink_spec
+from .template import NO_MESH as NO_MESH
 from .template import NOT_A_SHARD_MAP as NOT_A_SHARD_MAP
-from .template import Mesh, Template, mismatches, read_template
+from .template import Mesh, Template, axes_layout, mismatches, read_template
 
 name = "mesh-reduction"
 NOT_DISTRIBUTED = "not a distributed program"
@@ -55,6 +56,9 @@ class MeshReduction:
     reduced_mesh: Mesh | None = None
     # per spec argument: for each dimension, the mesh axes (indices) that split it
     arg_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
+    # a per-device program's boundary on the reduced mesh (the real layouts' axes there):
+    # (argument layouts, result layouts); None for a shard_map program (whole on every device)
+    layouts: tuple[list, list] | None = None
 
     @property
     def reduced(self) -> bool:
@@ -150,13 +154,18 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
     if placement is None or not placement.distributed:
         out.failed = NOT_DISTRIBUTED
         return out
-    t = read_template(impl)
+    t = read_template(impl, placement)
     if t.failed:
         out.failed = t.failed
         return out
-    if placement.num_devices != t.mesh.devices or any(
-        len(lay.boxes) != placement.num_devices or lay.tile_shape != lay.global_shape
-        for lay in list(placement.args) + list(placement.results)
+    if (
+        t.manual is not None
+        and placement.num_devices != t.mesh.devices
+        or any(
+            len(lay.boxes) != placement.num_devices
+            or (t.manual is not None and lay.tile_shape != lay.global_shape)
+            for lay in list(placement.args) + list(placement.results)
+        )
     ):
         out.failed = "the shard_map's arguments are not whole on every device"
         return out
@@ -205,12 +214,19 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
         small_spec, failed = shrink_spec(spec, wanted)
         if small_spec is not None:
             small_impl = reduced_impl(body_impl, sites, reduced, reshaped=bool(shaped))
-            differs = _signature_difference(small_spec, small_impl)
+            layouts = None
+            if t.manual is None:
+                layouts, differs = _per_device_layouts(
+                    small_spec, small_impl, arg_axes, result_axes, reduced
+                )
+            else:
+                differs = _signature_difference(small_spec, small_impl)
             if differs:  # a spec dimension tied to a split one, which the impl holds whole
                 out.failed = f"the spec and the implementation shrink differently: {differs}"
                 break
             out.spec = small_spec
             out.impl = small_impl
+            out.layouts = layouts
             out.reduced_mesh = reduced
             break
         if sizes is not None:
@@ -245,6 +261,26 @@ def _signature_difference(spec: Module, impl: Module) -> str:
     return ""
 
 
+def _per_device_layouts(spec: Module, impl: Module, arg_axes, result_axes, mesh: Mesh):
+    """((argument layouts, result layouts) of a per-device program on the reduced `mesh`, "")
+    or (None, the first argument or result whose tile there is not the program's)."""
+    layouts = []
+    for what, types, tiles, axes_list in (
+        ("argument", spec.main.arg_types, impl.main.arg_types, arg_axes),
+        ("result", spec.main.result_types, impl.main.result_types, result_axes),
+    ):
+        layouts.append([])
+        for k, (whole, tile, axes) in enumerate(zip(types, tiles, axes_list, strict=True)):
+            lay = axes_layout(axes, mesh, whole.shape)
+            if tuple(lay.tile_shape) != tuple(tile.shape):
+                return None, (
+                    f"{what} {k}: its tile on the reduced mesh is {list(lay.tile_shape)}, "
+                    f"the program's is {list(tile.shape)}"
+                )
+            layouts[-1].append(lay)
+    return (layouts[0], layouts[1]), ""
+
+
 def _rescaled(body: BodyShapes, t: Template, reduced: Mesh):
     """(the impl with its body's shapes on `reduced`, its template's sites there, the axes
     of each argument's and result's dimensions), or why the body cannot be rescaled."""
@@ -259,6 +295,8 @@ def _rescaled(body: BodyShapes, t: Template, reduced: Mesh):
     def real(axes: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(a for a in axes if t.mesh.sizes[a] > 1)
 
+    if t.manual is None:  # a per-device program: its boundary is tiles, split as before
+        return rescaled, remapped(t, vmap), t.arg_axes, t.result_axes
     found = []
     for values, boundary in ((main.args, t.arg_axes), (main.body.results, t.result_axes)):
         found.append([])

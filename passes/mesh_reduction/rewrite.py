@@ -12,7 +12,7 @@ import numpy as np
 from tv_ir.ir.attrs import SdyMesh
 from tv_ir.ir.program import Block, Module, Op, Region, TensorType, Value
 
-from .template import Mesh, Template, instantiate
+from .template import TABLES, Mesh, Template, instantiate
 
 
 def whole_factor(axes: tuple[int, ...], real: Mesh, reduced: Mesh) -> int:
@@ -37,7 +37,7 @@ def remapped(t: Template, vmap: dict) -> Template:
         return vmap[op.results[0].id].owner
 
     sites = [dataclasses.replace(s, op=copy(s.op)) for s in t.sites]
-    return dataclasses.replace(t, sites=sites, manual=copy(t.manual))
+    return dataclasses.replace(t, sites=sites, manual=t.manual and copy(t.manual))
 
 
 def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = False) -> Module:
@@ -46,7 +46,7 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = Fals
     sites = {id(s.op): s for s in t.sites if s.kind in ("groups", "pairs")}
     constants = {}
     for s in t.sites:
-        if s.kind in ("stride", "size", "last", "whole"):
+        if s.kind in ("stride", "size", "last", "whole") + TABLES:
             constants.setdefault(id(s.op), []).append(s)
     vmap: dict[int, Value] = {}
 
@@ -67,10 +67,11 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = Fals
         for s in constants.get(id(op), []):
             old = op.operands[s.operand]
             value = np.asarray(instantiate(s, reduced)).astype(old.owner.attrs["value"].dtype)
-            c = Op(
-                "stablehlo.constant", [], [], {"value": value.reshape(old.type.shape)}, [], op.loc
-            )
-            c.results = [Value(old.type, None, c, 0)]
+            ty = old.type
+            if s.kind in TABLES:  # one entry per device (per position): its length changes
+                ty = TensorType(value.shape, old.type.dtype)
+            c = Op("stablehlo.constant", [], [], {"value": value.reshape(ty.shape)}, [], op.loc)
+            c.results = [Value(ty, None, c, 0)]
             before.append(c)
             operands[s.operand] = c.results[0]
         attrs = dict(op.attrs)
@@ -92,19 +93,24 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = Fals
     args = []
 
     def on_reduced(ty, axes):
-        return ty if reshaped else shrunk_type(ty, axes, t.mesh, reduced)
+        # a per-device program (no shard_map) takes and gives tiles: they keep their shapes
+        if reshaped or t.manual is None:
+            return ty
+        return shrunk_type(ty, axes, t.mesh, reduced)
 
     for a, axes in zip(main.args, t.arg_axes, strict=True):
         na = Value(on_reduced(a.type, axes), a.name)
         vmap[a.id] = na
         args.append(na)
-    out_axes = [
-        [()] * len(r.type.shape) if isinstance(r.type, TensorType) else [] for r in t.manual.results
-    ]
-    out_shardings = t.manual.attrs["out_shardings"]
-    index = {n: i for i, n in enumerate(t.mesh.names)}
-    for k, s in enumerate(out_shardings):
-        out_axes[k] = [tuple(index[ax.name] for ax in dim) for dim in s.dims]
+    out_axes = []
+    if t.manual is not None:
+        out_axes = [
+            [()] * len(r.type.shape) if isinstance(r.type, TensorType) else []
+            for r in t.manual.results
+        ]
+        index = {n: i for i, n in enumerate(t.mesh.names)}
+        for k, s in enumerate(t.manual.attrs["out_shardings"]):
+            out_axes[k] = [tuple(index[ax.name] for ax in dim) for dim in s.dims]
     ops: list[Op] = []
     for op in main.body.ops:
         if op is t.manual:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir.attrs import SdySharding
+from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
 from tv_ir.ir.program import Module, Op, walk
 
 ORDER_FREE = {"stablehlo.all_reduce"}  # the order of a group's devices does not matter
@@ -45,11 +45,15 @@ GATHERING = {
     "stablehlo.all_gather": "all_gather_dim",
     "stablehlo.reduce_scatter": "scatter_dimension",
 }
+TABLES = ("table", "axis_table")  # sites whose constant is a table (its length follows the mesh)
 COMPARE_OK = {"EQ", "NE", "LT", "LE", "GT", "GE"}
 
 
 # the program is no shard_map: nothing a user expects reduced (the report says nothing)
 NOT_A_SHARD_MAP = "@main is not one shard_map (sdy.manual_computation) fed by its arguments"
+# a per-device program given with its layouts but no mesh (per-device HLO on the command
+# line): nothing names the axes it could be reduced along
+NO_MESH = "the per-device program names no mesh"
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,10 @@ def shift_pairs(mesh: Mesh, axis: int, k: int, cyclic: bool) -> np.ndarray:
 @dataclass
 class Site:
     """One mesh-dependent attribute or constant: `kind` is "groups" (axes), "pairs" (axis,
-    k, cyclic), "stride" / "size" / "last" (axis: a constant operand of `op`)."""
+    k, cyclic), "stride" / "size" / "last" / "whole" (axis: a constant operand of `op`),
+    "table" (axis or none, k: the table a `dynamic_slice` at `partition_id` reads, each
+    device's coordinate along the axis times k) or "axis_table" (axis, k: the table a
+    `dynamic_slice` at a coordinate reads, each position times k)."""
 
     op: Op
     kind: str
@@ -123,7 +130,13 @@ def instantiate(site: Site, mesh: Mesh):
         return axis_groups(mesh, site.axes)
     if site.kind == "pairs":
         return shift_pairs(mesh, site.axes[0], site.k, site.cyclic)
+    if site.kind == "table":
+        if not site.axes:
+            return np.zeros(mesh.devices, dtype=np.int64)
+        return np.indices(mesh.sizes)[site.axes[0]].reshape(-1).astype(np.int64) * site.k
     axis = site.axes[0]
+    if site.kind == "axis_table":
+        return np.arange(mesh.sizes[axis], dtype=np.int64) * site.k
     if site.kind == "stride":
         return mesh.stride(axis)
     if site.kind == "size":
@@ -167,13 +180,17 @@ class Template:
         self.shaped.setdefault(axis, why)
 
 
-def read_template(impl: Module) -> Template:
+def read_template(impl: Module, placement=None) -> Template:
     """The mesh template of a module whose @main is one `sdy.manual_computation` over every
-    axis of its mesh (constants may feed it); `failed` says why not."""
+    axis of its mesh (constants may feed it), or of a per-device program (XLA's
+    partitioning of a jit with shardings) whose `placement` splits its arguments and
+    results over whole axes of its one mesh; `failed` says why not."""
     t = Template()
     main = impl.main
     meshes = impl.attrs.get("sdy.meshes") or {}
     mcs = [op for op in main.body.ops if op.name == "sdy.manual_computation"]
+    if not mcs and placement is not None and _per_device(placement):
+        return _read_per_device(t, impl, placement, meshes)
     others = [op for op in main.body.ops if op.name not in ("sdy.manual_computation",)]
     if len(mcs) != 1 or any(op.name != "stablehlo.constant" for op in others):
         t.failed = NOT_A_SHARD_MAP
@@ -208,8 +225,99 @@ def read_template(impl: Module) -> Template:
             t.keep(axis, f"size {n}")
     _boundary(t, main, mc)
     if t.failed is None:
-        _body(t, mc)
+        _body(t, mc.regions[0].block)
     return t
+
+
+def _per_device(placement) -> bool:
+    """Some argument or result is split: @main is one device's program, not the global one."""
+    layouts = list(placement.args) + list(placement.results)
+    return any(lay.tile_shape != lay.global_shape for lay in layouts)
+
+
+def _read_per_device(t: Template, impl: Module, placement, meshes) -> Template:
+    """A per-device program on the partitions of a row-major mesh (the one of the module's
+    meshes with as many devices), its boundary layouts splitting dimensions over whole
+    axes."""
+    n = placement.num_partitions
+    found = {k: m for k, m in meshes.items() if m.devices == n}
+    if placement.num_replicas != 1 or int(impl.attrs.get("mhlo.num_replicas", 1) or 1) != 1:
+        t.failed = "several replicas"
+        return t
+    if not meshes:
+        t.failed = NO_MESH
+        return t
+    if len(found) != 1:
+        t.failed = f"the per-device program names no one mesh of {n} devices"
+        return t
+    t.mesh_name, sdy_mesh = next(iter(found.items()))
+    if sdy_mesh.device_ids is not None:
+        t.failed = "the mesh lists its device ids (not row-major)"
+        return t
+    t.mesh = Mesh(tuple(a for a, _ in sdy_mesh.axes), tuple(int(s) for _, s in sdy_mesh.axes))
+    for axis, size in enumerate(t.mesh.sizes):
+        if size <= 2:
+            t.keep(axis, f"size {size}")
+    for what, layouts, out in (
+        ("argument", placement.args, t.arg_axes),
+        ("result", placement.results, t.result_axes),
+    ):
+        for k, lay in enumerate(layouts):
+            axes = layout_axes(lay, t.mesh)
+            if axes is None:
+                t.failed = f"{what} {k}'s layout {lay.desc or ''} is not split over whole mesh axes"
+                return t
+            out.append(axes)
+    _body(t, impl.main.body)
+    return t
+
+
+def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
+    """For each dimension of a layout, the mesh axes splitting it (major first), or None when
+    the layout is not a sharding over whole axes of `mesh` (partial sums, padding, another
+    device order)."""
+    from tv_ir.semantics.layout import Layout
+
+    if lay.unreduced or lay.manual or lay.maximal is not None or lay.num_devices != mesh.devices:
+        return None
+    coords = np.indices(mesh.sizes)
+    dims: list[tuple[int, ...]] = []
+    for i, (whole, tile) in enumerate(zip(lay.global_shape, lay.tile_shape, strict=True)):
+        if tile == whole:
+            dims.append(())
+            continue
+        if tile <= 0 or whole % tile:
+            return None
+        index = np.array([b[i][0] // tile for b in lay.boxes]).reshape(mesh.sizes)
+        varying = [
+            a for a in range(len(mesh.sizes)) if mesh.sizes[a] > 1 and np.ptp(index, axis=a).any()
+        ]
+        for order in itertools.permutations(varying):
+            want = np.zeros(mesh.sizes, dtype=np.int64)
+            for a in order:
+                want = want * mesh.sizes[a] + coords[a]
+            if np.array_equal(index, want):
+                dims.append(order)
+                break
+        else:
+            return None
+    sharding = SdySharding(
+        SdyMesh(tuple(zip(mesh.names, mesh.sizes, strict=True))),
+        tuple(tuple(SdyAxis(mesh.names[a]) for a in d) for d in dims),
+    )
+    again = Layout.from_sdy(sharding, None, lay.global_shape, mesh.devices)
+    return dims if again.boxes == lay.boxes else None
+
+
+def axes_layout(axes: list[tuple[int, ...]], mesh: Mesh, global_shape):
+    """The layout splitting each dimension of `global_shape` over its axes on `mesh`."""
+    from tv_ir.semantics.layout import Layout
+
+    sharding = SdySharding(
+        SdyMesh(tuple(zip(mesh.names, mesh.sizes, strict=True))),
+        tuple(tuple(SdyAxis(mesh.names[a]) for a in d) for d in axes),
+    )
+    return Layout.from_sdy(sharding, None, tuple(global_shape), mesh.devices)
 
 
 def _boundary(t: Template, main, mc: Op) -> None:
@@ -247,8 +355,7 @@ def _boundary(t: Template, main, mc: Op) -> None:
         t.result_axes.append(outs[result_of[v.id]])
 
 
-def _body(t: Template, mc: Op) -> None:
-    body = mc.regions[0].block
+def _body(t: Template, body) -> None:
     ops = list(walk(body))
     uses: dict[int, list[tuple[Op, int]]] = {}
     for op in ops:
@@ -304,6 +411,11 @@ def _coordinates(t: Template, pid: Op, uses) -> None:
     `pid % size` of the minor one."""
     mesh = t.mesh
     for op, k in uses.get(pid.results[0].id, []):
+        if op is not None and k == 1 and _table(op, mesh.devices) is not None:
+            _device_table(t, op, uses)
+            if t.failed:
+                return
+            continue
         if op is None or k != 0 or op.name not in ("stablehlo.divide", "stablehlo.remainder"):
             t.failed = f"partition_id used by {op.name if op else 'return'} at {pid.loc}"
             return
@@ -339,8 +451,65 @@ def _coordinates(t: Template, pid: Op, uses) -> None:
             _coordinate_uses(t, axis, u.results[0], uses)
 
 
+def _table(op: Op, n: int) -> np.ndarray | None:
+    """The integer table of n entries a one-element `dynamic_slice` reads (XLA's offsets
+    and coordinates per device: `table[partition_id]`), or None."""
+    if op.name != "stablehlo.dynamic_slice" or len(op.operands) != 2:
+        return None
+    source = op.operands[0].owner
+    if source is None or source.name != "stablehlo.constant":
+        return None
+    value = np.asarray(source.attrs.get("value"))
+    if value.shape != (n,) or not np.issubdtype(value.dtype, np.integer):
+        return None
+    return value.astype(np.int64)
+
+
+def _looked_up(op: Op, uses):
+    """The scalar a one-element table look-up gives (through its reshape), or None."""
+    after = uses.get(op.results[0].id, [])
+    if len(after) != 1 or after[0][0] is None or after[0][0].name != "stablehlo.reshape":
+        return None
+    return after[0][0].results[0]
+
+
+def _device_table(t: Template, op: Op, uses) -> None:
+    """`table[partition_id]` where the table is one axis's coordinate times k (XLA's form
+    of `axis_index` and of a tile's start): a coordinate, or a tile start."""
+    mesh = t.mesh
+    table = _table(op, mesh.devices)
+    v = _looked_up(op, uses)
+    if v is None:
+        t.failed = f"the look-up of a table at partition_id at {op.loc} is not reshaped to a scalar"
+        return
+    if not table.any():
+        t.sites.append(Site(op, "table", (), operand=0))
+        return
+    coords = np.indices(mesh.sizes).reshape(len(mesh.sizes), -1)
+    for axis in range(len(mesh.sizes)):
+        c = coords[axis]
+        if mesh.sizes[axis] < 2 or not (c == 1).any():
+            continue
+        k = int(table[np.argmax(c == 1)])
+        if k > 0 and np.array_equal(table, c * k):
+            break
+    else:
+        t.failed = f"the table at partition_id at {op.loc} is no axis's coordinate times a constant"
+        return
+    t.sites.append(Site(op, "table", (axis,), k=k, operand=0))
+    if k == 1:
+        _coordinate_uses(t, axis, v, uses)
+        return
+    why = f"its coordinate times {k} is used at {op.loc}"
+    if _tile_start(t, axis, v, k, uses):
+        t.shape(axis, why)
+    else:
+        t.keep(axis, why)
+
+
 def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
-    """A coordinate may be converted and compared with the axis's first or last position."""
+    """A coordinate may be converted and compared with the axis's first or last position,
+    or index a table of the axis's positions times a tile (XLA's tile starts)."""
     n = t.mesh.sizes[axis]
     ends = set()
     todo = [v]
@@ -349,6 +518,22 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
         for op, k in uses.get(value.id, []):
             if op is not None and op.name == "stablehlo.convert":
                 todo.append(op.results[0])
+                continue
+            table = _table(op, n) if op is not None and k == 1 else None
+            if table is not None:
+                c = int(table[1]) if n > 1 else 0
+                looked = _looked_up(op, uses)
+                why = f"its coordinate indexes a table at {op.loc}"
+                if (
+                    c > 0
+                    and looked is not None
+                    and np.array_equal(table, np.arange(n) * c)
+                    and _tile_start(t, axis, looked, c, uses)
+                ):
+                    t.sites.append(Site(op, "axis_table", (axis,), k=c, operand=0))
+                    t.shape(axis, why)
+                else:
+                    t.keep(axis, why)
                 continue
             if op is not None and op.name == "stablehlo.multiply":
                 c = _scalar(op.operands[1 - k])
@@ -555,6 +740,9 @@ def mismatches(t: Template) -> list[str]:
         elif s.kind == "pairs":
             real = np.asarray(s.op.attrs["source_target_pairs"], dtype=np.int64).reshape(-1, 2)
             same = _same_pairs(real, got)
+        elif s.kind in TABLES:
+            real = np.asarray(s.op.operands[0].owner.attrs["value"]).reshape(-1)
+            same = np.array_equal(real.astype(np.int64), got)
         else:
             same = _scalar(s.op.operands[s.operand]) == got
         if not same:

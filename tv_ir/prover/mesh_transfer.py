@@ -25,7 +25,15 @@ def on_reduced_mesh(mesh: MeshReduction, spec, impl, placement):
     if not found.reduced:
         return None
     spec, impl = dce.run(found.spec), dce.run(found.impl)
-    return spec, impl, Placement.replicated(spec.main, found.reduced_mesh.devices)
+    return spec, impl, reduced_placement(found)
+
+
+def reduced_placement(mesh: MeshReduction) -> Placement:
+    """Where the reduced pair's arguments and results live: whole on every device (a
+    shard_map program), or split as on the real mesh (a per-device program)."""
+    if mesh.layouts is None:
+        return Placement.replicated(mesh.spec.main, mesh.reduced_mesh.devices)
+    return Placement(1, mesh.reduced_mesh.devices, *mesh.layouts)
 
 
 def name_real_device(report, mesh: MeshReduction) -> None:

@@ -1,0 +1,155 @@
+"""Mesh reduction of XLA's partitioned programs (a `jax.jit` with shardings): XLA partitions
+the step for the real mesh; its per-device program, read as a template (replica groups,
+and the tables of per-device offsets it indexes with `partition_id`), is proved on a
+smaller mesh. A planted bug is refuted, on the whole mesh when the bug breaks the template,
+and replayed on the real mesh when it does not."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from tv_ir.frontends.jax import verify
+from tv_ir.passes.mesh_reduction.template import Mesh as AxisMesh
+from tv_ir.passes.mesh_reduction.template import instantiate, layout_axes, read_template
+
+import tv_ir
+from tv_ir.pipeline import prepare
+from tv_ir.prover.placement import Placement
+from tv_ir.semantics.layout import Layout
+from tv_ir.xla.partitioner import partition
+
+MESH = {"data": 4, "model": 4}
+
+
+def loss(w1, w2, x):
+    return jnp.mean((jax.nn.relu(x @ w1) @ w2) ** 2)
+
+
+def step(w1, w2, x):
+    """One SGD step of a two-layer MLP: FSDP over "data" and Megatron over "model"."""
+    value, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x)
+    return w1 - 0.1 * g1, w2 - 0.1 * g2, value
+
+
+ARGS = tuple(jax.ShapeDtypeStruct(s, jnp.float32) for s in [(64, 128), (128, 64), (32, 64)])
+INS = (P("data", "model"), P("model", "data"), P("data", None))
+OUTS = (P("data", "model"), P("model", "data"), P())
+
+
+def axes_of(report) -> dict:
+    return {a["name"]: (a["real"], a["reduced"]) for a in report.mesh_reduction["axes"]}
+
+
+def test_the_jit_step_on_16_devices_is_proved_on_4() -> None:
+    r = verify(step, *ARGS, spec=step, mesh=MESH, in_shardings=INS, out_shardings=OUTS)
+    assert r.verdict == "equivalent", str(r)
+    assert axes_of(r) == {"data": (4, 2), "model": (4, 2)}
+    assert "mesh reduction: 16 -> 4 devices" in str(r)
+    assert "checked concretely on every device of the real mesh too" in str(r)
+
+
+def test_whole_mesh_is_simulated_when_asked() -> None:
+    r = verify(
+        step, *ARGS, spec=step, mesh=MESH, in_shardings=INS, out_shardings=OUTS, reduce_mesh=False
+    )
+    assert r.verdict == "equivalent", str(r)
+    assert not r.mesh_reduction or not r.mesh_reduction.get("reduced")
+
+
+@pytest.fixture(scope="module")
+def parted():
+    """(annotated module, XLA's partitioning of it) for the step on the (4, 4) mesh."""
+    mesh = Mesh(np.array(jax.devices()[:16]).reshape(4, 4), ("data", "model"))
+
+    def s(spec):
+        return NamedSharding(mesh, spec)
+
+    f = jax.jit(
+        step,
+        in_shardings=tuple(s(p) for p in INS),
+        out_shardings=tuple(s(p) for p in OUTS),
+    )
+    pre = f.lower(*ARGS).as_text(debug_info=True)
+    return pre, partition(pre)
+
+
+def _per_device(pre: str, parted, hlo: str):
+    """(the per-device program named by the annotated module's mesh, its placement)."""
+    spec = prepare(pre, "spec")
+    impl = prepare(hlo, "impl")
+    impl.attrs["sdy.meshes"] = dict(spec.attrs["sdy.meshes"])
+    placement = Placement.from_shardings(
+        spec.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
+    )
+    return impl, placement
+
+
+DATA_COORD = "constant({0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3})"
+DATA_OFFSET = "constant({0, 8, 16, 24})"
+
+
+def test_xla_tables_are_read_as_coordinates_and_tile_starts(parted) -> None:
+    pre, p = parted
+    assert DATA_COORD in p.per_device_hlo and DATA_OFFSET in p.per_device_hlo
+    impl, placement = _per_device(pre, p, p.per_device_hlo)
+    t = read_template(impl, placement)
+    assert t.failed is None
+    tables = {(s.kind, s.axes, s.k) for s in t.sites if s.kind in ("table", "axis_table")}
+    assert ("table", (0,), 1) in tables  # the data coordinate of each device
+    assert ("axis_table", (0,), 8) in tables  # its tile start in rows of 8
+    small = AxisMesh(("data", "model"), (2, 2))
+    for s in t.sites:
+        if (s.kind, s.axes, s.k) == ("table", (0,), 1):
+            assert instantiate(s, small).tolist() == [0, 0, 1, 1]
+        if (s.kind, s.axes, s.k) == ("axis_table", (0,), 8):
+            assert instantiate(s, small).tolist() == [0, 8]
+    assert t.arg_axes == [[(0,), (1,)], [(1,), (0,)], [(0,), ()]]
+
+
+def test_layouts_over_whole_axes_are_read_in_their_order() -> None:
+    mesh = AxisMesh(("data", "model"), (2, 4))
+    lay = Layout.from_hlo_sharding("{devices=[4,2]<=[2,4]T(1,0)}", (8, 8), 8)
+    assert layout_axes(lay, mesh) == [(1,), (0,)]
+    both = Layout.from_hlo_sharding("{devices=[8,1]<=[8]}", (8, 8), 8)
+    assert layout_axes(both, mesh) == [(0, 1), ()]
+    other = Layout.from_hlo_sharding("{devices=[8,1]<=[2,4]T(1,0)}", (8, 8), 8)
+    assert layout_axes(other, mesh) == [(1, 0), ()]
+    shuffled = Layout.from_hlo_sharding("{devices=[8,1]0,2,1,3,4,6,5,7}", (8, 8), 8)
+    assert layout_axes(shuffled, mesh) is None
+
+
+def test_a_wrong_table_entry_keeps_the_mesh_and_is_refuted(parted) -> None:
+    pre, p = parted
+    bad = DATA_COORD.replace("3, 3, 3, 3})", "3, 3, 3, 2})")
+    impl, placement = _per_device(pre, p, p.per_device_hlo.replace(DATA_COORD, bad))
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "not_equivalent", str(r)
+    assert any("mesh reduction not applied (the table at partition_id" in n for n in r.notes)
+    assert set(r.counterexample.mesh_coords) == {"data", "model"}
+
+
+def test_a_wrong_offset_table_keeps_its_axis_and_is_refuted(parted) -> None:
+    pre, p = parted
+    impl, placement = _per_device(
+        pre, p, p.per_device_hlo.replace(DATA_OFFSET, "constant({0, 8, 16, 16})")
+    )
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "not_equivalent", str(r)
+    assert axes_of(r)["data"] == (4, 4)
+
+
+def test_groups_over_the_wrong_axis_are_refuted_on_the_reduced_mesh_and_replayed(parted) -> None:
+    pre, p = parted
+    right = "all-reduce(%dot.1), channel_id=3, replica_groups=[4,4]<=[16]"
+    assert right in p.per_device_hlo
+    wrong = right.replace("[4,4]<=[16]", "[4,4]<=[4,4]T(1,0)")
+    impl, placement = _per_device(pre, p, p.per_device_hlo.replace(right, wrong))
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "not_equivalent", str(r)
+    assert axes_of(r) == {"data": (4, 2), "model": (4, 2)}
+    assert any("replayed on every device of the real mesh" in n for n in r.notes), r.notes
+    assert r.location.impl.op == "stablehlo.all_reduce"
