@@ -6,6 +6,9 @@ and replayed on the real mesh when it does not."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,15 +16,32 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tv_ir.frontends.jax import verify
+from tv_ir.frontends.jax.lowering import lower
+from tv_ir.frontends.jax.mesh import named, resolve_mesh
 from tv_ir.passes.mesh_reduction.template import Mesh as AxisMesh
-from tv_ir.passes.mesh_reduction.template import instantiate, layout_axes, read_template
+from tv_ir.passes.mesh_reduction.template import (
+    Site,
+    Template,
+    axis_groups,
+    generating_axes,
+    instantiate,
+    layout_axes,
+    merged_parts,
+    mismatches,
+    read_template,
+    relabel_order,
+    relabel_pairs,
+    split_axes,
+    table_positions,
+)
 
 import tv_ir
-from tv_ir.pipeline import prepare
+from tv_ir.pipeline import _name_mesh, _partitioned, prepare
 from tv_ir.prover.placement import Placement
 from tv_ir.semantics.layout import Layout
 from tv_ir.xla.partitioner import partition
 
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 MESH = {"data": 4, "model": 4}
 
 
@@ -153,3 +173,83 @@ def test_groups_over_the_wrong_axis_are_refuted_on_the_reduced_mesh_and_replayed
     assert axes_of(r) == {"data": (4, 2), "model": (4, 2)}
     assert any("replayed on every device of the real mesh" in n for n in r.notes), r.notes
     assert r.location.impl.op == "stablehlo.all_reduce"
+
+
+# ------------------------------------------------ XLA's idioms, read at any mesh size
+
+
+def test_groups_are_read_in_the_order_they_list_their_devices() -> None:
+    mesh = AxisMesh(("data", "model"), (2, 4))
+    model_major = axis_groups(mesh, (1, 0))
+    assert generating_axes(mesh, model_major, order_free=False) == (1, 0)
+    assert generating_axes(mesh, axis_groups(mesh, (0,)), order_free=False) == (0,)
+    assert generating_axes(mesh, np.arange(8).reshape(8, 1), order_free=False) == ()
+    assert generating_axes(mesh, np.array([[0, 5], [1, 4], [2, 7], [3, 6]]), True) is None
+
+
+def test_a_reordering_of_the_devices_is_read_back_at_any_size() -> None:
+    mesh = AxisMesh(("a", "b", "c"), (4, 2, 4))
+    for order in [(1, 2, 0), (2, 0, 1), (0, 2, 1)]:
+        for inverse in (False, True):
+            pairs = relabel_pairs(mesh, order, inverse)
+            assert sorted(pairs[:, 0].tolist()) == list(range(32))
+            assert sorted(pairs[:, 1].tolist()) == list(range(32))
+            found = relabel_order(mesh, pairs)
+            assert found is not None
+            again = relabel_pairs(mesh, *found)
+            assert sorted(map(tuple, again.tolist())) == sorted(map(tuple, pairs.tolist()))
+    # device (a, b, c) -> device (b, c, a) row-major: XLA's pairs {1,4},{2,8},... on (4, 8)
+    pairs = relabel_pairs(AxisMesh(("a", "bc"), (4, 8)), (1, 0), False)
+    assert {(1, 4), (2, 8), (8, 1)} <= {tuple(p) for p in pairs.tolist()}
+    assert relabel_order(mesh, np.array([[0, 1], [1, 0]])) is None
+
+
+def test_tables_are_positions_along_axes_times_a_tile() -> None:
+    mesh = AxisMesh(("d0", "d1", "m"), (2, 2, 4))
+    coords = np.indices(mesh.sizes).reshape(3, -1)
+    assert table_positions(mesh, coords[0] * 2 + coords[1]) == ((0, 1), 1)
+    assert table_positions(mesh, (coords[0] * 2 + coords[1]) * 16) == ((0, 1), 16)
+    assert table_positions(mesh, coords[2] * 8) == ((2,), 8)
+    assert table_positions(mesh, coords[1] * 4 + coords[2]) == ((1, 2), 1)
+    assert table_positions(mesh, np.zeros(16, np.int64)) == ((), 1)
+    assert table_positions(mesh, coords[0] + coords[1]) is None  # no row-major position
+    assert table_positions(mesh, coords[2] * coords[2]) is None
+
+
+def test_sub_axes_are_named_and_merged_where_nothing_uses_them_apart() -> None:
+    mesh = AxisMesh(("data", "model"), (8, 4))
+    fine = split_axes(mesh, [[2, 2, 2], [2, 2]])
+    assert fine.names == ("data:0", "data:1", "data:2", "model:0", "model:1")
+    assert fine.devices == 32 and fine.device((1, 0, 1, 1, 1)) == mesh.device((5, 3))
+    t = Template(mesh=fine)
+    t.sites = [Site(None, "groups", (0, 1)), Site(None, "groups", (3, 4))]
+    t.arg_axes = [[(0, 1, 2), ()]]
+    assert merged_parts(t, mesh) == [[4, 2], [4]]
+    t.sites.append(Site(None, "groups", (1,)))
+    assert merged_parts(t, mesh) == [[2, 2, 2], [4]]
+    t.sites.append(Site(None, "groups", (4, 3)))  # the model parts in the other order
+    assert merged_parts(t, mesh) == [[2, 2, 2], [2, 2]]
+
+
+def test_the_jit_llama_step_is_read_on_sub_axes_where_xla_splits_an_axis() -> None:
+    """4 heads over 8 "data" devices: XLA splits the heads over the major 4 and trades
+    blocks among the minor pairs; the program is a template over data's sub-axes."""
+    sys.path.insert(0, str(BENCH))
+    import jit_mesh_scale
+
+    fn, args, ins, outs = jit_mesh_scale._step(8)
+    mesh = resolve_mesh({"data": 8, "model": 2})
+    low = lower(fn, args, role="fn", mesh=mesh, in_shardings=named(ins, mesh),
+                out_shardings=named(outs, mesh))  # fmt: skip
+    spec = prepare(low.text, "spec", unroll=False)
+    impl, placement = _partitioned(low.text, spec, unroll=False)
+    _name_mesh(impl, spec.attrs.get("sdy.meshes"))
+    t = read_template(impl, placement)
+    assert t.failed is None
+    assert t.coarse == AxisMesh(("data", "model"), (8, 2))
+    assert t.mesh.names == ("data:0", "data:1", "data:2", "model")
+    assert mismatches(t) == []
+    kinds = {s.kind for s in t.sites}
+    assert {"groups", "table", "axis_table", "relabel"} <= kinds
+    # a sub-axis used without the others: the reason the axis is read as three
+    assert any(s.kind == "groups" and s.axes in ((1,), (0, 2)) for s in t.sites)

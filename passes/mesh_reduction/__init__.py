@@ -54,6 +54,8 @@ class MeshReduction:
     failed: str | None = None
     real_mesh: Mesh | None = None
     reduced_mesh: Mesh | None = None
+    # the program's own mesh when `real_mesh` reads some of its axes as sub-axes
+    coarse: Mesh | None = None
     # per spec argument: for each dimension, the mesh axes (indices) that split it
     arg_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
     # a per-device program's boundary on the reduced mesh (the real layouts' axes there):
@@ -116,7 +118,9 @@ class MeshReduction:
         real = []
         for c, r, n in zip(coords, self.reduced_mesh.sizes, self.real_mesh.sizes, strict=True):
             real.append(c if 2 * c < r else n - (r - c))
-        return self.real_mesh.device(real), dict(zip(self.real_mesh.names, real, strict=True))
+        device = self.real_mesh.device(real)
+        named = self.coarse or self.real_mesh
+        return device, dict(zip(named.names, named.coords(device), strict=True))
 
 
 def _representative(c: int, r: int, n: int) -> int:
@@ -174,6 +178,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
         out.failed = f"the template at the real sizes differs from the program at {bad[0]}"
         return out
     out.real_mesh = t.mesh
+    out.coarse = t.coarse
     out.arg_axes = t.arg_axes
     kept = dict(t.kept)
     body = None

@@ -107,6 +107,17 @@ class BodyShapes:
         return out, "", rw.vmap
 
 
+# the first element of the keys of an all_to_all's blocks (no value's id, no axis's)
+BLOCK = 1 << 40
+
+
+def _size_of(mesh: Mesh, axes: tuple[int, ...]) -> int:
+    out = 1
+    for a in axes:
+        out *= mesh.sizes[a]
+    return out
+
+
 def _axis_of(key: Key) -> int | None:
     """The mesh axis of a devices part's key (their value ids are negative)."""
     return -1 - key[0] if key[0] < 0 else None
@@ -121,6 +132,7 @@ class _MeshRules(ShapeRules):
         super().__init__(d, impl, "impl", t.mesh.devices, 1, False)
         self.t = t
         self._parts = 0
+        self._blocks = 0
 
     def part(self, axis: int) -> Key:
         self._parts += 1
@@ -169,6 +181,30 @@ class _MeshRules(ShapeRules):
         if not self._gather(op):
             super().rule_reduce_scatter(op)
 
+    def rule_all_to_all(self, op: Op) -> None:
+        """An exchange over axes S: the operand's split dimension is S's devices parts times
+        the result's, the result's concatenated one S's parts times the operand's."""
+        axes = self.t.gathers.get(id(op))
+        if axes is None:
+            return super().rule_all_to_all(op)
+        x, r = op.operands[0], op.results[0]
+        split, concat = op.attrs["split_dimension"], op.attrs["concat_dimension"]
+        kx, kr = self.keys(x), self.keys(r)
+        for a, (s, b) in enumerate(zip(kx, kr, strict=True)):
+            if a == split == concat:  # one block per member: the dimension is parts x block
+                self.d.tie(s, b)
+                size = x.type.shape[a] // _size_of(self.t.mesh, axes)
+                self._blocks += 1
+                block = self.d.add((BLOCK, self._blocks), size, f"all_to_all block at {op.loc}")
+                self.product(s, block, axes)
+            elif a == split:
+                self.product(s, b, axes)
+            elif a == concat:
+                self.product(b, s, axes)
+            else:
+                self.d.tie(s, b)
+        self.carry(x, r)
+
     def _tiles(self, op: Op, x: Value, tile: Value, first_start: int) -> bool:
         starts = self.t.tile_starts.get(id(op))
         if starts is None:
@@ -176,7 +212,7 @@ class _MeshRules(ShapeRules):
         kx, kt = self.keys(x), self.keys(tile)
         for a in range(len(kx)):
             if a in starts:
-                self.product(kx[a], kt[a], (starts[a],))
+                self.product(kx[a], kt[a], starts[a])
                 continue
             self.d.tie(kx[a], kt[a])
             if tile.type.shape[a] != x.type.shape[a]:

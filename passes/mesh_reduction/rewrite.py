@@ -43,7 +43,7 @@ def remapped(t: Template, vmap: dict) -> Template:
 def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = False) -> Module:
     """`impl` on the `reduced` mesh (`t` is its template); `reshaped`: its shapes are already
     those of the reduced mesh (body_shapes.py), only its sites change."""
-    sites = {id(s.op): s for s in t.sites if s.kind in ("groups", "pairs")}
+    sites = {id(s.op): s for s in t.sites if s.kind in ("groups", "pairs", "relabel")}
     constants = {}
     for s in t.sites:
         if s.kind in ("stride", "size", "last", "whole") + TABLES:
@@ -79,6 +79,8 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = Fals
         if s is not None:
             key = "replica_groups" if s.kind == "groups" else "source_target_pairs"
             attrs[key] = instantiate(s, reduced)
+            if op.name == "stablehlo.all_to_all":  # one block per member of a group
+                attrs["split_count"] = int(attrs[key].shape[-1])
         new = Op(op.name, operands, [], attrs, [], op.loc)
         new.regions = [Region(copy_block(r.block)) for r in op.regions]
         types = result_types or [r.type for r in op.results]

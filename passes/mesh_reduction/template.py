@@ -25,7 +25,6 @@ reduced program (passes/mesh_reduction/rewrite.py).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -105,13 +104,23 @@ def shift_pairs(mesh: Mesh, axis: int, k: int, cyclic: bool) -> np.ndarray:
     return np.stack([ids[keep], moved[keep]], axis=1).reshape(-1, 2)
 
 
+def relabel_pairs(mesh: Mesh, order: tuple[int, ...], inverse: bool) -> np.ndarray:
+    """(device, the device whose id is its position row-major over the axes in `order`):
+    XLA's resharding between two tilings of the same devices in different axis orders
+    (each pair reversed when `inverse`)."""
+    ids = np.arange(mesh.devices, dtype=np.int64).reshape(mesh.sizes)
+    moved = ids.transpose(order).reshape(-1)
+    pairs = np.stack([moved, np.arange(mesh.devices, dtype=np.int64)], axis=1)
+    return pairs[:, ::-1] if inverse else pairs
+
+
 @dataclass
 class Site:
     """One mesh-dependent attribute or constant: `kind` is "groups" (axes), "pairs" (axis,
     k, cyclic), "stride" / "size" / "last" / "whole" (axis: a constant operand of `op`),
-    "table" (axis or none, k: the table a `dynamic_slice` at `partition_id` reads, each
-    device's coordinate along the axis times k) or "axis_table" (axis, k: the table a
-    `dynamic_slice` at a coordinate reads, each position times k)."""
+    "table" (axes, k: the table a `dynamic_slice` at `partition_id` reads, each device's
+    position along the axes, row-major, times k) or "axis_table" (axes, k: the table a
+    `dynamic_slice` at such a position reads, each position times k)."""
 
     op: Op
     kind: str
@@ -130,20 +139,33 @@ def instantiate(site: Site, mesh: Mesh):
         return axis_groups(mesh, site.axes)
     if site.kind == "pairs":
         return shift_pairs(mesh, site.axes[0], site.k, site.cyclic)
+    if site.kind == "relabel":
+        return relabel_pairs(mesh, site.axes, site.cyclic)
     if site.kind == "table":
-        if not site.axes:
-            return np.zeros(mesh.devices, dtype=np.int64)
-        return np.indices(mesh.sizes)[site.axes[0]].reshape(-1).astype(np.int64) * site.k
-    axis = site.axes[0]
+        return _row_major(mesh, site.axes).reshape(-1) * site.k
     if site.kind == "axis_table":
-        return np.arange(mesh.sizes[axis], dtype=np.int64) * site.k
+        return np.arange(_size(mesh, site.axes), dtype=np.int64) * site.k
+    if site.kind == "whole":
+        return _size(mesh, site.axes) * site.k
+    axis = site.axes[0]
     if site.kind == "stride":
         return mesh.stride(axis)
     if site.kind == "size":
         return mesh.sizes[axis]
-    if site.kind == "whole":
-        return mesh.sizes[axis] * site.k
     return mesh.sizes[axis] - 1  # "last"
+
+
+def _size(mesh: Mesh, axes: tuple[int, ...]) -> int:
+    return int(np.prod([mesh.sizes[a] for a in axes])) if axes else 1
+
+
+def _row_major(mesh: Mesh, axes: tuple[int, ...]) -> np.ndarray:
+    """Each device's position along `axes` (row-major over them), over the mesh's shape."""
+    coords = np.indices(mesh.sizes).astype(np.int64)
+    index = np.zeros(mesh.sizes, dtype=np.int64)
+    for a in axes:
+        index = index * mesh.sizes[a] + coords[a]
+    return index
 
 
 @dataclass
@@ -159,6 +181,8 @@ class Template:
     kept: dict[int, str] = field(default_factory=dict)
     reach: dict[int, int] = field(default_factory=dict)  # sum of the shifts along each axis
     failed: str | None = None
+    # the program's own mesh when `mesh` reads one of its axes as two (sub-axes)
+    coarse: Mesh | None = None
     # per @main argument / result: for each dimension, the axes (indices) it is split over
     arg_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
     result_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
@@ -167,8 +191,8 @@ class Template:
     shaped: dict[int, str] = field(default_factory=dict)
     # id(op) -> the axes of an all_gather / reduce_scatter the body is rescaled with
     gathers: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    # id(dynamic_slice or dynamic_update_slice) -> {dimension: axis} of its tile starts
-    tile_starts: dict[int, dict[int, int]] = field(default_factory=dict)
+    # id(dynamic_slice or dynamic_update_slice) -> {dimension: axes} of its tile starts
+    tile_starts: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
 
     def need(self, axis: int, n: int) -> None:
         self.needs[axis] = max(self.needs.get(axis, 2), n)
@@ -254,7 +278,83 @@ def _read_per_device(t: Template, impl: Module, placement, meshes) -> Template:
     if sdy_mesh.device_ids is not None:
         t.failed = "the mesh lists its device ids (not row-major)"
         return t
-    t.mesh = Mesh(tuple(a for a, _ in sdy_mesh.axes), tuple(int(s) for _, s in sdy_mesh.axes))
+    mesh = Mesh(tuple(a for a, _ in sdy_mesh.axes), tuple(int(s) for _, s in sdy_mesh.axes))
+    first = _read_on(Template(mesh_name=t.mesh_name), impl, placement, mesh)
+    if first.failed is None:
+        return first
+    # XLA splits an axis into sub-axes where a dimension divides it unevenly (4 heads over
+    # 8 devices: the major 4 split the heads, the minor 2 something else): read the mesh
+    # with every axis as its prime factors, then merge the factors the program never uses
+    # apart
+    fine = split_axes(mesh, [_prime_factors(n) for n in mesh.sizes])
+    if fine == mesh:
+        return first
+    t = _read_on(Template(mesh_name=t.mesh_name), impl, placement, fine)
+    if t.failed is not None:
+        return first
+    merged = split_axes(mesh, merged_parts(t, mesh))
+    if merged != fine:
+        again = _read_on(Template(mesh_name=t.mesh_name), impl, placement, merged)
+        if again.failed is None:
+            t = again
+    t.coarse = mesh
+    return t
+
+
+def split_axes(mesh: Mesh, parts: list[list[int]]) -> Mesh:
+    """The same devices with axis i read as sub-axes of sizes `parts[i]` (major first; their
+    product is the axis size), named `"name:0"`, `"name:1"`, ... when there are several."""
+    names: list[str] = []
+    sizes: list[int] = []
+    for name, n, sub in zip(mesh.names, mesh.sizes, parts, strict=True):
+        sub = list(sub) or [n]
+        assert int(np.prod(sub)) == n, (name, n, sub)
+        names += [name] if len(sub) == 1 else [f"{name}:{j}" for j in range(len(sub))]
+        sizes += sub
+    return Mesh(tuple(names), tuple(sizes))
+
+
+def _prime_factors(n: int) -> list[int]:
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    return out + ([n] if n > 1 else [])
+
+
+def merged_parts(t: Template, coarse: Mesh) -> list[list[int]]:
+    """The coarsest sub-axes that explain the template read on prime factors: neighbouring
+    factors of one axis merge when everything that uses one uses the other right after it
+    (a group, a table, a tile's start, a boundary split), and nothing uses them alone."""
+    uses: list[tuple[int, ...]] = [s.axes for s in t.sites]
+    uses += [tuple(v) for starts in t.tile_starts.values() for v in starts.values()]
+    uses += list(t.gathers.values())
+    uses += [dim for axes in t.arg_axes + t.result_axes for dim in axes]
+    uses += [(a,) for a in list(t.needs) + list(t.kept) if t.mesh.sizes[a] > 2]
+    owner = [i for i, n in enumerate(coarse.sizes) for _ in (_prime_factors(n) or [n])]
+    parts: list[list[int]] = [[] for _ in coarse.sizes]
+    for a, i in enumerate(owner):
+        size = t.mesh.sizes[a]
+        if parts[i] and _always_together(uses, a - 1, a):
+            parts[i][-1] *= size
+        else:
+            parts[i].append(size)
+    return parts
+
+
+def _always_together(uses: list[tuple[int, ...]], major: int, minor: int) -> bool:
+    for axes in uses:
+        if (major in axes) != (minor in axes):
+            return False
+        if major in axes and axes.index(minor) != axes.index(major) + 1:
+            return False
+    return True
+
+
+def _read_on(t: Template, impl: Module, placement, mesh: Mesh) -> Template:
+    t.mesh = mesh
     for axis, size in enumerate(t.mesh.sizes):
         if size <= 2:
             t.keep(axis, f"size {size}")
@@ -280,7 +380,6 @@ def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
 
     if lay.unreduced or lay.manual or lay.maximal is not None or lay.num_devices != mesh.devices:
         return None
-    coords = np.indices(mesh.sizes)
     dims: list[tuple[int, ...]] = []
     for i, (whole, tile) in enumerate(zip(lay.global_shape, lay.tile_shape, strict=True)):
         if tile == whole:
@@ -289,18 +388,15 @@ def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
         if tile <= 0 or whole % tile:
             return None
         index = np.array([b[i][0] // tile for b in lay.boxes]).reshape(mesh.sizes)
+        flat = index.reshape(-1)
         varying = [
             a for a in range(len(mesh.sizes)) if mesh.sizes[a] > 1 and np.ptp(index, axis=a).any()
         ]
-        for order in itertools.permutations(varying):
-            want = np.zeros(mesh.sizes, dtype=np.int64)
-            for a in order:
-                want = want * mesh.sizes[a] + coords[a]
-            if np.array_equal(index, want):
-                dims.append(order)
-                break
-        else:
+        # a step along each axis moves the tile index by its stride in the order
+        order = tuple(sorted(varying, key=lambda a: -int(flat[mesh.stride(a)] - flat[0])))
+        if not np.array_equal(index, _row_major(mesh, order)):
             return None
+        dims.append(order)
     sharding = SdySharding(
         SdyMesh(tuple(zip(mesh.names, mesh.sizes, strict=True))),
         tuple(tuple(SdyAxis(mesh.names[a]) for a in d) for d in dims),
@@ -474,37 +570,83 @@ def _looked_up(op: Op, uses):
 
 
 def _device_table(t: Template, op: Op, uses) -> None:
-    """`table[partition_id]` where the table is one axis's coordinate times k (XLA's form
-    of `axis_index` and of a tile's start): a coordinate, or a tile start."""
+    """`table[partition_id]` where the table is each device's position along some axes
+    (row-major) times k: XLA's form of `axis_index` (one axis, k = 1), of a tile's start
+    (k the tile), or of a position over several axes that indexes a table of starts."""
     mesh = t.mesh
     table = _table(op, mesh.devices)
     v = _looked_up(op, uses)
     if v is None:
         t.failed = f"the look-up of a table at partition_id at {op.loc} is not reshaped to a scalar"
         return
-    if not table.any():
-        t.sites.append(Site(op, "table", (), operand=0))
+    found = table_positions(mesh, table)
+    if found is None:
+        t.failed = (
+            f"the table at partition_id at {op.loc} is no position along mesh axes times a constant"
+        )
         return
-    coords = np.indices(mesh.sizes).reshape(len(mesh.sizes), -1)
-    for axis in range(len(mesh.sizes)):
-        c = coords[axis]
-        if mesh.sizes[axis] < 2 or not (c == 1).any():
-            continue
-        k = int(table[np.argmax(c == 1)])
-        if k > 0 and np.array_equal(table, c * k):
-            break
-    else:
-        t.failed = f"the table at partition_id at {op.loc} is no axis's coordinate times a constant"
+    axes, k = found
+    t.sites.append(Site(op, "table", axes, k=k, operand=0))
+    if not axes:
         return
-    t.sites.append(Site(op, "table", (axis,), k=k, operand=0))
-    if k == 1:
-        _coordinate_uses(t, axis, v, uses)
+    if len(axes) == 1 and k == 1:
+        _coordinate_uses(t, axes[0], v, uses)
         return
-    why = f"its coordinate times {k} is used at {op.loc}"
-    if _tile_start(t, axis, v, k, uses):
-        t.shape(axis, why)
-    else:
-        t.keep(axis, why)
+    why = f"its position times {k} is used at {op.loc}"
+    ok = _tile_start(t, axes, v, k, uses) if k > 1 else _indexes_tables(t, axes, v, uses)
+    for a in axes:
+        (t.shape if ok else t.keep)(a, why)
+
+
+def table_positions(mesh: Mesh, table: np.ndarray) -> tuple[tuple[int, ...], int] | None:
+    """(axes, k) with table = (position along axes, row-major) x k, or None."""
+    grid = table.reshape(mesh.sizes)
+    if not grid.any():
+        return (), 1
+    origin = (0,) * len(mesh.sizes)
+    slopes = {}
+    for a, n in enumerate(mesh.sizes):
+        if n > 1:
+            step = list(origin)
+            step[a] = 1
+            if grid[tuple(step)] != grid[origin]:
+                slopes[a] = int(grid[tuple(step)] - grid[origin])
+    if not slopes or grid[origin] != 0 or any(k <= 0 for k in slopes.values()):
+        return None
+    axes = tuple(sorted(slopes, key=lambda a: -slopes[a]))
+    k = slopes[axes[-1]]
+    if not np.array_equal(grid, _row_major(mesh, axes) * k):
+        return None
+    return axes, k
+
+
+def _indexes_tables(t: Template, axes: tuple[int, ...], v, uses) -> bool:
+    """A position over several axes used only to look up a table of starts (each position
+    times a tile) of tiles over those axes."""
+    n = _size(t.mesh, axes)
+    todo, ok = [v], True
+    while todo and ok:
+        for op, k in uses.get(todo.pop().id, []):
+            if op is not None and op.name == "stablehlo.convert":
+                todo.append(op.results[0])
+            elif op is None or k != 1 or not _axis_table(t, axes, op, n, uses):
+                ok = False
+    return ok
+
+
+def _axis_table(t: Template, axes: tuple[int, ...], op: Op, n: int, uses) -> bool:
+    """`op` looks up a table of n starts, each position times a tile, used as tile starts."""
+    table = _table(op, n)
+    if table is None or n < 2:
+        return False
+    c = int(table[1])
+    looked = _looked_up(op, uses)
+    if c <= 0 or looked is None or not np.array_equal(table, np.arange(n) * c):
+        return False
+    if not _tile_start(t, axes, looked, c, uses):
+        return False
+    t.sites.append(Site(op, "axis_table", axes, k=c, operand=0))
+    return True
 
 
 def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
@@ -519,18 +661,9 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
             if op is not None and op.name == "stablehlo.convert":
                 todo.append(op.results[0])
                 continue
-            table = _table(op, n) if op is not None and k == 1 else None
-            if table is not None:
-                c = int(table[1]) if n > 1 else 0
-                looked = _looked_up(op, uses)
+            if op is not None and k == 1 and _table(op, n) is not None:
                 why = f"its coordinate indexes a table at {op.loc}"
-                if (
-                    c > 0
-                    and looked is not None
-                    and np.array_equal(table, np.arange(n) * c)
-                    and _tile_start(t, axis, looked, c, uses)
-                ):
-                    t.sites.append(Site(op, "axis_table", (axis,), k=c, operand=0))
+                if _axis_table(t, (axis,), op, n, uses):
                     t.shape(axis, why)
                 else:
                     t.keep(axis, why)
@@ -538,7 +671,7 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
             if op is not None and op.name == "stablehlo.multiply":
                 c = _scalar(op.operands[1 - k])
                 why = f"its coordinate is used by {op.name} at {op.loc}"
-                if c is None or c <= 0 or not _tile_start(t, axis, op.results[0], c, uses):
+                if c is None or c <= 0 or not _tile_start(t, (axis,), op.results[0], c, uses):
                     t.keep(axis, why)
                 else:
                     t.shape(axis, why)
@@ -560,13 +693,13 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
         t.need(axis, 3)  # first, interior and last devices
 
 
-def _tile_start(t: Template, axis: int, v, tile: int, uses) -> bool:
+def _tile_start(t: Template, axes: tuple[int, ...], v, tile: int, uses) -> bool:
     """`v = coordinate x tile` is used only as the start of a tile of a `size x tile`
     dimension (`dynamic_slice`, `dynamic_update_slice`), possibly through JAX's
     normalisation of a negative start (`select(v < 0, v + size x tile, v)`) and a division
     by a constant that divides the tile (shape reduction's rescaled start: `start / k`,
-    a tile of `tile / k`)."""
-    n = t.mesh.sizes[axis]
+    a tile of `tile / k`), or XLA's `start - 0` (and `start - start`, 0 everywhere)."""
+    n = _size(t.mesh, axes)
     starts: list[tuple[Op, int, int]] = []
     sites: list[Site] = []
     selects: list[Op] = []
@@ -579,7 +712,12 @@ def _tile_start(t: Template, axis: int, v, tile: int, uses) -> bool:
             if op is None:
                 return False
             name = op.name
-            if name == "stablehlo.dynamic_slice" and k >= 1:
+            if name == "stablehlo.subtract" and op.operands[0] is op.operands[1]:
+                continue  # XLA's `x - x`: 0 on every device
+            if name == "stablehlo.subtract" and k == 0 and _scalar(op.operands[1]) == 0:
+                if not _derived(op.results[0], u, unit, todo):  # XLA's `x - 0`
+                    return False
+            elif name == "stablehlo.dynamic_slice" and k >= 1:
                 if op.attrs["slice_sizes"][k - 1] != u:
                     return False
                 starts.append((op, k - 1, u))
@@ -596,7 +734,7 @@ def _tile_start(t: Template, axis: int, v, tile: int, uses) -> bool:
                     return False
                 tests.add(op.results[0].id)
             elif name == "stablehlo.add" and _scalar(op.operands[1 - k]) == n * u:
-                sites.append(Site(op, "whole", (axis,), k=u, operand=1 - k))
+                sites.append(Site(op, "whole", axes, k=u, operand=1 - k))
                 if not _derived(op.results[0], u, unit, todo):
                     return False
             elif name == "stablehlo.select" and k in (1, 2):
@@ -617,9 +755,9 @@ def _tile_start(t: Template, axis: int, v, tile: int, uses) -> bool:
         if op.operands[0].type.shape[dim] != n * u:
             return False
     for op, dim, _ in starts:
-        t.tile_starts.setdefault(id(op), {})[dim] = axis
+        t.tile_starts.setdefault(id(op), {})[dim] = axes
     t.sites.extend(sites)
-    return bool(starts)
+    return True
 
 
 def _derived(v, u: int, unit: dict, todo: list) -> bool:
@@ -637,15 +775,7 @@ def _groups(t: Template, op: Op, reads_input: set[int]) -> None:
         t.failed = f"{op.name} at {op.loc} without use_global_device_ids"
         return
     mesh = t.mesh
-    found = None
-    for r in range(len(mesh.sizes) + 1):
-        for axes in itertools.combinations(range(len(mesh.sizes)), r):
-            want = axis_groups(mesh, axes)
-            if _same_groups(groups, want, op.name in ORDER_FREE):
-                found = axes
-                break
-        if found is not None:
-            break
+    found = generating_axes(mesh, groups, op.name in ORDER_FREE)
     if found is None:
         t.failed = f"the replica groups of {op.name} at {op.loc} are not generated by mesh axes"
         return
@@ -655,12 +785,39 @@ def _groups(t: Template, op: Op, reads_input: set[int]) -> None:
         t.gathers[id(op)] = found
         for a in found:
             t.shape(a, f"{op.name} over {names} at {op.loc} (its shapes follow the axis size)")
+    elif op.name == "stablehlo.all_to_all" and found and _exchanged(op):
+        t.gathers[id(op)] = found
+        for a in found:
+            t.shape(a, f"{op.name} over {names} at {op.loc} (its shapes follow the axis size)")
     elif op.name in RESHAPING:
         for a in found:
             t.keep(a, f"{op.name} over {names} at {op.loc} (its shapes follow the axis size)")
     elif not any(v.id in reads_input for v in op.operands):
         for a in found:
             t.keep(a, f"{op.name} over {names} at {op.loc} sums a value that reads no input")
+
+
+def generating_axes(mesh: Mesh, groups: np.ndarray, order_free: bool) -> tuple[int, ...] | None:
+    """The axes whose devices make up each group (the others fixed), in the order the groups
+    list them (row-major over the axes, major first), or None."""
+    if groups.ndim != 2 or groups.size == 0:
+        return None
+    if groups.shape[1] == 1:
+        candidates = [()]
+    else:
+        coords = np.stack(np.unravel_index(groups[0], mesh.sizes), axis=1)
+        varying = [a for a in range(len(mesh.sizes)) if len(set(coords[:, a].tolist())) > 1]
+
+        def first_change(a: int) -> int:
+            return int(np.argmax(coords[:, a] != coords[0, a]))
+
+        candidates = [tuple(sorted(varying, key=first_change, reverse=True)), tuple(varying)]
+    for axes in candidates:
+        if _size(mesh, axes) == groups.shape[1] and _same_groups(
+            groups, axis_groups(mesh, axes), order_free
+        ):
+            return axes
+    return None
 
 
 def _tiled(op: Op) -> bool:
@@ -678,6 +835,24 @@ def _tiled(op: Op) -> bool:
         (a == b) if i != dim else (b == a * g)
         for i, (a, b) in enumerate(zip(small, big, strict=True))
     )
+
+
+def _exchanged(op: Op) -> bool:
+    """An `all_to_all` of one value between two dimensions: the split one shrinks by the
+    group size, the concatenated one grows by it, every other dimension the same; or within
+    one dimension of a multiple of the group size (XLA's resharding)."""
+    if len(op.operands) != 1 or len(op.results) != 1:
+        return False
+    split, concat = op.attrs.get("split_dimension"), op.attrs.get("concat_dimension")
+    g = np.asarray(op.attrs["replica_groups"]).shape[-1]
+    x, r = op.operands[0].type.shape, op.results[0].type.shape
+    if split is None or concat is None or op.attrs.get("split_count") != g:
+        return False
+    if split == concat:  # XLA's form: blocks of a dimension traded among the group
+        return list(x) == list(r) and x[split] % g == 0
+    want = list(x)
+    want[split], want[concat] = x[split] // g, x[concat] * g
+    return len(x) == len(r) and x[split] % g == 0 and list(r) == want
 
 
 def _same_groups(a: np.ndarray, b: np.ndarray, order_free: bool) -> bool:
@@ -707,10 +882,14 @@ def _pairs(t: Template, op: Op) -> None:
     if pairs.size == 0:
         return
     mesh = t.mesh
-    src, dst = mesh.coords(int(pairs[0, 0])), mesh.coords(int(pairs[0, 1]))
+    moves = {mesh.coords(int(a)) != mesh.coords(int(b)) for a, b in pairs}
+    src, dst = next(
+        ((mesh.coords(int(a)), mesh.coords(int(b))) for a, b in pairs if a != b),
+        (mesh.coords(int(pairs[0, 0])), mesh.coords(int(pairs[0, 1]))),
+    )
     moved = [a for a in range(len(mesh.sizes)) if src[a] != dst[a]]
-    if len(moved) != 1:
-        t.failed = f"collective_permute at {op.loc} moves along {len(moved)} axes"
+    if len(moved) != 1 or moves == {False}:
+        _relabel(t, op, pairs, len(moved))
         return
     axis = moved[0]
     n = mesh.sizes[axis]
@@ -726,7 +905,36 @@ def _pairs(t: Template, op: Op) -> None:
             t.reach[axis] = t.reach.get(axis, 0) + abs(shift)
             t.need(axis, max(3, 2 * t.reach[axis] + 1))
             return
-    t.failed = f"the pairs of collective_permute at {op.loc} are no shift along one axis"
+    _relabel(t, op, pairs, 1)
+
+
+def relabel_order(mesh: Mesh, pairs: np.ndarray) -> tuple[tuple[int, ...], bool] | None:
+    """(order, inverse) with `relabel_pairs(mesh, order, inverse)` the pairs, or None."""
+    if len(pairs) != mesh.devices or len(set(pairs[:, 0].tolist())) != mesh.devices:
+        return None
+    for inverse in (False, True):
+        src, dst = (pairs[:, 1], pairs[:, 0]) if inverse else (pairs[:, 0], pairs[:, 1])
+        target = np.empty(mesh.devices, dtype=np.int64)
+        target[src] = dst
+        # where a step along each axis lands: the axes in the new order, major first
+        step = {a: int(target[mesh.stride(a)] - target[0]) for a in range(len(mesh.sizes))}
+        order = tuple(sorted(range(len(mesh.sizes)), key=lambda a: -step[a]))
+        if _same_pairs(relabel_pairs(mesh, order, inverse), pairs):
+            return order, inverse
+    return None
+
+
+def _relabel(t: Template, op: Op, pairs: np.ndarray, moved: int) -> None:
+    """Pairs that send every device to the one whose id is its position in another order
+    of the axes (a permutation of the devices XLA makes between two tilings)."""
+    found = relabel_order(t.mesh, pairs)
+    if found is not None:
+        t.sites.append(Site(op, "relabel", found[0], cyclic=found[1]))
+        return
+    t.failed = (
+        f"the pairs of collective_permute at {op.loc} are no shift along one axis "
+        f"(it moves along {moved}) and no reordering of the axes"
+    )
 
 
 def mismatches(t: Template) -> list[str]:
@@ -737,7 +945,7 @@ def mismatches(t: Template) -> list[str]:
         if s.kind == "groups":
             real = np.asarray(s.op.attrs["replica_groups"], dtype=np.int64)
             same = _same_groups(real, got, s.op.name in ORDER_FREE)
-        elif s.kind == "pairs":
+        elif s.kind in ("pairs", "relabel"):
             real = np.asarray(s.op.attrs["source_target_pairs"], dtype=np.int64).reshape(-1, 2)
             same = _same_pairs(real, got)
         elif s.kind in TABLES:
