@@ -253,3 +253,52 @@ def test_the_jit_llama_step_is_read_on_sub_axes_where_xla_splits_an_axis() -> No
     assert {"groups", "table", "axis_table", "relabel"} <= kinds
     # a sub-axis used without the others: the reason the axis is read as three
     assert any(s.kind == "groups" and s.axes in ((1,), (0, 2)) for s in t.sites)
+
+
+def reshard(x, w):
+    """Rows split over "data" resharded to columns split over "data": XLA's all_to_all."""
+    y = jax.lax.with_sharding_constraint(jnp.tanh(x) * 2, P(None, "data", "model"))
+    return y @ w
+
+
+RESHARD_ARGS = (
+    jax.ShapeDtypeStruct((32, 16, 8), jnp.float32),
+    jax.ShapeDtypeStruct((8, 8), jnp.float32),
+)
+A2A = "replica_groups=mesh['axis_0'=1,'axis_1'=8,'axis_2'=2] {'axis_1'}, dimensions={1}"
+
+
+@pytest.fixture(scope="module")
+def resharded():
+    mesh = Mesh(np.array(jax.devices()[:16]).reshape(8, 2), ("data", "model"))
+
+    def s(spec):
+        return NamedSharding(mesh, spec)
+
+    f = jax.jit(
+        reshard,
+        in_shardings=(s(P("data", None, "model")), s(P())),
+        out_shardings=s(P(None, "data", None)),
+    )
+    with jax.set_mesh(mesh):
+        pre = f.lower(*RESHARD_ARGS).as_text(debug_info=True)
+    return pre, partition(pre)
+
+
+def test_an_all_to_all_reshard_is_proved_on_a_smaller_mesh(resharded) -> None:
+    pre, p = resharded
+    assert A2A in p.per_device_hlo
+    impl, placement = _per_device(pre, p, p.per_device_hlo)
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "equivalent", str(r)
+    assert axes_of(r) == {"data": (8, 2), "model": (2, 2)}
+    assert "checked concretely on every device of the real mesh too" in str(r)
+
+
+def test_an_all_to_all_over_the_wrong_axis_is_refuted(resharded) -> None:
+    pre, p = resharded
+    wrong = A2A.replace("{'axis_1'}", "{'axis_2'}")
+    impl, placement = _per_device(pre, p, p.per_device_hlo.replace(A2A, wrong))
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "not_equivalent", str(r)
+    assert r.counterexample.device is not None
