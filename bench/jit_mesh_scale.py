@@ -1,16 +1,21 @@
-"""Verification cost against the device count for a `jax.jit` step with shardings (issue #12):
-the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py on data x model meshes.
+"""Verification cost against the device count for a `jax.jit` step with shardings (issue #12).
 
-    python bench/jit_mesh_scale.py                          # meshes of 8, 32, 64, 512
+    python bench/jit_mesh_scale.py                          # the Llama step on 8, 32, 64, 512
+    python bench/jit_mesh_scale.py --step mlp --meshes 2x4,8x8,32x16,64x32
     python bench/jit_mesh_scale.py --meshes 2x4,8x4 --no-xla
 
-The step (optax AdamW; parameters and moments FSDP over "data", Megatron over "model"; the
-batch over "data") at a config whose widths every mesh divides (dim, FFN and vocabulary
-64). XLA's SPMD partitioner makes the per-device program for the real mesh (on as many host
-CPU devices, so each row runs in a fresh child with its device count), and tv proves it
-against the single-device step. Unlike `bench/mesh_scale.py`'s shard_map step, XLA's
-partitioned program is not mesh-reduced (docs/equivalence.md, "Mesh reduction"): every
-device is simulated, and this table shows what that costs. "xla s" is XLA's compile of the
+Steps (`--step`):
+- `llama`: the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py (optax AdamW;
+  parameters and moments FSDP over "data", Megatron over "model"; the batch over "data")
+  at a config whose widths every mesh divides (dim, FFN and vocabulary 64, 4 heads);
+- `mlp`: one SGD step of a two-layer MLP, its weights FSDP over "data" and Megatron over
+  "model", the batch over "data" (widths 128 and 256, 8 rows per "data" device).
+
+XLA's SPMD partitioner makes the per-device program for the real mesh (on as many host CPU
+devices, so each row runs in a fresh child with its device count), and tv proves it against
+the single-device step, on a smaller mesh where XLA's program is a template of its mesh
+(docs/equivalence.md, "Mesh reduction": XLA's programs); "reduced" is the mesh the proof
+ran on, and the line under a row says what kept an axis. "xla s" is XLA's compile of the
 same jit step for that mesh; jaxlib's CPU backend compiles for at most 2,048 devices, so
 8,192 has no row.
 """
@@ -64,11 +69,33 @@ def _step(data: int):
     return train_step, args, (p, o, batch), (p, o, P())
 
 
-def worker_verify(mesh: str, time_limit: float, memory: float) -> dict:
+def _mlp_step(data: int):
+    """(train_step, example args, in/out shardings) of the MLP step."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def loss(w1, w2, x):
+        return jnp.mean((jax.nn.relu(x @ w1) @ w2) ** 2)
+
+    def train_step(w1, w2, x):
+        value, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, w2, x)
+        return w1 - 0.1 * g1, w2 - 0.1 * g2, value
+
+    f32 = jnp.float32
+    args = tuple(jax.ShapeDtypeStruct(s, f32) for s in [(128, 256), (256, 128), (8 * data, 128)])
+    ins = (P("data", "model"), P("model", "data"), P("data", None))
+    return train_step, args, ins, (ins[0], ins[1], P())
+
+
+STEPS = {"llama": _step, "mlp": _mlp_step}
+
+
+def worker_verify(step_name: str, mesh: str, time_limit: float, memory: float) -> dict:
     from tv_ir.frontends.jax import verify
 
     data, model = (int(k) for k in mesh.split("x"))
-    step, args, ins, outs = _step(data)
+    step, args, ins, outs = STEPS[step_name](data)
     t0 = time.perf_counter()
     report = verify(
         step,
@@ -80,8 +107,15 @@ def worker_verify(mesh: str, time_limit: float, memory: float) -> dict:
         time_limit=time_limit,
         memory_limit=memory,
     )
+    reduction = report.mesh_reduction or {}
+    kept = [a for a in reduction.get("axes", []) if a.get("kept") and a["real"] > 2]
+    note = next((n for n in report.notes if "every device simulated" in n), "")
     return {
         "verdict": report.verdict,
+        "reduced": (reduction.get("devices") or [None, None])[1]
+        if reduction.get("reduced")
+        else data * model,
+        "kept": "; ".join(f"{a['name']}: {a['kept']}" for a in kept) or note,
         "seconds": time.perf_counter() - t0,
         "stages": report.stats.stages,
         "reason": report.reason,
@@ -89,13 +123,13 @@ def worker_verify(mesh: str, time_limit: float, memory: float) -> dict:
     }
 
 
-def worker_xla(mesh: str) -> dict:
+def worker_xla(step_name: str, mesh: str) -> dict:
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
 
     data, model = (int(k) for k in mesh.split("x"))
-    step, args, ins, outs = _step(data)
+    step, args, ins, outs = STEPS[step_name](data)
     devices = np.array(jax.devices()[: data * model]).reshape(data, model)
     m = Mesh(devices, ("data", "model"))
 
@@ -115,6 +149,7 @@ def main() -> None:
     from child_process import run_worker
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--step", choices=sorted(STEPS), default="llama")
     ap.add_argument("--meshes", default=",".join(MESHES), help="DATAxMODEL, comma-separated")
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
     ap.add_argument("--time-limit", type=float, default=600.0)
@@ -123,17 +158,17 @@ def main() -> None:
     a = ap.parse_args()
     if a.worker:
         if a.worker[0] == "xla":
-            res = worker_xla(a.worker[1])
+            res = worker_xla(a.worker[1], a.worker[2])
         else:
-            res = worker_verify(a.worker[1], float(a.worker[2]), float(a.worker[3]))
+            res = worker_verify(a.worker[1], a.worker[2], float(a.worker[3]), float(a.worker[4]))
         print(json.dumps(res), flush=True)
         return
 
     header = (
-        f"{'mesh':>6} {'devices':>7} {'verdict':>11} {'tv s':>7} {'prove s':>7} "
+        f"{'mesh':>6} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'prove s':>7} "
         f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
     )
-    print(f"tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB")
+    print(f"step {a.step}; tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB")
     print(header)
     print("-" * len(header), flush=True)
     script = str(Path(__file__).resolve())
@@ -141,22 +176,23 @@ def main() -> None:
         data, model = (int(k) for k in mesh.split("x"))
         env = dict(os.environ)
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={data * model}"
-        args = ["verify", mesh, str(a.time_limit), str(a.memory)]
+        args = ["verify", a.step, mesh, str(a.time_limit), str(a.memory)]
         child = run_worker(script, args, a.time_limit + 120, env)
         res = child.result or {"verdict": "killed", "reason": child.killed or child.tail()}
         xla = None
         if not a.no_xla:
-            xla = (run_worker(script, ["xla", mesh], 1800, env).result or {}).get("xla_s")
+            xla = (run_worker(script, ["xla", a.step, mesh], 1800, env).result or {}).get("xla_s")
         print(
-            f"{mesh:>6} {data * model:>7} {res['verdict']:>11} "
+            f"{mesh:>6} {data * model:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
             f"{res.get('seconds', float('nan')):>7.1f} "
             f"{res.get('phases', {}).get('prove', float('nan')):>7.1f} "
             f"{res.get('stages', 0):>6} {child.peak_mb:>7.0f} "
             f"{xla if xla is not None else float('nan'):>6.1f}",
             flush=True,
         )
-        if res.get("reason"):
-            print(f"  {res['reason'][:300]}", flush=True)
+        for what in ("reason", "kept"):
+            if res.get(what):
+                print(f"  {what}: {res[what][:400]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -302,3 +302,36 @@ def test_an_all_to_all_over_the_wrong_axis_is_refuted(resharded) -> None:
     r = tv_ir.check(pre, impl, placement=placement)
     assert r.verdict == "not_equivalent", str(r)
     assert r.counterexample.device is not None
+
+
+def test_axes_tied_by_a_dimension_split_two_ways_shrink_by_one_factor() -> None:
+    """A dimension split over "data" in one op and "model" in another shrinks only if both
+    axes shrink by the same factor: the smallest such mesh is chosen."""
+    from tv_ir.passes.mesh_reduction import _tied_sizes
+
+    class Body:
+        def factors(self, reduced):
+            data, model = 8 // reduced.sizes[0], 4 // reduced.sizes[1]
+            return ({}, "") if data == model else (None, "a dimension gathered two ways")
+
+    t = Template(mesh=AxisMesh(("data", "model"), (8, 4)))
+    assert _tied_sizes(Body(), t, (2, 2)) == (4, 2)
+    t.kept = {1: "its coordinate is compared with 3"}
+    assert _tied_sizes(Body(), t, (2, 4)) is None  # "model" keeps 4: so must "data"
+
+
+def test_the_jit_llama_step_on_64_devices_is_proved_on_fewer() -> None:
+    """XLA's partitioning of the Llama AdamW step at 16 x 4 (in a child with 64 host
+    devices, as the bench runs it): "model" shrinks, "data" keeps its 16 devices (its
+    heads are split over "model" in one op and over "data" in others)."""
+    import subprocess
+
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "jit_mesh_scale.py"), "--meshes", "16x4", "--no-xla"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    row = next(line.split() for line in r.stdout.splitlines() if line.strip().startswith("16x4"))
+    assert row[1:4] == ["64", "32", "equivalent"], r.stdout

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from tv_ir.ir.program import Module
 
 from .body_shapes import BodyShapes
@@ -28,6 +30,8 @@ from .template import NOT_A_SHARD_MAP as NOT_A_SHARD_MAP
 from .template import Mesh, Template, axes_layout, mismatches, read_template
 
 name = "mesh-reduction"
+TWO_WAYS = "a dimension gathered two ways"
+TIED_CANDIDATES = 400  # meshes tried for axes tied by a dimension split two ways
 NOT_DISTRIBUTED = "not a distributed program"
 
 
@@ -196,6 +200,13 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
         if shaped:  # the body's shapes follow these axes: rescaled with them, or kept
             if body is None:
                 body = BodyShapes(impl, t)
+            factor, why = body.factors(reduced)
+            if factor is None and sizes is None and TWO_WAYS in why:
+                # a dimension split over two sets of axes: shrink them by the same factor
+                tied = _tied_sizes(body, t, target)
+                if tied is not None:
+                    target, reduced = tied, t.mesh.resized(tied)
+                    shaped = [a for a in t.shaped if target[a] < t.mesh.sizes[a]]
             found = _rescaled(body, t, reduced)
             if isinstance(found, str):
                 if sizes is not None:
@@ -284,6 +295,27 @@ def _per_device_layouts(spec: Module, impl: Module, arg_axes, result_axes, mesh:
                 )
             layouts[-1].append(lay)
     return (layouts[0], layouts[1]), ""
+
+
+def _tied_sizes(body: BodyShapes, t: Template, planned: tuple[int, ...]):
+    """The smallest mesh, no axis below its planned size, on which every dimension of the
+    body shrinks by one factor however it is split over axes (data x tile in one op, model
+    x tile in another: "data" and "model" shrink by the same factor), or None."""
+    import itertools
+
+    choices = []
+    for axis, (n, low) in enumerate(zip(t.mesh.sizes, planned, strict=True)):
+        if axis in t.kept or low >= n:
+            choices.append([n])
+        else:
+            choices.append([d for d in range(low, n + 1) if n % d == 0])
+    candidates = sorted(itertools.product(*choices), key=lambda c: (int(np.prod(c)), c))
+    for sizes in candidates[:TIED_CANDIDATES]:
+        if int(np.prod(sizes)) >= t.mesh.devices:
+            break
+        if body.factors(t.mesh.resized(sizes))[0] is not None:
+            return tuple(sizes)
+    return None
 
 
 def _rescaled(body: BodyShapes, t: Template, reduced: Mesh):
