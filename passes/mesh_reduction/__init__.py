@@ -1,15 +1,17 @@
-"""mesh-reduction: prove a shard_map program on a smaller mesh than its real one.
+"""mesh-reduction: prove a shard_map program, or XLA's partitioning of a jit, on a smaller
+mesh than its real one.
 
-A shard_map body is one program for every device, parametric in the device's mesh
-coordinates. `template.read_template` finds where the mesh enters it (replica groups,
-permute pairs, `partition_id` arithmetic, the boundary shardings) as functions of the axis
-sizes, and what each axis needs: 2 positions, 3 when a shift or a first/last comparison
-needs first, interior and last devices; an axis whose coordinate is used otherwise, or
-whose collective reshapes tiles or counts devices, keeps its size. Each axis shrinks to the
-smallest divisor of its size that it needs; the template is checked against the real
-program at the real sizes (`template.mismatches`), then instantiated at the reduced sizes
-(`rewrite.reduced_impl`); the spec shrinks along the dimensions those axes split
-(`spec_dims.shrink_spec`), every constant of both programs unchanged. Why a verdict on the
+A shard_map body (or XLA's per-device program) is one program for every device, parametric
+in the device's mesh coordinates. `template.read_template` finds where the mesh enters it
+(replica groups, permute pairs, `partition_id` arithmetic and tables, the boundary
+shardings) as functions of the axis sizes, and what each axis needs: 2 positions, 3 when a
+shift or a first/last comparison needs first, interior and last devices; an axis whose
+coordinate is used otherwise, or whose collective reshapes tiles or counts devices, keeps
+its size. Each axis shrinks to the smallest divisor of its size that it needs; the template
+is checked against the real program at the real sizes (`template.mismatches`), then
+instantiated at the reduced sizes (`rewrite.reduced_impl`); the spec shrinks along the
+dimensions those axes split (`spec_dims.shrink_spec`), every constant of both programs
+unchanged. Why a verdict on the
 reduced mesh holds on the real one: docs/equivalence.md, "Mesh reduction".
 """
 
