@@ -91,7 +91,9 @@ def _mlp_step(data: int):
 STEPS = {"llama": _step, "mlp": _mlp_step}
 
 
-def worker_verify(step_name: str, mesh: str, time_limit: float, memory: float) -> dict:
+def worker_verify(
+    step_name: str, mesh: str, time_limit: float, memory: float, whole: bool = False
+) -> dict:
     from tv_ir.frontends.jax import verify
 
     data, model = (int(k) for k in mesh.split("x"))
@@ -106,6 +108,7 @@ def worker_verify(step_name: str, mesh: str, time_limit: float, memory: float) -
         out_shardings=outs,
         time_limit=time_limit,
         memory_limit=memory,
+        reduce_mesh=not whole,
     )
     reduction = report.mesh_reduction or {}
     kept = [a for a in reduction.get("axes", []) if a.get("kept") and a["real"] > 2]
@@ -152,6 +155,9 @@ def main() -> None:
     ap.add_argument("--step", choices=sorted(STEPS), default="llama")
     ap.add_argument("--meshes", default=",".join(MESHES), help="DATAxMODEL, comma-separated")
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
+    ap.add_argument(
+        "--whole-mesh", action="store_true", help="simulate every device (no mesh reduction)"
+    )
     ap.add_argument("--time-limit", type=float, default=600.0)
     ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory_limit (MB)")
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
@@ -160,7 +166,10 @@ def main() -> None:
         if a.worker[0] == "xla":
             res = worker_xla(a.worker[1], a.worker[2])
         else:
-            res = worker_verify(a.worker[1], a.worker[2], float(a.worker[3]), float(a.worker[4]))
+            res = worker_verify(
+                a.worker[1], a.worker[2], float(a.worker[3]), float(a.worker[4]),
+                a.worker[5] == "whole",
+            )  # fmt: skip
         print(json.dumps(res), flush=True)
         return
 
@@ -168,7 +177,11 @@ def main() -> None:
         f"{'mesh':>6} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'prove s':>7} "
         f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
     )
-    print(f"step {a.step}; tv time limit {a.time_limit:.0f} s, memory limit {a.memory:.0f} MB")
+    whole_note = "; every device simulated" if a.whole_mesh else ""
+    print(
+        f"step {a.step}{whole_note}; tv time limit {a.time_limit:.0f} s, "
+        f"memory limit {a.memory:.0f} MB"
+    )
     print(header)
     print("-" * len(header), flush=True)
     script = str(Path(__file__).resolve())
@@ -176,7 +189,8 @@ def main() -> None:
         data, model = (int(k) for k in mesh.split("x"))
         env = dict(os.environ)
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={data * model}"
-        args = ["verify", a.step, mesh, str(a.time_limit), str(a.memory)]
+        whole = "whole" if a.whole_mesh else "reduce"
+        args = ["verify", a.step, mesh, str(a.time_limit), str(a.memory), whole]
         child = run_worker(script, args, a.time_limit + 120, env)
         res = child.result or {"verdict": "killed", "reason": child.killed or child.tail()}
         xla = None

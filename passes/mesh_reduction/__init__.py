@@ -207,6 +207,10 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
                 # a dimension split over two sets of axes: shrink them by the same factor
                 tied = _tied_sizes(body, t, target)
                 if tied is not None:
+                    sizes_now = zip(t.mesh.sizes, target, tied, strict=True)
+                    for a, (n, was, now) in enumerate(sizes_now):
+                        if now == n > was:
+                            kept.setdefault(a, f"{why}, with axes that cannot shrink as far")
                     target, reduced = tied, t.mesh.resized(tied)
                     shaped = [a for a in t.shaped if target[a] < t.mesh.sizes[a]]
             found = _rescaled(body, t, reduced)

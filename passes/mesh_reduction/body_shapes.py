@@ -81,7 +81,10 @@ class BodyShapes:
             values = _value(defs, factor, whole)
             own = {_axis_of(k) for k in classes[whole]} - {None}
             if len(values) != 1 or own:
-                return None, "a dimension gathered two ways"
+                name = d.names.get(whole) or next(
+                    (d.names[k] for k in classes[whole] if k in d.names), "?"
+                )
+                return None, f"a dimension gathered two ways ({name})"
             f = values.pop()
             if f > 1:
                 why = d.reason_kept(classes[whole]) or d.reason_uneven(classes[whole])
