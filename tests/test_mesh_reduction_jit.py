@@ -80,21 +80,25 @@ def test_whole_mesh_is_simulated_when_asked() -> None:
     assert not r.mesh_reduction or not r.mesh_reduction.get("reduced")
 
 
-@pytest.fixture(scope="module")
-def parted():
-    """(annotated module, XLA's partitioning of it) for the step on the (4, 4) mesh."""
-    mesh = Mesh(np.array(jax.devices()[:16]).reshape(4, 4), ("data", "model"))
+def _xla_partitioned(fn, args, shape: tuple[int, int], ins, outs):
+    """(annotated module, XLA's partitioning of it) of `fn` jitted with PartitionSpecs on a
+    ("data", "model") mesh of `shape`."""
+    mesh = Mesh(np.array(jax.devices()[: shape[0] * shape[1]]).reshape(shape), ("data", "model"))
 
     def s(spec):
         return NamedSharding(mesh, spec)
 
-    f = jax.jit(
-        step,
-        in_shardings=tuple(s(p) for p in INS),
-        out_shardings=tuple(s(p) for p in OUTS),
-    )
-    pre = f.lower(*ARGS).as_text(debug_info=True)
+    out = s(outs) if isinstance(outs, P) else tuple(s(p) for p in outs)
+    f = jax.jit(fn, in_shardings=tuple(s(p) for p in ins), out_shardings=out)
+    with jax.set_mesh(mesh):
+        pre = f.lower(*args).as_text(debug_info=True)
     return pre, partition(pre)
+
+
+@pytest.fixture(scope="module")
+def parted():
+    """(annotated module, XLA's partitioning of it) for the step on the (4, 4) mesh."""
+    return _xla_partitioned(step, ARGS, (4, 4), INS, OUTS)
 
 
 def _per_device(pre: str, parted, hlo: str):
@@ -106,6 +110,14 @@ def _per_device(pre: str, parted, hlo: str):
         spec.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
     )
     return impl, placement
+
+
+def _mutant(parted, old: str, new: str):
+    """The report on XLA's program with `old` replaced by `new` (a planted bug)."""
+    pre, p = parted
+    assert old in p.per_device_hlo
+    impl, placement = _per_device(pre, p, p.per_device_hlo.replace(old, new))
+    return tv_ir.check(pre, impl, placement=placement)
 
 
 DATA_COORD = "constant({0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3})"
@@ -143,32 +155,21 @@ def test_layouts_over_whole_axes_are_read_in_their_order() -> None:
 
 
 def test_a_wrong_table_entry_keeps_the_mesh_and_is_refuted(parted) -> None:
-    pre, p = parted
-    bad = DATA_COORD.replace("3, 3, 3, 3})", "3, 3, 3, 2})")
-    impl, placement = _per_device(pre, p, p.per_device_hlo.replace(DATA_COORD, bad))
-    r = tv_ir.check(pre, impl, placement=placement)
+    r = _mutant(parted, DATA_COORD, DATA_COORD.replace("3, 3, 3, 3})", "3, 3, 3, 2})"))
     assert r.verdict == "not_equivalent", str(r)
     assert any("mesh reduction not applied (the table at partition_id" in n for n in r.notes)
     assert set(r.counterexample.mesh_coords) == {"data", "model"}
 
 
 def test_a_wrong_offset_table_keeps_its_axis_and_is_refuted(parted) -> None:
-    pre, p = parted
-    impl, placement = _per_device(
-        pre, p, p.per_device_hlo.replace(DATA_OFFSET, "constant({0, 8, 16, 16})")
-    )
-    r = tv_ir.check(pre, impl, placement=placement)
+    r = _mutant(parted, DATA_OFFSET, "constant({0, 8, 16, 16})")
     assert r.verdict == "not_equivalent", str(r)
     assert axes_of(r)["data"] == (4, 4)
 
 
 def test_groups_over_the_wrong_axis_are_refuted_on_the_reduced_mesh_and_replayed(parted) -> None:
-    pre, p = parted
     right = "all-reduce(%dot.1), channel_id=3, replica_groups=[4,4]<=[16]"
-    assert right in p.per_device_hlo
-    wrong = right.replace("[4,4]<=[16]", "[4,4]<=[4,4]T(1,0)")
-    impl, placement = _per_device(pre, p, p.per_device_hlo.replace(right, wrong))
-    r = tv_ir.check(pre, impl, placement=placement)
+    r = _mutant(parted, right, right.replace("[4,4]<=[16]", "[4,4]<=[4,4]T(1,0)"))
     assert r.verdict == "not_equivalent", str(r)
     assert axes_of(r) == {"data": (4, 2), "model": (4, 2)}
     assert any("replayed on every device of the real mesh" in n for n in r.notes), r.notes
@@ -270,19 +271,8 @@ A2A = "replica_groups=mesh['axis_0'=1,'axis_1'=8,'axis_2'=2] {'axis_1'}, dimensi
 
 @pytest.fixture(scope="module")
 def resharded():
-    mesh = Mesh(np.array(jax.devices()[:16]).reshape(8, 2), ("data", "model"))
-
-    def s(spec):
-        return NamedSharding(mesh, spec)
-
-    f = jax.jit(
-        reshard,
-        in_shardings=(s(P("data", None, "model")), s(P())),
-        out_shardings=s(P(None, "data", None)),
-    )
-    with jax.set_mesh(mesh):
-        pre = f.lower(*RESHARD_ARGS).as_text(debug_info=True)
-    return pre, partition(pre)
+    ins = (P("data", None, "model"), P())
+    return _xla_partitioned(reshard, RESHARD_ARGS, (8, 2), ins, P(None, "data", None))
 
 
 def test_an_all_to_all_reshard_is_proved_on_a_smaller_mesh(resharded) -> None:
@@ -296,10 +286,7 @@ def test_an_all_to_all_reshard_is_proved_on_a_smaller_mesh(resharded) -> None:
 
 
 def test_an_all_to_all_over_the_wrong_axis_is_refuted(resharded) -> None:
-    pre, p = resharded
-    wrong = A2A.replace("{'axis_1'}", "{'axis_2'}")
-    impl, placement = _per_device(pre, p, p.per_device_hlo.replace(A2A, wrong))
-    r = tv_ir.check(pre, impl, placement=placement)
+    r = _mutant(resharded, A2A, A2A.replace("{'axis_1'}", "{'axis_2'}"))
     assert r.verdict == "not_equivalent", str(r)
     assert r.counterexample.device is not None
 
