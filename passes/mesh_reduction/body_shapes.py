@@ -75,16 +75,17 @@ class BodyShapes:
             if f > 1:
                 why = d.reason_kept(members) or d.reason_uneven(members)
                 if why or root in pinned:
-                    return None, why or "a gathered dimension tied to its own tile"
+                    return (
+                        None,
+                        why
+                        or f"a gathered dimension tied to its own tile ({_name(d, root, members)})",
+                    )
             factor[root] = f
         for whole in defs:
             values = _value(defs, factor, whole)
             own = {_axis_of(k) for k in classes[whole]} - {None}
             if len(values) != 1 or own:
-                name = d.names.get(whole) or next(
-                    (d.names[k] for k in classes[whole] if k in d.names), "?"
-                )
-                return None, f"a dimension gathered two ways ({name})"
+                return None, f"a dimension gathered two ways ({_name(d, whole, classes[whole])})"
             f = values.pop()
             if f > 1:
                 why = d.reason_kept(classes[whole]) or d.reason_uneven(classes[whole])
@@ -119,6 +120,11 @@ def _size_of(mesh: Mesh, axes: tuple[int, ...]) -> int:
     for a in axes:
         out *= mesh.sizes[a]
     return out
+
+
+def _name(d: DimClasses, root: Key, members) -> str:
+    """Where a class's dimension is, for a reason the report gives."""
+    return d.names.get(root) or next((d.names[k] for k in members if k in d.names), "?")
 
 
 def _axis_of(key: Key) -> int | None:
