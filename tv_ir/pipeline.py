@@ -33,6 +33,7 @@ from .limits import (
 )
 from .prover import machine_load
 from .prover.engine import Options, StageProver
+from .prover.mesh_transfer import reduced_placement
 from .prover.placement import Placement
 from .prover.smt import SolverError
 from .prover.workers import Relayed, use_workers
@@ -309,7 +310,7 @@ def _check_unrolled(
         _locate_on_generalised(report, *generalised)
     whole_mesh = real
     if mesh is not None:  # the real sizes on the reduced mesh: what replays and confirms
-        real = (mesh.spec, mesh.impl, _reduced_placement(mesh))
+        real = (mesh.spec, mesh.impl, reduced_placement(mesh))
     if report.verdict == UNKNOWN and report.reason.startswith("time limit of "):
         # the prover was given what import left of the limit: name the user's limit
         report.reason = time_limit_reason(report.reason.split(" reached", 1)[-1].strip())
@@ -705,12 +706,6 @@ def _mesh_plan(real, reduce_mesh: bool):
     return None, f"every device simulated; mesh reduction: {'; '.join(kept)}"
 
 
-def _reduced_placement(mesh):
-    from .prover.mesh_transfer import reduced_placement
-
-    return reduced_placement(mesh)
-
-
 def _reduce_and_prove(
     real,
     reduce_shapes: bool,
@@ -751,7 +746,7 @@ def _reduce_and_prove(
             # shape reduction took what the mesh needed to shrink (offsets of one block):
             # the real shapes on the reduced mesh cost less than the reduced ones on all
             reduction = None
-            spec_m, impl_m, placement = mesh.spec, mesh.impl, _reduced_placement(mesh)
+            spec_m, impl_m, placement = mesh.spec, mesh.impl, reduced_placement(mesh)
         else:
             mesh = None
     if spec_m is not real[0]:
@@ -811,7 +806,7 @@ def _confirm_beside(aside, reduction, mesh, real, seed: int) -> None:
     if aside.confirms is not None:
         return  # one confirmation beside the proof (the first reduction's)
     if mesh is not None:
-        real = (mesh.spec, mesh.impl, _reduced_placement(mesh))
+        real = (mesh.spec, mesh.impl, reduced_placement(mesh))
     aside.confirms = reduction
     parts = agreement_parts(reduction, *real, seed=seed)
     aside.add_parts("confirm", parts, lambda outcomes: agreement_of(reduction, outcomes))

@@ -18,6 +18,7 @@ reduced mesh holds on the real one: docs/equivalence.md, "Mesh reduction".
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,14 +169,13 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
     if t.failed:
         out.failed = t.failed
         return out
-    if (
-        t.manual is not None
-        and placement.num_devices != t.mesh.devices
-        or any(
-            len(lay.boxes) != placement.num_devices
-            or (t.manual is not None and lay.tile_shape != lay.global_shape)
-            for lay in list(placement.args) + list(placement.results)
-        )
+    layouts = list(placement.args) + list(placement.results)
+    if any(len(lay.boxes) != placement.num_devices for lay in layouts):
+        out.failed = "a boundary layout is not over every device"
+        return out
+    if t.manual is not None and (
+        placement.num_devices != t.mesh.devices
+        or any(lay.tile_shape != lay.global_shape for lay in layouts)
     ):
         out.failed = "the shard_map's arguments are not whole on every device"
         return out
@@ -307,8 +307,6 @@ def _tied_sizes(body: BodyShapes, t: Template, planned: tuple[int, ...]):
     """The smallest mesh, no axis below its planned size, on which every dimension of the
     body shrinks by one factor however it is split over axes (data x tile in one op, model
     x tile in another: "data" and "model" shrink by the same factor), or None."""
-    import itertools
-
     choices = []
     for axis, (n, low) in enumerate(zip(t.mesh.sizes, planned, strict=True)):
         if axis in t.kept or low >= n:

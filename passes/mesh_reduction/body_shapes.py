@@ -24,7 +24,7 @@ from tv_ir.passes.shape_reduction.rules import ShapeRules
 
 from tv_ir.ir.program import Module, Op, TensorType, Value
 
-from .template import GATHERING, Mesh, Template
+from .template import GATHERING, Mesh, Template, axes_size
 
 
 class BodyShapes:
@@ -115,13 +115,6 @@ class BodyShapes:
 BLOCK = 1 << 40
 
 
-def _size_of(mesh: Mesh, axes: tuple[int, ...]) -> int:
-    out = 1
-    for a in axes:
-        out *= mesh.sizes[a]
-    return out
-
-
 def _name(d: DimClasses, root: Key, members) -> str:
     """Where a class's dimension is, for a reason the report gives."""
     return d.names.get(root) or next((d.names[k] for k in members if k in d.names), "?")
@@ -202,7 +195,7 @@ class _MeshRules(ShapeRules):
         for a, (s, b) in enumerate(zip(kx, kr, strict=True)):
             if a == split == concat:  # one block per member: the dimension is parts x block
                 self.d.tie(s, b)
-                size = x.type.shape[a] // _size_of(self.t.mesh, axes)
+                size = x.type.shape[a] // axes_size(self.t.mesh, axes)
                 self._blocks += 1
                 block = self.d.add((BLOCK, self._blocks), size, f"all_to_all block at {op.loc}")
                 self.product(s, block, axes)

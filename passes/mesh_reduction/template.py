@@ -152,9 +152,9 @@ def instantiate(site: Site, mesh: Mesh):
     if site.kind == "table":
         return _row_major(mesh, site.axes).reshape(-1) * site.k
     if site.kind == "axis_table":
-        return np.arange(_size(mesh, site.axes), dtype=np.int64) * site.k
+        return np.arange(axes_size(mesh, site.axes), dtype=np.int64) * site.k
     if site.kind == "whole":
-        return _size(mesh, site.axes) * site.k
+        return axes_size(mesh, site.axes) * site.k
     axis = site.axes[0]
     if site.kind == "stride":
         return mesh.stride(axis)
@@ -163,7 +163,8 @@ def instantiate(site: Site, mesh: Mesh):
     return mesh.sizes[axis] - 1  # "last"
 
 
-def _size(mesh: Mesh, axes: tuple[int, ...]) -> int:
+def axes_size(mesh: Mesh, axes: tuple[int, ...]) -> int:
+    """How many devices `axes` span together."""
     return int(np.prod([mesh.sizes[a] for a in axes])) if axes else 1
 
 
@@ -384,8 +385,6 @@ def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
     """For each dimension of a layout, the mesh axes splitting it (major first), or None when
     the layout is not a sharding over whole axes of `mesh` (partial sums, padding, another
     device order)."""
-    from tv_ir.semantics.layout import Layout
-
     if lay.unreduced or lay.manual or lay.maximal is not None or lay.num_devices != mesh.devices:
         return None
     dims: list[tuple[int, ...]] = []
@@ -405,12 +404,7 @@ def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
         if not np.array_equal(index, _row_major(mesh, order)):
             return None
         dims.append(order)
-    sharding = SdySharding(
-        SdyMesh(tuple(zip(mesh.names, mesh.sizes, strict=True))),
-        tuple(tuple(SdyAxis(mesh.names[a]) for a in d) for d in dims),
-    )
-    again = Layout.from_sdy(sharding, None, lay.global_shape, mesh.devices)
-    return dims if again.boxes == lay.boxes else None
+    return dims if axes_layout(dims, mesh, lay.global_shape).boxes == lay.boxes else None
 
 
 def axes_layout(axes: list[tuple[int, ...]], mesh: Mesh, global_shape):
@@ -631,7 +625,7 @@ def table_positions(mesh: Mesh, table: np.ndarray) -> tuple[tuple[int, ...], int
 def _indexes_tables(t: Template, axes: tuple[int, ...], v, uses) -> bool:
     """A position over several axes used only to look up a table of starts (each position
     times a tile) of tiles over those axes."""
-    n = _size(t.mesh, axes)
+    n = axes_size(t.mesh, axes)
     todo, ok = [v], True
     while todo and ok:
         for op, k in uses.get(todo.pop().id, []):
@@ -707,7 +701,7 @@ def _tile_start(t: Template, axes: tuple[int, ...], v, tile: int, uses) -> bool:
     normalisation of a negative start (`select(v < 0, v + size x tile, v)`) and a division
     by a constant that divides the tile (shape reduction's rescaled start: `start / k`,
     a tile of `tile / k`), or XLA's `start - 0` (and `start - start`, 0 everywhere)."""
-    n = _size(t.mesh, axes)
+    n = axes_size(t.mesh, axes)
     starts: list[tuple[Op, int, int]] = []
     sites: list[Site] = []
     selects: list[Op] = []
@@ -824,7 +818,7 @@ def generating_axes(mesh: Mesh, groups: np.ndarray, order_free: bool) -> tuple[i
 
         candidates = [tuple(sorted(varying, key=first_change, reverse=True)), tuple(varying)]
     for axes in candidates:
-        if _size(mesh, axes) == groups.shape[1] and _same_groups(
+        if axes_size(mesh, axes) == groups.shape[1] and _same_groups(
             groups, axis_groups(mesh, axes), order_free
         ):
             return axes
