@@ -151,6 +151,10 @@ def time_left() -> float | None:
     return None if end is None else end - time.perf_counter()
 
 
+# interpreters poll the limits at every block's first op and every CHECK_EVERY + 1 ops after
+CHECK_EVERY = 15
+
+
 def check_time() -> None:
     """Raise OutOfTime when the deadline has passed, OutOfMemoryBudget when the memory limit
     is (cheap: call it in long loops)."""

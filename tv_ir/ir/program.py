@@ -9,6 +9,7 @@ once by the importer, so no later layer touches the MLIR bindings.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,7 @@ class TensorType:
     def is_integer(self) -> bool:
         return not self.is_float and not self.is_bool and not self.is_complex
 
-    @property
+    @functools.cached_property
     def numpy_dtype(self) -> str:
         """The numpy dtype that concrete evaluation uses (floats widen to float64)."""
         if self.is_float:

@@ -155,6 +155,36 @@ class DeviceBatch:
             store.stacks[vid] = r
             store.views.pop(vid, None)  # an older stack's views: not kept alive by them
 
+    def put_values(self, values: list, per_device: list) -> None:
+        """Give `values` (a block's arguments) the devices' `per_device[d][k]`: a position
+        whose values are one stack's slices (a loop's state, as the body left it) or one
+        object on every device is recorded as that stack or object, the others device by
+        device. What each device then reads is the object it was given."""
+        store = self.store
+        for k, v in enumerate(values):
+            xs = [a[k] for a in per_device]
+            first = xs[0]
+            owner = store.owner.get(id(first))
+            known = store.views.get(owner) if owner is not None else None
+            if known is not None and all(map(operator.is_, known[1], xs)):
+                entry = known[0]
+            elif all(x is first for x in xs):
+                entry = One(first)
+            else:
+                for env, x in zip(self.envs, xs, strict=True):
+                    env[v.id] = x
+                continue
+            vid = v.id
+            if vid in store.own:
+                store.own.discard(vid)
+                for env in self.envs:
+                    dict.pop(env, vid, None)
+            store.stacks[vid] = entry
+            if type(entry) is One:
+                store.views.pop(vid, None)
+            else:
+                store.views[vid] = known  # its slices: the very objects given
+
     def per_device(self, op: Op, out: Stacked) -> list:
         """`out` as `[device][result]` (for a hook: it sees what device-by-device gives)."""
         self.put(op, out)
@@ -247,16 +277,20 @@ class DeviceBatch:
             if call is None:
                 return None
             attrs, operands, operand_types = call
-            ctx = OpContext(
-                name=op.name,
-                attrs=attrs,
-                operand_types=operand_types,
-                result_types=result_types,
-                alg=self.alg,
-                run_region=_no_region,
-                regions=op.regions,
-                loc=op.loc,
-            )
+            known = memo.get("context")  # the rules make attributes and types once per op
+            if known is None or known[0] is not attrs or known[1] is not operand_types:
+                ctx = OpContext(
+                    name=op.name,
+                    attrs=attrs,
+                    operand_types=operand_types,
+                    result_types=result_types,
+                    alg=self.alg,
+                    run_region=_no_region,
+                    regions=op.regions,
+                    loc=op.loc,
+                )
+                known = memo["context"] = (attrs, operand_types, ctx)
+            ctx = known[2]
             out = fn(ctx, *operands)
             out = out if isinstance(out, list) else [out]
             stacks = [_checked(r, t) for r, t in zip(out, result_types, strict=True)]
@@ -309,6 +343,9 @@ def _batched_type(t, n: int):
 
 def _checked(r, t) -> np.ndarray:
     """A batched result against its batched type (as evaluator.checked_results does)."""
+    if type(r) is np.ndarray and type(t) is TensorType and r.shape == t.shape:
+        if r.dtype == t.numpy_dtype:
+            return r  # the common case, checked first: as declared
     r = np.asarray(r)
     if r.shape != tuple(t.shape):
         raise InterpreterError(f"batched result shape {r.shape} does not match {t}")

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import numpy as np
 
 from tv_ir.errors import TvError, Unsupported
-from tv_ir.ir.program import Block, Function, Module, Op
-from tv_ir.limits import check_time
+from tv_ir.ir.program import Block, Function, Module, Op, TensorType
+from tv_ir.limits import CHECK_EVERY, check_time
 from tv_ir.semantics.algebra import NumpyAlgebra
 from tv_ir.semantics.interpreters.invariant_ops import InvariantValues
 from tv_ir.semantics.ops import OpContext, lookup
@@ -41,6 +41,9 @@ class BlockEvaluator:
         self.env: dict[int, object] = {}
         # a region's constant-derived values, made once (concrete runs only)
         self.invariants = InvariantValues() if type(alg) is NumpyAlgebra else None
+        # id(op) -> (op, its evaluator, its context or None): looked up once per op, not at
+        # every iteration of a loop
+        self._prepared: dict[int, tuple] = {}
 
     def run(self, fn: Function | None = None, args: list | None = None) -> list:
         fn = fn or self.module.main
@@ -59,8 +62,9 @@ class BlockEvaluator:
         for v, a in zip(block.args, args, strict=True):
             env[v.id] = a
         fixed = self.invariants.of(block, top) if self.invariants is not None else None
-        for op in block.ops:
-            check_time()
+        for k, op in enumerate(block.ops):
+            if not k & CHECK_EVERY:  # the limits, polled every few ops
+                check_time()
             if fixed and id(op) in fixed:
                 results = self.invariants.results(op, self.evaluate_op)
             else:
@@ -73,11 +77,34 @@ class BlockEvaluator:
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
-        fn = lookup(op.name, op.loc)
-        refuse_complex(op)
+        known = self._prepared.get(id(op))
+        if known is None or known[0] is not op:
+            fn = lookup(op.name, op.loc)
+            refuse_complex(op)
+            known = self._prepared[id(op)] = (op, fn, self._fixed_context(op))
+        _, fn, ctx = known
         operands = [self.env[v.id] for v in op.operands]
-        ctx = self.context(op)
+        if ctx is None:  # an op that runs regions or calls: a context bound to this evaluator
+            ctx = self.context(op)
         return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
+
+    def _fixed_context(self, op: Op) -> OpContext | None:
+        """The context of an op that runs no region and calls nothing, made once; None for
+        the others (their context refers back to this evaluator, so it is made per call:
+        kept, it would hold the evaluator and its values in a reference cycle)."""
+        if op.regions or op.name in _CALLS:
+            return None
+        return OpContext(
+            name=op.name,
+            attrs=op.attrs,
+            operand_types=[v.type for v in op.operands],
+            result_types=[v.type for v in op.results],
+            alg=self.alg,
+            run_region=_no_region,
+            regions=op.regions,
+            device=self.device,
+            loc=op.loc,
+        )
 
     def context(self, op: Op) -> OpContext:
         """What an evaluator of `op` sees; its regions run in this interpreter."""
@@ -100,6 +127,14 @@ class BlockEvaluator:
     def _numeric(self) -> BlockEvaluator:
         """This evaluator's twin on numbers (the same module and device)."""
         return BlockEvaluator(self.module, NumpyAlgebra(), device=self.device)
+
+
+# ops whose evaluators call a module function (OpContext.call)
+_CALLS = frozenset(("func.call", "stablehlo.composite", "stablehlo.custom_call"))
+
+
+def _no_region(i: int, args: list) -> list:
+    raise InterpreterError("an op without regions ran a region")
 
 
 def refuse_complex(op: Op) -> None:
@@ -139,6 +174,9 @@ def checked_results(op: Op, out) -> list:
 
 def _shaped(r, t):
     """Check an evaluator's result against the op's declared type."""
+    if type(r) is np.ndarray and type(t) is TensorType and r.shape == t.shape:
+        if r.dtype == t.numpy_dtype:
+            return r  # the common case, checked first: as declared
     if isinstance(r, tuple) or not hasattr(t, "shape"):
         return r
     r = np.asarray(r)

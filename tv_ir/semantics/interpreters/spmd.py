@@ -38,7 +38,7 @@ import numpy as np
 from tv_ir.errors import BadInput, ProgramHangs, Unsupported
 from tv_ir.ir.attrs import SdySharding
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, walk
-from tv_ir.limits import check_time
+from tv_ir.limits import CHECK_EVERY, check_time
 from tv_ir.semantics.algebra import NumpyAlgebra
 from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH, DeviceBatch, Stacked
 from tv_ir.semantics.interpreters.evaluator import (
@@ -150,17 +150,22 @@ class SpmdInterpreter:
 
     # -- blocks and ops ----------------------------------------------------------------------
     def _block(self, block: Block, args: PerDevice, top: bool) -> PerDevice:
-        for proc, a in zip(self.procs, args, strict=True):
+        for a in args:
             if len(a) != len(block.args):
                 raise InterpreterError(f"block takes {len(block.args)} arguments, got {len(a)}")
-            for v, x in zip(block.args, a, strict=True):
-                proc.env[v.id] = x
+        if self.batch is not None:  # a loop's state: what was stacked is passed on stacked
+            self.batch.put_values(block.args, args)
+        else:
+            for proc, a in zip(self.procs, args, strict=True):
+                for v, x in zip(block.args, a, strict=True):
+                    proc.env[v.id] = x
         envs = [proc.env for proc in self.procs]
         hook = self.hook if top else None
         prehook = self.prehook if top else None
         fixed = self.invariants.of(block, top) if self.invariants is not None else None
-        for op in block.ops:
-            check_time()
+        for k, op in enumerate(block.ops):
+            if not k & CHECK_EVERY:  # the limits, polled every few ops
+                check_time()
             results = prehook(op, self._operands) if prehook is not None else None
             if results is not None:  # known without evaluating the op
                 for env, rs in zip(envs, results, strict=True):

@@ -17,13 +17,9 @@ def filled(shape, scalar) -> np.ndarray:
     return out
 
 
-def start_indices(ctx, operand_shape, sizes, index_arrays) -> list[int]:
+def start_indices(operand_shape, sizes, starts: list[int]) -> list[int]:
     """dynamic_slice / dynamic_update_slice offsets: clamped into range (spec semantics)."""
-    starts = []
-    for d, idx in enumerate(index_arrays):
-        s = ctx.alg.index(idx)
-        starts.append(int(min(max(s, 0), operand_shape[d] - sizes[d])))
-    return starts
+    return [min(max(s, 0), n - k) for s, n, k in zip(starts, operand_shape, sizes, strict=True)]
 
 
 # a constant that stands for any table of its shape: shape reduction marks a float table it
@@ -110,8 +106,8 @@ def _by_start_cases(ctx, operand_shape, sizes, index_arrays, at):
     cases: a `select` over every start it can clamp to (the first and last take every index
     below and above the range)."""
     known = [ctx.alg.known_index(i) for i in index_arrays]
-    if all(k is not None for k in known):
-        return at(start_indices(ctx, operand_shape, sizes, index_arrays))
+    if None not in known:
+        return at(start_indices(operand_shape, sizes, known))
     ranges = []
     for d, k in enumerate(known):
         top = operand_shape[d] - sizes[d]
