@@ -68,6 +68,8 @@ def without_location() -> Iterator[None]:
 def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
     where: that walk costs more than the runs)."""
+    if _outputs_agree(spec, impl, placement, inputs):
+        return False
     spec_tr = run_traced(spec, inputs)
     try:
         impl_tr = _run_impl(impl, placement, inputs)
@@ -80,6 +82,8 @@ def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool
     """(counterexample, location, per-output results) if `inputs` shows a difference. The
     location is None when `locate` is False or inside `without_location` (callers that keep
     only the counterexample: the walk costs more than the runs)."""
+    if _outputs_agree(spec, impl, placement, inputs):
+        return None
     spec_tr = run_traced(spec, inputs)
     try:
         impl_tr = _run_impl(impl, placement, inputs)
@@ -297,10 +301,26 @@ def _largest(diff: np.ndarray) -> float:
     return float("nan") if diff.size else 0.0
 
 
-def _run_impl(impl: Module, placement, inputs: list):
+def _run_impl(impl: Module, placement, inputs: list, values: bool = True):
     return run_traced_devices(
-        impl, placement.shard_inputs(inputs), placement.num_replicas, placement.num_partitions
+        impl,
+        placement.shard_inputs(inputs),
+        placement.num_replicas,
+        placement.num_partitions,
+        values,
     )
+
+
+def _outputs_agree(spec: Module, impl: Module, placement, inputs: list) -> bool:
+    """Whether every output agrees on `inputs`, from runs that keep their outputs alone
+    (cheaper: the devices' values stay batched). Only outputs that differ need every value:
+    whether a run overflowed (then no difference counts) and where they part ways."""
+    spec_out = run_traced(spec, inputs, values=False)
+    try:
+        impl_out = _run_impl(impl, placement, inputs, values=False)
+    except ProgramHangs:
+        return False  # told apart, and said why, by the traced runs
+    return _first_difference(spec_out, impl_out, spec, impl, placement)[1] is None
 
 
 def _other_inputs(inputs: list) -> list:

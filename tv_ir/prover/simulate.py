@@ -331,7 +331,8 @@ class Trace:
     outputs: list = field(default_factory=list)
 
 
-def run_traced(module: Module, inputs: list) -> Trace:
+def run_traced(module: Module, inputs: list, values: bool = True) -> Trace:
+    """One run of `module`: its outputs, and (`values`) every top-level value."""
     trace = Trace()
 
     def hook(op, results):
@@ -339,7 +340,7 @@ def run_traced(module: Module, inputs: list) -> Trace:
             trace.values[v.id] = r
         return results
 
-    interp = Interpreter(module, NumpyAlgebra(), hook=hook)
+    interp = Interpreter(module, NumpyAlgebra(), hook=hook if values else None)
     for v, a in zip(module.main.args, inputs, strict=True):
         trace.values[v.id] = a
     trace.outputs = interp.run(module.main, inputs)
@@ -347,9 +348,14 @@ def run_traced(module: Module, inputs: list) -> Trace:
 
 
 def run_traced_devices(
-    module: Module, per_device_inputs: list[list], num_replicas: int, num_partitions: int
+    module: Module,
+    per_device_inputs: list[list],
+    num_replicas: int,
+    num_partitions: int,
+    values: bool = True,
 ) -> Trace:
-    """Run a per-device program on every device; values and outputs are per-device lists."""
+    """Run a per-device program on every device; values (unless `values` is False: the
+    outputs only, the devices' values held batched) and outputs are per-device lists."""
     from tv_ir.semantics.interpreters.spmd import SpmdInterpreter
 
     trace = Trace()
@@ -363,7 +369,9 @@ def run_traced_devices(
 
     for k, v in enumerate(module.main.args):
         trace.values[v.id] = [per_device_inputs[d][k] for d in range(n)]
-    interp = SpmdInterpreter(module, NumpyAlgebra(), num_replicas, num_partitions, hook=hook)
+    interp = SpmdInterpreter(
+        module, NumpyAlgebra(), num_replicas, num_partitions, hook=hook if values else None
+    )
     outs = interp.run(per_device_inputs)
     trace.outputs = [[outs[d][k] for d in range(n)] for k in range(len(module.main.body.results))]
     return trace
