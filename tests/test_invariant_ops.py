@@ -103,3 +103,34 @@ def test_a_shard_map_loop_keeps_its_constants_on_every_device(monkeypatch) -> No
     np.testing.assert_allclose(once, np.asarray(jax.jit(per_device)(x)), rtol=1e-6)
     assert n_once == constants(module)  # once, for all devices
     assert n_each >= constants(module) + TRIPS
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_after_the_first_iteration_kept_ops_are_not_visited(monkeypatch, devices) -> None:
+    """Their values stay in the environment (each value is written by its op alone), so
+    later iterations go over the body's other ops only: each kept op is looked at once."""
+    x = np.arange(4.0 * devices, dtype=np.float32)
+    fn = scaled_steps
+    if devices > 1:
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:devices]), ("d",))
+        fn = jax.shard_map(
+            lambda v: jax.lax.psum(scaled_steps(v), "d"),
+            mesh=mesh,
+            in_specs=P("d"),
+            out_specs=P("d"),
+        )
+    module = tv_ir.load(jax.jit(fn).lower(x).as_text())
+    looked_at: list[int] = []
+    real = invariant_ops.InvariantValues.results
+
+    def counting(self, op, evaluate):
+        looked_at.append(id(op))
+        return real(self, op, evaluate)
+
+    monkeypatch.setattr(invariant_ops.InvariantValues, "results", counting)
+    (out,) = Interpreter(module, NumpyAlgebra()).run(args=[x])
+    np.testing.assert_allclose(out, np.asarray(jax.jit(fn)(x)), rtol=1e-6)
+    loop = next(op for op in walk(module.main.body) if op.name == "stablehlo.while")
+    kept = invariant_ops.constant_derived(loop.regions[1].block)
+    assert kept and set(looked_at) >= kept
+    assert len(looked_at) == len(set(looked_at))  # each once, not once per iteration

@@ -62,7 +62,8 @@ class BlockEvaluator:
         for v, a in zip(block.args, args, strict=True):
             env[v.id] = a
         fixed = self.invariants.of(block, top) if self.invariants is not None else None
-        for k, op in enumerate(block.ops):
+        ops = self.invariants.to_run(block) if fixed else block.ops
+        for k, op in enumerate(ops):
             if not k & CHECK_EVERY:  # the limits, polled every few ops
                 check_time()
             if fixed and id(op) in fixed:
@@ -73,6 +74,8 @@ class BlockEvaluator:
                 results = self.hook(op, results)
             for v, r in zip(op.results, results, strict=True):
                 env[v.id] = r
+        if fixed:
+            self.invariants.ran(block, fixed)
         return [env[v.id] for v in block.results]
 
     def evaluate_op(self, op: Op) -> list:

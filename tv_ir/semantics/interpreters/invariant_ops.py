@@ -7,7 +7,9 @@ arrays again (at 126 layers, a third of the ops the concrete run at the real lay
 evaluates). An op is *constant-derived* when it is pure (its results depend on its operands
 and attributes alone: no device, no randomness, no region) and every operand is a result of
 a constant-derived op of the same block; constants and iotas are the first. Such an op has
-the same values every time its block runs, so the first values are kept and given again.
+the same values every time its block runs, so the first values are kept and given again;
+once the block has run whole, later runs do not visit those ops at all (their values are
+still in the environment: each value is written by its op alone).
 
 Only for concrete runs (numpy values): a symbolic algebra may make fresh symbols for a
 constant (tables standing for any values). Kept arrays are made read-only, so an evaluator
@@ -48,6 +50,8 @@ class InvariantValues:
     def __init__(self):
         self._ops: dict[int, tuple[Block, frozenset[int]]] = {}
         self._values: dict[int, tuple[Op, object]] = {}
+        # id(block) -> (block, its other ops), once the block has run whole in this interpreter
+        self._varying: dict[int, tuple[Block, list[Op]]] = {}
 
     def of(self, block: Block, top: bool) -> frozenset[int] | None:
         """The ops of `block` whose values are made once; None for the top-level block (run
@@ -58,6 +62,21 @@ class InvariantValues:
         if known is None or known[0] is not block:
             known = self._ops[id(block)] = (block, constant_derived(block))
         return known[1]
+
+    def to_run(self, block: Block) -> list[Op]:
+        """The ops of `block` to evaluate: all of them until it has run whole once (`ran`),
+        then only those not constant-derived: the others' values are in the environment
+        already (each value is written by its op alone), the same objects as before."""
+        known = self._varying.get(id(block))
+        if known is None or known[0] is not block:
+            return block.ops
+        return known[1]
+
+    def ran(self, block: Block, fixed: frozenset[int]) -> None:
+        """`block` ran whole: its constant-derived values are made and in the environment."""
+        known = self._varying.get(id(block))
+        if known is None or known[0] is not block:
+            self._varying[id(block)] = (block, [op for op in block.ops if id(op) not in fixed])
 
     def results(self, op: Op, evaluate):
         """`op`'s results: made by `evaluate(op)` the first time, the same objects after."""

@@ -163,7 +163,8 @@ class SpmdInterpreter:
         hook = self.hook if top else None
         prehook = self.prehook if top else None
         fixed = self.invariants.of(block, top) if self.invariants is not None else None
-        for k, op in enumerate(block.ops):
+        ops = self.invariants.to_run(block) if fixed else block.ops
+        for k, op in enumerate(ops):
             if not k & CHECK_EVERY:  # the limits, polled every few ops
                 check_time()
             results = prehook(op, self._operands) if prehook is not None else None
@@ -186,6 +187,8 @@ class SpmdInterpreter:
             for env, rs in zip(envs, results, strict=True):
                 for v, r in zip(op.results, rs, strict=True):
                     env[v.id] = r
+        if fixed:
+            self.invariants.ran(block, fixed)
         return [[proc.env[v.id] for v in block.results] for proc in self.procs]
 
     def _op(self, op: Op, top: bool = False) -> PerDevice | Stacked:

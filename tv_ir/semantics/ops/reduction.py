@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import numpy as np
 
@@ -158,11 +159,10 @@ def dot_general(ctx, lhs, rhs):
     lb, rb, lc, rc = dims.lhs_batch, dims.rhs_batch, dims.lhs_contract, dims.rhs_contract
     lf = [d for d in range(lhs.ndim) if d not in lb and d not in lc]
     rf = [d for d in range(rhs.ndim) if d not in rb and d not in rc]
-    bshape = [lhs.shape[d] for d in lb]
-    B = int(np.prod(bshape, dtype=np.int64))
-    M = int(np.prod([lhs.shape[d] for d in lf], dtype=np.int64))
-    N = int(np.prod([rhs.shape[d] for d in rf], dtype=np.int64))
-    K = int(np.prod([lhs.shape[d] for d in lc], dtype=np.int64))
+    B = math.prod(lhs.shape[d] for d in lb)
+    M = math.prod(lhs.shape[d] for d in lf)
+    N = math.prod(rhs.shape[d] for d in rf)
+    K = math.prod(lhs.shape[d] for d in lc)
     a = np.transpose(lhs, list(lb) + lf + list(lc)).reshape(B, M, K)
     b = np.transpose(rhs, list(rb) + list(rc) + rf).reshape(B, K, N)
     return ctx.alg.matmul(a, b).reshape(t.shape)
