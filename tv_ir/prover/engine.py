@@ -259,6 +259,11 @@ class StageProver:
         for x in guard_inputs(self.spec.main, constants, rng):
             token = TRIP_LIMIT.set(EXTREME_TRIPS)
             try:
+                # outputs alone first: every value is needed only when they differ
+                s = run_traced(self.spec, x, values=False)
+                i = self._run_impl(x, values=False)
+                if all(close(a, b) for a, b in self._output_copy_pairs(s, i)):
+                    continue
                 s = run_traced(self.spec, x)
                 i = self._run_impl(x)
             except LoopTooLong:
@@ -288,10 +293,10 @@ class StageProver:
         finally:
             TRIP_LIMIT.reset(token)
 
-    def _run_impl(self, inputs: list):
+    def _run_impl(self, inputs: list, values: bool = True):
         p = self.place
         return run_traced_devices(
-            self.impl, p.shard_inputs(inputs), p.num_replicas, p.num_partitions
+            self.impl, p.shard_inputs(inputs), p.num_replicas, p.num_partitions, values
         )
 
     def _report(self, verdict: str, **kw) -> Report:

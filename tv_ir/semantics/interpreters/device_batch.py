@@ -277,7 +277,9 @@ class DeviceBatch:
             if call is None:
                 return None
             attrs, operands, operand_types = call
-            known = memo.get("context")  # the rules make attributes and types once per op
+            # an op evaluated again (in a loop) keeps its context: the rules make attributes
+            # and types once per op
+            known = memo.get("context")
             if known is None or known[0] is not attrs or known[1] is not operand_types:
                 ctx = OpContext(
                     name=op.name,
@@ -289,7 +291,8 @@ class DeviceBatch:
                     regions=op.regions,
                     loc=op.loc,
                 )
-                known = memo["context"] = (attrs, operand_types, ctx)
+                known = (attrs, operand_types, ctx)
+                memo["context"] = known if "context" in memo else None
             ctx = known[2]
             out = fn(ctx, *operands)
             out = out if isinstance(out, list) else [out]

@@ -41,9 +41,10 @@ class BlockEvaluator:
         self.env: dict[int, object] = {}
         # a region's constant-derived values, made once (concrete runs only)
         self.invariants = InvariantValues() if type(alg) is NumpyAlgebra else None
-        # id(op) -> (op, its evaluator, its context or None): looked up once per op, not at
-        # every iteration of a loop
+        # id(op) -> (op, its evaluator, its context or None) for the ops of regions (a loop
+        # body's: looked up once, not at every iteration); a top-level op runs once per run
         self._prepared: dict[int, tuple] = {}
+        self._regions = 0  # how many regions are running (nested)
 
     def run(self, fn: Function | None = None, args: list | None = None) -> list:
         fn = fn or self.module.main
@@ -63,28 +64,36 @@ class BlockEvaluator:
             env[v.id] = a
         fixed = self.invariants.of(block, top) if self.invariants is not None else None
         ops = self.invariants.to_run(block) if fixed else block.ops
-        for k, op in enumerate(ops):
-            if not k & CHECK_EVERY:  # the limits, polled every few ops
-                check_time()
-            if fixed and id(op) in fixed:
-                results = self.invariants.results(op, self.evaluate_op)
-            else:
-                results = self.evaluate_op(op)
-            if top and self.hook is not None:
-                results = self.hook(op, results)
-            for v, r in zip(op.results, results, strict=True):
-                env[v.id] = r
+        if not top:
+            self._regions += 1
+        try:
+            for k, op in enumerate(ops):
+                if not k & CHECK_EVERY:  # the limits, polled every few ops
+                    check_time()
+                if fixed and id(op) in fixed:
+                    results = self.invariants.results(op, self.evaluate_op)
+                else:
+                    results = self.evaluate_op(op)
+                if top and self.hook is not None:
+                    results = self.hook(op, results)
+                for v, r in zip(op.results, results, strict=True):
+                    env[v.id] = r
+        finally:
+            if not top:
+                self._regions -= 1
         if fixed:
             self.invariants.ran(block, fixed)
         return [env[v.id] for v in block.results]
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
-        known = self._prepared.get(id(op))
+        known = self._prepared.get(id(op)) if self._regions else None
         if known is None or known[0] is not op:
             fn = lookup(op.name, op.loc)
             refuse_complex(op)
-            known = self._prepared[id(op)] = (op, fn, self._fixed_context(op))
+            known = (op, fn, self._fixed_context(op))
+            if self._regions:
+                self._prepared[id(op)] = known
         _, fn, ctx = known
         operands = [self.env[v.id] for v in op.operands]
         if ctx is None:  # an op that runs regions or calls: a context bound to this evaluator
