@@ -117,12 +117,16 @@ class _Store:
         r = self.stacks[vid]
         if type(r) is One:
             return r.value
+        return self.device_values(vid, r)[d]
+
+    def device_values(self, vid: int, r) -> tuple:
+        """Every device's slice of the stack `r` of `vid` (views, made once per stack)."""
         known = self.views.get(vid)
         if known is None or known[0] is not r:
             views = tuple(r) if r.ndim > 1 else tuple(r[k, ...] for k in range(self.n))
             known = self.views[vid] = (r, views)
             self.owner[id(views[0])] = vid
-        return known[1][d]
+        return known[1]
 
 
 class DeviceBatch:
@@ -184,6 +188,21 @@ class DeviceBatch:
                 store.views.pop(vid, None)
             else:
                 store.views[vid] = known  # its slices: the very objects given
+
+    def values_of(self, vids: list[int]) -> list[list]:
+        """Each device's values of `vids` (`[device][k]`), as its environment reads them:
+        its own value where it wrote one, else its slice of the stack (a block's results)."""
+        store = self.store
+        columns = []
+        for vid in vids:
+            if vid in store.own:  # a device's own value is in its environment
+                columns.append([env[vid] for env in self.envs])
+                continue
+            r = store.stacks[vid]
+            columns.append([r.value] * self.n if type(r) is One else store.device_values(vid, r))
+        if not columns:
+            return [[] for _ in self.envs]
+        return [list(row) for row in zip(*columns, strict=True)]
 
     def per_device(self, op: Op, out: Stacked) -> list:
         """`out` as `[device][result]` (for a hook: it sees what device-by-device gives)."""

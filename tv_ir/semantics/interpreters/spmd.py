@@ -189,6 +189,8 @@ class SpmdInterpreter:
                     env[v.id] = r
         if fixed:
             self.invariants.ran(block, fixed)
+        if self.batch is not None:
+            return self.batch.values_of([v.id for v in block.results])
         return [[proc.env[v.id] for v in block.results] for proc in self.procs]
 
     def _op(self, op: Op, top: bool = False) -> PerDevice | Stacked:
@@ -340,6 +342,8 @@ class SpmdInterpreter:
         """A collective in a branch whose group some of its devices take and others do not
         (the collective, its group's devices, the ones that take it), or None when every
         group is taken whole or not at all."""
+        if all(t == taken[0] for t in taken):
+            return None  # every device takes the same branch: every group whole
         for k, region in enumerate(op.regions):
             takers = {d for d, t in enumerate(taken) if t == k}
             for inner in walk(region.block):
