@@ -1,8 +1,9 @@
-"""A concrete comparison of the two programs (the checks beside a proof, the confirmation at
-larger sizes, the run at the real layer count) first runs them keeping their outputs alone:
-the devices' values stay batched and nothing is traced. Only when outputs differ are they run
-again with every value kept, to tell whether a run overflowed (then no difference counts)
-and where they part ways (tv_ir.prover.localise._outputs_agree)."""
+"""A concrete comparison of the two programs on random inputs (the checks beside a proof, the
+confirmation at larger sizes, the run at the real layer count) first runs them keeping their
+outputs alone: the devices' values stay batched and nothing is traced. Only when outputs
+differ are they run again with every value kept, to tell whether a run overflowed (then no
+difference counts) and where they part ways (tv_ir.prover.localise._outputs_agree). A
+replayed counterexample, which most likely differs, is traced at once."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_agreeing_outputs_are_not_traced(monkeypatch) -> None:
     spec, impl, place = _pair(_softmax, _stable_softmax, x)
     kept = _traced_runs(monkeypatch)
     assert not localise.differs(spec, impl, place, [x])
-    assert localise.refutation(spec, impl, place, [x]) is None
+    assert localise.refutation(spec, impl, place, [x], outputs_first=True) is None
     assert kept == [False, False]  # the outputs agreed: no run kept its values
 
 
@@ -63,13 +64,18 @@ def test_outputs_that_differ_by_an_overflow_alone_are_no_difference(monkeypatch)
     kept = _traced_runs(monkeypatch)
     assert not localise._outputs_agree(spec, impl, place, [x])
     assert not localise.differs(spec, impl, place, [x])
-    assert localise.refutation(spec, impl, place, [x]) is None
+    assert localise.refutation(spec, impl, place, [x], outputs_first=True) is None
     assert kept == [False, False, True, False, True]
 
 
-def test_a_difference_is_found_and_located() -> None:
+def test_a_difference_is_found_and_located(monkeypatch) -> None:
     x = np.arange(4, dtype=np.int32)
     spec, impl, place = _pair(_softmax, lambda x: _softmax(x) * 2, x)
     assert localise.differs(spec, impl, place, [x])
+    kept = _traced_runs(monkeypatch)
     found = localise.refutation(spec, impl, place, [x])
     assert found is not None and found[1] is not None  # a counterexample, located
+    assert kept[0] is True  # a replay is traced at once, not run twice
+    kept.clear()
+    assert localise.differs(spec, impl, place, [x], outputs_first=False)
+    assert kept == [True]

@@ -497,7 +497,9 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
                 w_spec, w_impl, w_place = red.layer_witnesses[0].build()
             except Exception as e:  # shapes an op forbids: this check cannot be made
                 return f"refuted at fewer layers, but at the real layer count: {e}"
-            if not differs_on_random_inputs(w_spec, w_impl, w_place, options.seed):
+            if not differs_on_random_inputs(
+                w_spec, w_impl, w_place, options.seed, outputs_first=False
+            ):
                 return "refuted at fewer layers, but at the real layer count the programs agree"
             report.notes.append(
                 f"refuted with the layer loops at fewer layers ({layers}), counterexample "

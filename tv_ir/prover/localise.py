@@ -65,10 +65,14 @@ def without_location() -> Iterator[None]:
             pass
 
 
-def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
+def differs(
+    spec: Module, impl: Module, placement, inputs: list, outputs_first: bool = True
+) -> bool:
     """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
-    where: that walk costs more than the runs)."""
-    if _outputs_agree(spec, impl, placement, inputs):
+    where: that walk costs more than the runs). `outputs_first`: the outputs are compared
+    from untraced runs first (`_outputs_agree`), cheaper where the pair most likely agrees
+    (random inputs); a replayed counterexample, which most likely differs, passes False."""
+    if outputs_first and _outputs_agree(spec, impl, placement, inputs):
         return False
     spec_tr = run_traced(spec, inputs)
     try:
@@ -78,11 +82,19 @@ def differs(spec: Module, impl: Module, placement, inputs: list) -> bool:
     return _first_difference(spec_tr, impl_tr, spec, impl, placement)[1] is not None
 
 
-def refutation(spec: Module, impl: Module, placement, inputs: list, locate: bool = True):
+def refutation(
+    spec: Module,
+    impl: Module,
+    placement,
+    inputs: list,
+    locate: bool = True,
+    outputs_first: bool = False,
+):
     """(counterexample, location, per-output results) if `inputs` shows a difference. The
     location is None when `locate` is False or inside `without_location` (callers that keep
-    only the counterexample: the walk costs more than the runs)."""
-    if _outputs_agree(spec, impl, placement, inputs):
+    only the counterexample: the walk costs more than the runs). `outputs_first` as for
+    `differs` (random inputs, where the pair most likely agrees)."""
+    if outputs_first and _outputs_agree(spec, impl, placement, inputs):
         return None
     spec_tr = run_traced(spec, inputs)
     try:

@@ -113,7 +113,7 @@ def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
     for w, (w_spec, w_impl, w_place) in _runnable(reduction.witnesses, [0]):
         inputs = _blown_up(report.counterexample, reduced_types, w_spec)
         # whether they differ, not where: the location is the reduced programs'
-        if differs(w_spec, w_impl, w_place, inputs) or _differs_anywhere(
+        if differs(w_spec, w_impl, w_place, inputs, outputs_first=False) or _differs_anywhere(
             w_spec, w_impl, w_place, seed
         ):
             continue
@@ -170,20 +170,24 @@ def _differs(spec: Module, impl: Module, placement, seed: int):
 
     rng = np.random.default_rng(seed)
     for _ in range(RUNS):
-        found = refutation(spec, impl, placement, random_inputs(spec.main, rng))
+        found = refutation(spec, impl, placement, random_inputs(spec.main, rng), outputs_first=True)
         if found is not None:
             return found
     return None
 
 
 def differs_on_random_inputs(
-    spec: Module, impl: Module, placement, seed: int, runs: int = RUNS
+    spec: Module, impl: Module, placement, seed: int, runs: int = RUNS, outputs_first: bool = True
 ) -> bool:
-    """Whether the pair differs on `runs` random inputs (not localised)."""
+    """Whether the pair differs on `runs` random inputs (not localised); `outputs_first` as
+    for `localise.differs` (False where a difference is expected)."""
     from .simulate import random_inputs
 
     rng = np.random.default_rng(seed)
-    return any(differs(spec, impl, placement, random_inputs(spec.main, rng)) for _ in range(runs))
+    return any(
+        differs(spec, impl, placement, random_inputs(spec.main, rng), outputs_first)
+        for _ in range(runs)
+    )
 
 
 def _differs_anywhere(spec: Module, impl: Module, placement, seed: int) -> bool:
