@@ -437,7 +437,7 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
     t0 = time.perf_counter()
     try:
         spec, impl = run_in_loops(spec), run_in_loops(impl)
-        red = reduce_pair(spec, impl, placement)
+        red = reduce_pair(spec, impl, placement, layers_only=True)
         if red.fewer_layers is None:
             return None
         f_spec, f_impl, f_place = red.fewer_layers.build()

@@ -222,10 +222,15 @@ def _reduced_size(d: DimClasses, factor: dict, affine: dict, key, n: int) -> int
     return n // factor.get(root, 1)
 
 
-def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> Reduction:
+def reduce_pair(
+    spec: Module, impl: Module, placement, tables: bool = True, layers_only: bool = False
+) -> Reduction:
     """The pair at reduced shapes (`Reduction.reduced` False when nothing could shrink).
     `tables`: finite float tables may shrink, standing for any values (see rule_constant);
-    a verdict other than `equivalent` with them is checked again with `tables=False`."""
+    a verdict other than `equivalent` with them is checked again with `tables=False`.
+    `layers_only`: only the layer loops' pairs (`fewer_layers`, `layer_witnesses`, built
+    when asked for), not the pair with every class reduced, which the caller does not use
+    (it reduces the pair at fewer layers on its own)."""
     d = DimClasses()
     spec_rules = ShapeRules(d, spec, "spec", 1, 1, tables)
     spec_rules.run(spec.main)
@@ -283,6 +288,9 @@ def reduce_pair(spec: Module, impl: Module, placement, tables: bool = True) -> R
             affine_roots = set()
     red.classes = _describe(d, factor, affine, only_splats)
     if not affine_roots and all(k == 1 for root, k in factor.items() if root not in only_splats):
+        return red
+    if layers_only:
+        _layer_loops(red, d, factor, affine, build, rules)
         return red
     try:
         red.spec, red.impl, red.placement = build(factor)
