@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -55,9 +56,18 @@ def broadcast_in_dim(ctx, x):
     for i, d in enumerate(dims):
         shape[d] = x.shape[i]
     # operand dims may be permuted relative to result dims: order them first
+    order = _sorting_order(tuple(dims))
+    x = np.reshape(np.transpose(x, order) if order is not None else x, shape)
+    out = np.empty(t.shape, dtype=x.dtype)  # as broadcast_to(...).copy(), in one step
+    out[...] = x
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _sorting_order(dims: tuple) -> list[int] | None:
+    """The permutation putting `dims` in ascending order, or None when they already are."""
     order = sorted(range(len(dims)), key=lambda i: dims[i])
-    x = np.transpose(x, order) if order != list(range(len(dims))) else x
-    return np.broadcast_to(np.reshape(x, shape), t.shape).copy()
+    return None if order == list(range(len(dims))) else order
 
 
 @op("stablehlo.reshape")
