@@ -8,6 +8,9 @@ Steps (`--step`):
 - `llama`: the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py (optax AdamW;
   parameters and moments FSDP over "data", Megatron over "model"; the batch over "data")
   at a config whose widths every mesh divides (dim, FFN and vocabulary 64, 4 heads);
+- `llama-megatron`: the same AdamW step with data parallelism and Megatron tensor
+  parallelism (parameters and moments replicated over "data"; attention heads, MLP and
+  output head over "model"; 8 heads of 8);
 - `mlp`: one SGD step of a two-layer MLP, its weights FSDP over "data" and Megatron over
   "model", the batch over "data" (widths 128 and 256, 8 rows per "data" device).
 
@@ -69,6 +72,43 @@ def _step(data: int):
     return train_step, args, (p, o, batch), (p, o, P())
 
 
+def _megatron_step(data: int):
+    """(train_step, example args, in/out shardings) of the same AdamW Llama step with data
+    parallelism and Megatron tensor parallelism: parameters and moments replicated over
+    "data" (no FSDP), attention heads, the SwiGLU MLP and the output head split over
+    "model" (8 heads of 8, so up to 8 "model" devices divide them)."""
+    import jax
+    import llama
+    import llama_adamw_fsdp_tp as ex
+    from jax.sharding import PartitionSpec as P
+
+    cfg = llama.Config(
+        dim=WIDTH, ffn=WIDTH, vocab=WIDTH, heads=8, kv_heads=8, head_dim=WIDTH // 8,
+        batch=2 * data, seq=SEQ,
+    )  # fmt: skip
+    loss = functools.partial(llama.loss_fn, cfg=cfg)
+
+    def train_step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = ex.TX.update(grads, opt_state, params)
+        return ex.optax.apply_updates(params, updates), opt_state, value
+
+    def replicated_over_data(tree):
+        return jax.tree_util.tree_map(
+            lambda s: P(*(None if a == "data" else a for a in s)),
+            tree,
+            is_leaf=lambda s: isinstance(s, P),
+        )
+
+    params = llama.param_shapes(cfg)
+    opt_state = jax.eval_shape(ex.TX.init, params)
+    args = (params, opt_state, llama.batch_shapes(cfg))
+    p = replicated_over_data(ex.param_specs(attention_tp=True))
+    o = replicated_over_data(ex.opt_state_specs(opt_state, attention_tp=True))
+    batch = {"x": P("data"), "targets": P("data")}
+    return train_step, args, (p, o, batch), (p, o, P())
+
+
 def _mlp_step(data: int):
     """(train_step, example args, in/out shardings) of the MLP step."""
     import jax
@@ -88,7 +128,7 @@ def _mlp_step(data: int):
     return train_step, args, ins, (ins[0], ins[1], P())
 
 
-STEPS = {"llama": _step, "mlp": _mlp_step}
+STEPS = {"llama": _step, "llama-megatron": _megatron_step, "mlp": _mlp_step}
 
 
 def worker_verify(

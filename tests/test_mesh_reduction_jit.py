@@ -322,3 +322,17 @@ def test_the_jit_llama_step_on_64_devices_is_proved_on_fewer() -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     row = next(line.split() for line in r.stdout.splitlines() if line.strip().startswith("16x4"))
     assert row[1:4] == ["64", "32", "equivalent"], r.stdout
+
+
+def test_the_jit_megatron_llama_step_is_proved_on_four_devices() -> None:
+    """The AdamW Llama step with data parallelism and Megatron tensor parallelism (no FSDP:
+    parameters and moments replicated over "data"; heads, MLP and head over "model"), as
+    XLA partitions it for 4 x 4: a template of its mesh, proved on 2 x 2 (the bench's
+    `--step llama-megatron` rows stay on 4 devices up to 512)."""
+    sys.path.insert(0, str(BENCH))
+    import jit_mesh_scale
+
+    fn, args, ins, outs = jit_mesh_scale._megatron_step(4)
+    report = verify(fn, *args, spec=fn, mesh=MESH, in_shardings=ins, out_shardings=outs)
+    assert report.verdict == "equivalent", str(report)
+    assert axes_of(report) == {"data": (4, 2), "model": (4, 2)}, report.mesh_reduction
