@@ -153,11 +153,15 @@ class DeviceBatch:
         for v, r in zip(op.results, out.results, strict=True):
             vid = v.id
             if vid in store.own:
-                store.own.discard(vid)
-                for env in self.envs:
-                    dict.pop(env, vid, None)
+                self._drop_own(vid)
             store.stacks[vid] = r
             store.views.pop(vid, None)  # an older stack's views: not kept alive by them
+
+    def _drop_own(self, vid: int) -> None:
+        """The devices' own values of `vid`, dropped: a stack is put for it."""
+        self.store.own.discard(vid)
+        for env in self.envs:
+            dict.pop(env, vid, None)
 
     def put_values(self, values: list, per_device: list) -> None:
         """Give `values` (a block's arguments) the devices' `per_device[d][k]`: a position
@@ -180,9 +184,7 @@ class DeviceBatch:
                 continue
             vid = v.id
             if vid in store.own:
-                store.own.discard(vid)
-                for env in self.envs:
-                    dict.pop(env, vid, None)
+                self._drop_own(vid)
             store.stacks[vid] = entry
             if type(entry) is One:
                 store.views.pop(vid, None)

@@ -106,31 +106,16 @@ class BlockEvaluator:
         kept, it would hold the evaluator and its values in a reference cycle)."""
         if op.regions or op.name in _CALLS:
             return None
-        return OpContext(
-            name=op.name,
-            attrs=op.attrs,
-            operand_types=[v.type for v in op.operands],
-            result_types=[v.type for v in op.results],
-            alg=self.alg,
-            run_region=_no_region,
-            regions=op.regions,
-            device=self.device,
-            loc=op.loc,
-        )
+        return _op_context(op, self.alg, self.device, run_region=_no_region)
 
     def context(self, op: Op) -> OpContext:
         """What an evaluator of `op` sees; its regions run in this interpreter."""
-        return OpContext(
-            name=op.name,
-            attrs=op.attrs,
-            operand_types=[v.type for v in op.operands],
-            result_types=[v.type for v in op.results],
-            alg=self.alg,
+        return _op_context(
+            op,
+            self.alg,
+            self.device,
             run_region=lambda i, args, op=op: self._block(op.regions[i].block, args, top=False),
-            regions=op.regions,
             call=self.call,
-            device=self.device,
-            loc=op.loc,
             run_numeric=lambda i, args, op=op: self._numeric()._block(
                 op.regions[i].block, args, top=False
             ),
@@ -143,6 +128,21 @@ class BlockEvaluator:
 
 # ops whose evaluators call a module function (OpContext.call)
 _CALLS = frozenset(("func.call", "stablehlo.composite", "stablehlo.custom_call"))
+
+
+def _op_context(op: Op, alg, device, **bound) -> OpContext:
+    """`op`'s context with `bound` (how its regions run, how it calls a function)."""
+    return OpContext(
+        name=op.name,
+        attrs=op.attrs,
+        operand_types=[v.type for v in op.operands],
+        result_types=[v.type for v in op.results],
+        alg=alg,
+        regions=op.regions,
+        device=device,
+        loc=op.loc,
+        **bound,
+    )
 
 
 def _no_region(i: int, args: list) -> list:
