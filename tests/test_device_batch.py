@@ -130,3 +130,59 @@ def test_the_latest_write_of_a_value_is_what_each_device_reads():
     batch.put(op, device_batch.Stacked([device_batch.One(np.array([3.0]))]))
     assert batch.envs[0][7] is batch.envs[1][7]  # one object for every device
     assert batch.same(7) is not None
+
+
+def collectives_step(mesh):
+    """psum, psum_scatter and all_gather over each axis (all_reduce, reduce_scatter,
+    all_gather), and a psum of an integer (another reducer type)."""
+
+    def body(x):
+        a = jax.lax.psum(x, "model")
+        b = jax.lax.psum_scatter(x * 2.0, "data", scatter_dimension=1, tiled=True)
+        c = jax.lax.all_gather(b, "model", axis=0, tiled=True)
+        d = jax.lax.all_gather(x, "data", axis=1, tiled=True)
+        n = jax.lax.psum(jnp.ones((), jnp.int32), ("data", "model"))
+        return a, c, d, jnp.max(a) * n
+
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=P("data", "model"),
+        out_specs=(P("data", "model"), P(None, ("data", "model")), P("data", None), P()),
+        check_vma=False,
+    )
+
+
+def test_collectives_on_stacked_values_match_device_by_device_and_jax(mesh, monkeypatch):
+    """all_reduce, reduce_scatter and all_gather evaluated on the devices' stacked values
+    (DeviceBatch.collective) give what each device computes on its own, and what JAX does."""
+    impl = collectives_step(mesh)
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    expected = jax.jit(impl)(x)
+    module = prepare(jax.jit(impl).lower(x).as_text(), "impl")
+    on_stacks: list[str] = []
+    real = device_batch.DeviceBatch.collective
+
+    def counted(self, op, ctx, groups):
+        out = real(self, op, ctx, groups)
+        if out is not None:
+            on_stacks.append(op.name.split(".")[-1])
+        return out
+
+    monkeypatch.setattr(device_batch.DeviceBatch, "collective", counted)
+
+    def outputs(batched: bool):
+        token = DEVICE_BATCH.set(batched)
+        try:
+            interp = SpmdInterpreter(module, NumpyAlgebra())
+            return interp.run([[x] for _ in range(interp.num_devices)])
+        finally:
+            DEVICE_BATCH.reset(token)
+
+    outs, ref = outputs(True), outputs(False)
+    assert {"all_reduce", "reduce_scatter", "all_gather"} <= set(on_stacks)
+    for d in range(8):
+        for k in range(4):
+            np.testing.assert_array_equal(outs[d][k], ref[d][k])
+    for k in range(4):
+        np.testing.assert_allclose(outs[0][k], np.asarray(expected[k]), rtol=1e-5, atol=1e-5)

@@ -52,6 +52,8 @@ KEEP_COPIES_BYTES = 1 << 20
 # batching it gains little, and its temporaries would be the devices' all at once
 BATCH_BYTES = 16 << 20
 SHARED = frozenset({"stablehlo.constant", "stablehlo.iota"})  # no operands: one value for all
+# collectives evaluated on the devices' stacked values (`DeviceBatch.collective`)
+BATCHED_COLLECTIVES = frozenset(("all_reduce", "reduce_scatter", "all_gather"))
 
 
 class One:
@@ -324,6 +326,47 @@ class DeviceBatch:
             return None
         self.batched += 1
         return Stacked(stacks)
+
+    def collective(self, op: Op, ctx: OpContext, groups: list) -> Stacked | None:
+        """all_reduce, reduce_scatter or all_gather of one operand on the devices' stacked
+        values, group by group with the operations `collectives` applies to the members'
+        values in group order (a recognised reducer in one algebra call): each member
+        given its group's result, or its part of it. None when the op is not of that form
+        (evaluated device by device)."""
+        name = op.name.split(".", 1)[-1]
+        if name not in BATCHED_COLLECTIVES or len(op.operands) != 1:
+            return None
+        if getattr(op.results[0].type, "is_complex", False):
+            return None
+        kind = None
+        if name != "all_gather":
+            if ctx.regions[0].block.args[0].type.dtype != ctx.operand_types[0].dtype:
+                return None  # reduced in another type: device by device converts first
+            kind = reducer_kind(ctx)
+            if kind is None:
+                return None
+        x = self.stacked(op.operands[0].id)
+        if x is None:
+            return None
+        out = None
+        for group in groups:
+            members = [d.device_id for d in group]
+            if name == "all_gather":
+                value = np.concatenate(list(x[members]), axis=ctx.attr("all_gather_dim"))
+            else:
+                value = getattr(self.alg, kind[0])(x[members], (0,))
+            if name == "reduce_scatter":
+                parts = np.split(value, len(members), axis=ctx.attr("scatter_dimension"))
+            else:
+                parts = [value] * len(members)
+            for d, part in zip(members, parts, strict=True):
+                if out is None:
+                    out = np.empty((self.n, *np.shape(part)), dtype=np.asarray(part).dtype)
+                out[d] = part
+        if out is None:
+            return None
+        self.batched += 1
+        return Stacked([_checked(out, _batched_type(op.results[0].type, self.n))])
 
     def _shared(self, op: Op, procs: list) -> Stacked:
         """An op whose operands every device holds as the same objects (none, for a

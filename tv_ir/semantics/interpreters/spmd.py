@@ -40,7 +40,12 @@ from tv_ir.ir.attrs import SdySharding
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, walk
 from tv_ir.limits import CHECK_EVERY, check_time
 from tv_ir.semantics.algebra import NumpyAlgebra
-from tv_ir.semantics.interpreters.device_batch import DEVICE_BATCH, DeviceBatch, Stacked
+from tv_ir.semantics.interpreters.device_batch import (
+    BATCHED_COLLECTIVES,
+    DEVICE_BATCH,
+    DeviceBatch,
+    Stacked,
+)
 from tv_ir.semantics.interpreters.evaluator import (
     BlockEvaluator,
     InterpreterError,
@@ -51,6 +56,7 @@ from tv_ir.semantics.interpreters.invariant_ops import InvariantValues
 from tv_ir.semantics.interpreters.mesh_coords import mesh_coords
 from tv_ir.semantics.interpreters.process_grid import ProcessGrid
 from tv_ir.semantics.layout import Layout
+from tv_ir.semantics.ops.collectives import covering_groups
 from tv_ir.semantics.ops.control import (
     TRIP_LIMIT,
     LoopTooLong,
@@ -238,9 +244,14 @@ class SpmdInterpreter:
     def _operands(self, op: Op) -> PerDevice:
         return [[proc.env[v.id] for v in op.operands] for proc in self.procs]
 
-    def _collective(self, op: Op) -> PerDevice:
+    def _collective(self, op: Op) -> PerDevice | Stacked:
         fn = COLLECTIVES[op.name]
         ctx = dataclasses.replace(self.procs[0].context(op), device=None)
+        if self.batch is not None and op.name.split(".", 1)[-1] in BATCHED_COLLECTIVES:
+            groups = run_evaluator(op, lambda: covering_groups(ctx, self.grid))
+            out = run_evaluator(op, lambda: self.batch.collective(op, ctx, groups))
+            if out is not None:
+                return out
         operands = self._operands(op)
         out = run_evaluator(op, lambda: fn(ctx, self.grid, operands))
         return [checked_results(op, o) for o in out]

@@ -52,7 +52,7 @@ def replica_id(ctx: OpContext) -> np.ndarray:
 # -- helpers shared by the collectives ----------------------------------------------------------
 
 
-def _covering_groups(ctx, grid) -> list:
+def covering_groups(ctx, grid) -> list:
     """The op's process groups, which must hold every process exactly once (C1-C4)."""
     groups = grid.groups(ctx.name, ctx.attrs)
     seen = [d for g in groups for d in g]
@@ -104,7 +104,7 @@ def all_reduce(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDev
     """all_reduce: every member gets `computation` applied across the group's operands
     (variadic: each operand reduced separately)."""
     results: PerDevice = [[] for _ in grid.devices]
-    for group in _covering_groups(ctx, grid):
+    for group in covering_groups(ctx, grid):
         members = grid.rendezvous(group, operands)
         reduced = [_all_reduce_one(ctx, [m[i] for m in members], i) for i in range(len(members[0]))]
         for d in group:
@@ -117,7 +117,7 @@ def all_gather(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDev
     """all_gather: every member gets the group's operands concatenated on `all_gather_dim`."""
     dim = ctx.attr("all_gather_dim")
     results: PerDevice = [[] for _ in grid.devices]
-    for group in _covering_groups(ctx, grid):
+    for group in covering_groups(ctx, grid):
         members = grid.rendezvous(group, operands)
         gathered = [
             np.concatenate([m[i] for m in members], axis=dim) for i in range(len(members[0]))
@@ -133,7 +133,7 @@ def reduce_scatter(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> Pe
     the member at `receiver_index` gets part `receiver_index`."""
     dim = ctx.attr("scatter_dimension")
     results: PerDevice = [[] for _ in grid.devices]
-    for group in _covering_groups(ctx, grid):
+    for group in covering_groups(ctx, grid):
         members = grid.rendezvous(group, operands)
         parts = [
             np.split(_all_reduce_one(ctx, [m[i] for m in members], i), len(group), axis=dim)
@@ -155,7 +155,7 @@ def all_to_all(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDev
     split, concat = ctx.attr("split_dimension"), ctx.attr("concat_dimension")
     count = ctx.attr("split_count")
     results: PerDevice = [[] for _ in grid.devices]
-    for group in _covering_groups(ctx, grid):
+    for group in covering_groups(ctx, grid):
         if len(group) != count:
             raise BadInput(f"{ctx.name}: group size {len(group)} != split_count {count} (C8)")
         members = grid.rendezvous(group, operands)
@@ -170,7 +170,7 @@ def all_to_all(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDev
 
 def _all_to_all_tuple(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
     results: PerDevice = [[] for _ in grid.devices]
-    for group in _covering_groups(ctx, grid):
+    for group in covering_groups(ctx, grid):
         members = grid.rendezvous(group, operands)
         if len(members[0]) != len(group):
             raise BadInput(f"{ctx.name}: {len(members[0])} operands for a group of {len(group)}")
@@ -219,7 +219,7 @@ def ragged_all_to_all(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) ->
     receiver's recv_sizes, slices out of bounds and overlapping writes are undefined
     behaviour in JAX's contract: unsupported, never given a meaning."""
     results: PerDevice = [[] for _ in grid.devices]
-    for group in _covering_groups(ctx, grid):
+    for group in covering_groups(ctx, grid):
         members = grid.rendezvous(group, operands)
         g = len(group)
         known = [[_known_ints(ctx, m[n]) for n in range(2, 6)] for m in members]
