@@ -2,7 +2,7 @@
 confirmation at larger sizes, the run at the real layer count) first runs them keeping their
 outputs alone: the devices' values stay batched and nothing is traced. Only when outputs
 differ are they run again with every value kept, to tell whether a run overflowed (then no
-difference counts) and where they part ways (tv_ir.prover.localise._outputs_agree). A
+difference counts) and where they part ways (tv_ir.prover.localise.outputs_agree). A
 replayed counterexample, which most likely differs, is traced at once."""
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def test_outputs_that_differ_by_an_overflow_alone_are_no_difference(monkeypatch)
     x = np.array([2**31 - 1, 0, 1, 2], dtype=np.int32)
     spec, impl, place = _pair(_softmax, _stable_softmax, x)
     kept = _traced_runs(monkeypatch)
-    assert not localise._outputs_agree(spec, impl, place, [x])
+    assert not localise.outputs_agree(spec, impl, place, [x])
     assert not localise.differs(spec, impl, place, [x])
     assert localise.refutation(spec, impl, place, [x], outputs_first=True) is None
     assert kept == [False, False, True, False, True]

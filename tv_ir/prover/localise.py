@@ -70,9 +70,9 @@ def differs(
 ) -> bool:
     """Whether `inputs` shows a difference (as `refutation` finds one, without looking for
     where: that walk costs more than the runs). `outputs_first`: the outputs are compared
-    from untraced runs first (`_outputs_agree`), cheaper where the pair most likely agrees
+    from untraced runs first (`outputs_agree`), cheaper where the pair most likely agrees
     (random inputs); a replayed counterexample, which most likely differs, passes False."""
-    if outputs_first and _outputs_agree(spec, impl, placement, inputs):
+    if outputs_first and outputs_agree(spec, impl, placement, inputs):
         return False
     spec_tr = run_traced(spec, inputs)
     try:
@@ -94,7 +94,7 @@ def refutation(
     location is None when `locate` is False or inside `without_location` (callers that keep
     only the counterexample: the walk costs more than the runs). `outputs_first` as for
     `differs` (random inputs, where the pair most likely agrees)."""
-    if outputs_first and _outputs_agree(spec, impl, placement, inputs):
+    if outputs_first and outputs_agree(spec, impl, placement, inputs):
         return None
     spec_tr = run_traced(spec, inputs)
     try:
@@ -323,7 +323,7 @@ def _run_impl(impl: Module, placement, inputs: list, values: bool = True):
     )
 
 
-def _outputs_agree(spec: Module, impl: Module, placement, inputs: list) -> bool:
+def outputs_agree(spec: Module, impl: Module, placement, inputs: list) -> bool:
     """Whether every output agrees on `inputs`, from runs that keep their outputs alone
     (cheaper: the devices' values stay batched). Only outputs that differ need every value:
     whether a run overflowed (then no difference counts) and where they part ways."""

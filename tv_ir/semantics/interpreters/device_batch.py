@@ -37,6 +37,7 @@ import numpy as np
 from tv_ir.ir.program import Op, TensorType
 from tv_ir.semantics.interpreters.evaluator import InterpreterError
 from tv_ir.semantics.ops import OpContext, lookup
+from tv_ir.semantics.ops.collectives import member_values
 from tv_ir.semantics.ops.reduction import reducer_kind
 from tv_ir.semantics.ops.registry import ELEMENTWISE
 
@@ -329,40 +330,26 @@ class DeviceBatch:
 
     def collective(self, op: Op, ctx: OpContext, groups: list) -> Stacked | None:
         """all_reduce, reduce_scatter or all_gather of one operand on the devices' stacked
-        values, group by group with the operations `collectives` applies to the members'
-        values in group order (a recognised reducer in one algebra call): each member
-        given its group's result, or its part of it. None when the op is not of that form
-        (evaluated device by device)."""
-        name = op.name.split(".", 1)[-1]
-        if name not in BATCHED_COLLECTIVES or len(op.operands) != 1:
+        values: each group's members given what `collectives.member_values` gives them, as
+        device by device. None when the op is not of that form (evaluated device by
+        device)."""
+        if op.name.split(".", 1)[-1] not in BATCHED_COLLECTIVES or len(op.operands) != 1:
             return None
-        if getattr(op.results[0].type, "is_complex", False):
-            return None
-        kind = None
-        if name != "all_gather":
-            if ctx.regions[0].block.args[0].type.dtype != ctx.operand_types[0].dtype:
-                return None  # reduced in another type: device by device converts first
-            kind = reducer_kind(ctx)
-            if kind is None:
-                return None
         x = self.stacked(op.operands[0].id)
         if x is None:
             return None
         out = None
         for group in groups:
             members = [d.device_id for d in group]
-            if name == "all_gather":
-                value = np.concatenate(list(x[members]), axis=ctx.attr("all_gather_dim"))
-            else:
-                value = getattr(self.alg, kind[0])(x[members], (0,))
-            if name == "reduce_scatter":
-                parts = np.split(value, len(members), axis=ctx.attr("scatter_dimension"))
-            else:
-                parts = [value] * len(members)
-            for d, part in zip(members, parts, strict=True):
-                if out is None:
-                    out = np.empty((self.n, *np.shape(part)), dtype=np.asarray(part).dtype)
-                out[d] = part
+            values = member_values(ctx, x[members])
+            if out is None:
+                first = np.asarray(values[0])
+                out = np.empty((self.n, *first.shape), dtype=first.dtype)
+            if all(v is values[0] for v in values):  # one value for the group: at once
+                out[members] = values[0]
+                continue
+            for d, value in zip(members, values, strict=True):
+                out[d] = value
         if out is None:
             return None
         self.batched += 1

@@ -82,7 +82,8 @@ def _all_reduce_one(ctx, values: list, i: int) -> np.ndarray:
         values = [ctx.alg.convert(v, src, dst) for v in values]
     kind = reducer_kind(ctx)
     if kind is not None:
-        return getattr(ctx.alg, kind[0])(np.stack(values), (0,))
+        stacked = values if isinstance(values, np.ndarray) else np.stack(values)
+        return getattr(ctx.alg, kind[0])(stacked, (0,))
     values = [np.asarray(v) for v in values]
     shape = values[0].shape
     if not values[0].size:
@@ -99,49 +100,52 @@ def _all_reduce_one(ctx, values: list, i: int) -> np.ndarray:
 # -- the collectives ------------------------------------------------------------------------------
 
 
+def member_values(ctx: OpContext, values: list, i: int = 0) -> list:
+    """What each member of a group gets from an all_reduce, all_gather or reduce_scatter of
+    operand `i`, given the members' values in group order (a list, or one array stacking
+    them along a first axis). One place for their meaning: device by device here, on the
+    devices' stacked values in `device_batch`."""
+    name = ctx.name.split(".", 1)[-1]
+    if name == "all_gather":
+        return [np.concatenate(values, axis=ctx.attr("all_gather_dim"))] * len(values)
+    reduced = _all_reduce_one(ctx, values, i)
+    if name == "reduce_scatter":
+        return np.split(reduced, len(values), axis=ctx.attr("scatter_dimension"))
+    return [reduced] * len(values)
+
+
+def _by_group(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
+    """Every device's results of a collective whose groups each combine their members'
+    operands (`member_values`, operand by operand)."""
+    results: PerDevice = [[] for _ in grid.devices]
+    for group in covering_groups(ctx, grid):
+        members = grid.rendezvous(group, operands)
+        per_operand = [
+            member_values(ctx, [m[i] for m in members], i) for i in range(len(members[0]))
+        ]
+        for k, d in enumerate(group):
+            results[d.device_id] = [values[k] for values in per_operand]
+    return results
+
+
 @collective("stablehlo.all_reduce")
 def all_reduce(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
     """all_reduce: every member gets `computation` applied across the group's operands
     (variadic: each operand reduced separately)."""
-    results: PerDevice = [[] for _ in grid.devices]
-    for group in covering_groups(ctx, grid):
-        members = grid.rendezvous(group, operands)
-        reduced = [_all_reduce_one(ctx, [m[i] for m in members], i) for i in range(len(members[0]))]
-        for d in group:
-            results[d.device_id] = reduced
-    return results
+    return _by_group(ctx, grid, operands)
 
 
 @collective("stablehlo.all_gather")
 def all_gather(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
     """all_gather: every member gets the group's operands concatenated on `all_gather_dim`."""
-    dim = ctx.attr("all_gather_dim")
-    results: PerDevice = [[] for _ in grid.devices]
-    for group in covering_groups(ctx, grid):
-        members = grid.rendezvous(group, operands)
-        gathered = [
-            np.concatenate([m[i] for m in members], axis=dim) for i in range(len(members[0]))
-        ]
-        for d in group:
-            results[d.device_id] = gathered
-    return results
+    return _by_group(ctx, grid, operands)
 
 
 @collective("stablehlo.reduce_scatter")
 def reduce_scatter(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
     """reduce_scatter: all_reduce, split on `scatter_dimension` into one part per member;
     the member at `receiver_index` gets part `receiver_index`."""
-    dim = ctx.attr("scatter_dimension")
-    results: PerDevice = [[] for _ in grid.devices]
-    for group in covering_groups(ctx, grid):
-        members = grid.rendezvous(group, operands)
-        parts = [
-            np.split(_all_reduce_one(ctx, [m[i] for m in members], i), len(group), axis=dim)
-            for i in range(len(members[0]))
-        ]
-        for k, d in enumerate(group):
-            results[d.device_id] = [p[k] for p in parts]
-    return results
+    return _by_group(ctx, grid, operands)
 
 
 @collective("stablehlo.all_to_all", "mhlo.all_to_all")

@@ -10,11 +10,12 @@ import numpy as np
 from tv_ir.semantics.ops.registry import op
 
 
-def filled(shape, scalar) -> np.ndarray:
-    """An array of `shape` holding the 0-d array `scalar` everywhere (any dtype, objects too)."""
-    scalar = np.asarray(scalar)
-    out = np.empty(shape, dtype=scalar.dtype)
-    out[...] = scalar
+def filled(shape, value) -> np.ndarray:
+    """An array of `shape` holding `value` broadcast to it (a 0-d array: everywhere), a copy
+    in one step (any dtype, objects too)."""
+    value = np.asarray(value)
+    out = np.empty(shape, dtype=value.dtype)
+    out[...] = value
     return out
 
 
@@ -57,10 +58,7 @@ def broadcast_in_dim(ctx, x):
         shape[d] = x.shape[i]
     # operand dims may be permuted relative to result dims: order them first
     order = _sorting_order(tuple(dims))
-    x = np.reshape(np.transpose(x, order) if order is not None else x, shape)
-    out = np.empty(t.shape, dtype=x.dtype)  # as broadcast_to(...).copy(), in one step
-    out[...] = x
-    return out
+    return filled(t.shape, np.reshape(np.transpose(x, order) if order is not None else x, shape))
 
 
 @functools.lru_cache(maxsize=4096)
