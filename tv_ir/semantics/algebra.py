@@ -40,8 +40,33 @@ def _total_order_key(x) -> np.ndarray:
     return bits ^ ((bits >> 63) & np.int64(0x7FFFFFFFFFFFFFFF))
 
 
-def _errstate():
+try:  # numpy's own error state, set without rebuilding it per call (numpy is pinned)
+    from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
+
+    _IGNORE_ALL = _make_extobj(all="ignore")
+except ImportError:  # another numpy: its public context manager (slower per call)
+    _extobj_contextvar = None
+
+
+class _Quiet:
+    """`np.errstate(all="ignore")` for one element operation: overflow, division by zero and
+    invalid values give IEEE results (inf, nan) without warnings. The error state is made
+    once, not at every call (a third of a small operation's cost)."""
+
+    __slots__ = ("token",)
+
+    def __enter__(self) -> None:
+        self.token = _extobj_contextvar.set(_IGNORE_ALL)
+
+    def __exit__(self, *exc) -> None:
+        _extobj_contextvar.reset(self.token)
+
+
+def _numpy_errstate() -> np.errstate:
     return np.errstate(all="ignore")
+
+
+_errstate = _Quiet if _extobj_contextvar is not None else _numpy_errstate
 
 
 class NumpyAlgebra:

@@ -246,11 +246,6 @@ class DeviceBatch:
         store.stacks[vid] = r
         return r
 
-    def _one(self, vid: int) -> bool:
-        """Whether every device holds `vid` as the same object (nothing stacked to know)."""
-        r = self.store.stacks.get(vid)
-        return type(r if r is not None else self._gathered(vid)) is One
-
     def _gathered(self, vid: int) -> One | list:
         """The devices' own values of `vid`: `One` (recorded) when they are one object."""
         values = [env[vid] for env in self.envs]
@@ -285,16 +280,26 @@ class DeviceBatch:
         return r[0] if (flat == flat[0]).all() else None
 
     # -- ops ---------------------------------------------------------------------------------
-    def evaluate(self, op: Op, procs: list) -> Stacked | None:
-        """`op`'s results on every device, or None when the op is not batched here (the
-        caller evaluates it device by device)."""
+    def plan(self, op: Op) -> tuple:
+        """(op, its batching rule or None, batched result types, evaluator, the rule's memo):
+        made once per op."""
         plan = self._plans.get(id(op))
         if plan is None or plan[0] is not op:
             plan = self._plans[id(op)] = (op, *_plan(op, self.n), {})
-        _, rule, result_types, fn, memo = plan
+        return plan
+
+    def evaluate(self, op: Op, procs: list, plan: tuple | None = None) -> Stacked | None:
+        """`op`'s results on every device, or None when the op is not batched here (the
+        caller evaluates it device by device). `plan`: `self.plan(op)`, if known."""
+        _, rule, result_types, fn, memo = plan or self.plan(op)
         if rule is None:
             return None
-        if all(self._one(v.id) for v in op.operands):
+        stacks = self.store.stacks
+        for v in op.operands:  # every operand the same object on every device: shared
+            r = stacks.get(v.id)
+            if type(r if r is not None else self._gathered(v.id)) is not One:
+                break
+        else:
             return self._shared(op, procs)
         try:
             call = rule(op, self, memo)
@@ -319,8 +324,12 @@ class DeviceBatch:
                 memo["context"] = known if "context" in memo else None
             ctx = known[2]
             out = fn(ctx, *operands)
-            out = out if isinstance(out, list) else [out]
-            stacks = [_checked(r, t) for r, t in zip(out, result_types, strict=True)]
+            if isinstance(out, list):
+                stacks = [_checked(r, t) for r, t in zip(out, result_types, strict=True)]
+            elif len(result_types) == 1:
+                stacks = [_checked(out, result_types[0])]
+            else:
+                raise InterpreterError(f"{op.name}: one result for {len(result_types)}")
         except (MemoryError, RecursionError):
             raise
         except Exception:  # not batchable after all: device by device decides (and errs)

@@ -45,6 +45,8 @@ class BlockEvaluator:
         # body's: looked up once, not at every iteration); a top-level op runs once per run
         self._prepared: dict[int, tuple] = {}
         self._regions = 0  # how many regions are running (nested)
+        # id(block) -> (block, its ops to run, their tape) for regions run whole before
+        self._tapes: dict[int, tuple] = {}
 
     def run(self, fn: Function | None = None, args: list | None = None) -> list:
         fn = fn or self.module.main
@@ -67,6 +69,10 @@ class BlockEvaluator:
         if not top:
             self._regions += 1
         try:
+            # a region run whole before: its tape (unless evaluate_op is observed: the prover)
+            if fixed and ops is not block.ops and "evaluate_op" not in self.__dict__:
+                self._run_tape(self._tape(block, ops))
+                return [env[v.id] for v in block.results]
             for k, op in enumerate(ops):
                 if not k & CHECK_EVERY:  # the limits, polled every few ops
                     check_time()
@@ -84,6 +90,61 @@ class BlockEvaluator:
         if fixed:
             self.invariants.ran(block, fixed)
         return [env[v.id] for v in block.results]
+
+    def _tape(self, block: Block, ops: list[Op]) -> list[tuple]:
+        """`ops` (a region's ops still to evaluate at each run) as a tape: per op, what
+        `evaluate_op` looks up, looked up once (a loop body runs once per iteration)."""
+        known = self._tapes.get(id(block))
+        if known is not None and known[0] is block and known[1] is ops:
+            return known[2]
+        tape = []
+        for op in ops:
+            own = type(self).own_evaluation(op)  # an op a subclass evaluates its own way
+            fn = None if own else lookup(op.name, op.loc)
+            if not own:
+                refuse_complex(op)
+            tape.append((
+                op,
+                fn,
+                None if own else self._fixed_context(op),
+                tuple(v.id for v in op.operands),
+                tuple(v.id for v in op.results),
+                tuple(v.type for v in op.results),
+            ))  # fmt: skip
+        self._tapes[id(block)] = (block, ops, tape)
+        return tape
+
+    def _run_tape(self, tape: list[tuple]) -> None:
+        """Evaluate a region's tape on the environment: `evaluate_op` op by op, with what
+        it looks up already looked up (the same evaluators, contexts and result checks)."""
+        env = self.env
+        for k, (op, fn, ctx, ins, outs, types) in enumerate(tape):
+            if not k & CHECK_EVERY:  # the limits, polled every few ops
+                check_time()
+            if fn is None:
+                results = self.evaluate_op(op)
+            else:
+                operands = [env[i] for i in ins]
+                if ctx is None:  # an op that runs regions or calls
+                    ctx = self.context(op)
+                try:
+                    out = fn(ctx, *operands)
+                except Exception as e:
+                    err = attributed(op, e)
+                    if err is e:
+                        raise
+                    raise err from e
+                if not isinstance(out, list):
+                    out = [out]
+                results = [_shaped(r, t) for r, t in zip(out, types, strict=True)]
+            for vid, r in zip(outs, results, strict=True):
+                env[vid] = r
+
+    @staticmethod
+    def own_evaluation(op: Op) -> bool:
+        """Whether this evaluator evaluates `op` other than through the op table (a
+        subclass's `evaluate_op` special cases; none here)."""
+        return False
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
@@ -163,18 +224,26 @@ def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
     """Run an evaluator of `op`, attributing failures to the op (name, location)."""
     try:
         return evaluate()
-    except Unsupported as e:
+    except Exception as e:
+        err = attributed(op, e)
+        if err is e:
+            raise
+        raise err from e
+
+
+def attributed(op: Op, e: Exception) -> Exception:
+    """What an evaluator's failure on `op` is raised as: tv's own errors as they are (an
+    `Unsupported` given the op's name and location if it has none), any other as an
+    `InterpreterError` naming the op (an evaluator bug or a violated precondition)."""
+    if isinstance(e, Unsupported):
         if e.loc is None:
             e.loc = op.loc
         if e.op is None:
             e.op = op.name
-        raise
-    except (TvError, MemoryError, RecursionError):
-        raise
-    except Exception as e:  # an evaluator bug or a violated precondition: name the op
-        raise InterpreterError(
-            f"evaluating {op.name} at {op.loc} failed: {type(e).__name__}: {e}"
-        ) from e
+        return e
+    if isinstance(e, TvError | MemoryError | RecursionError):
+        return e
+    return InterpreterError(f"evaluating {op.name} at {op.loc} failed: {type(e).__name__}: {e}")
 
 
 def checked_results(op: Op, out) -> list:

@@ -23,6 +23,10 @@ from tv_ir.semantics.ops import COLLECTIVES
 class Interpreter(BlockEvaluator):
     """The one-program interpreter: a shard_map region runs on every device of its mesh."""
 
+    @staticmethod
+    def own_evaluation(op: Op) -> bool:
+        return op.name == "sdy.manual_computation" or op.name in COLLECTIVES
+
     def evaluate_op(self, op: Op) -> list:
         if op.name == "sdy.manual_computation" and self.device is None:
             return self._manual_computation(op)

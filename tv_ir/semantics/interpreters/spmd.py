@@ -134,6 +134,8 @@ class SpmdInterpreter:
         self.replicas: list[Replicas] = []  # claimed-replicated boxes whose copies differ
         # a region's constant-derived values on all devices, made once (concrete runs)
         self.invariants = InvariantValues() if type(alg) is NumpyAlgebra else None
+        # id(block) -> (block, its ops to run, their tape) for device-batched regions run whole
+        self._tapes: dict[int, tuple] = {}
 
     @property
     def num_devices(self) -> int:
@@ -170,6 +172,9 @@ class SpmdInterpreter:
         prehook = self.prehook if top else None
         fixed = self.invariants.of(block, top) if self.invariants is not None else None
         ops = self.invariants.to_run(block) if fixed else block.ops
+        if fixed and ops is not block.ops and self.batch is not None:  # run whole before
+            self._run_tape(self._tape(block, ops), envs)
+            return self.batch.values_of([v.id for v in block.results])
         for k, op in enumerate(ops):
             if not k & CHECK_EVERY:  # the limits, polled every few ops
                 check_time()
@@ -198,6 +203,42 @@ class SpmdInterpreter:
         if self.batch is not None:
             return self.batch.values_of([v.id for v in block.results])
         return [[proc.env[v.id] for v in block.results] for proc in self.procs]
+
+    def _tape(self, block: Block, ops: list[Op]) -> list[tuple]:
+        """`ops` (a region's ops still to evaluate at each run, device-batched) as a tape:
+        per op, its batch plan when `_op` would reach the device batch, else None."""
+        known = self._tapes.get(id(block))
+        if known is not None and known[0] is block and known[1] is ops:
+            return known[2]
+        tape = []
+        for op in ops:
+            plan = None
+            if not _special(op):
+                plan = self.batch.plan(op)
+                plan = plan if plan[1] is not None else None
+            tape.append((op, plan))
+        self._tapes[id(block)] = (block, ops, tape)
+        return tape
+
+    def _run_tape(self, tape: list[tuple], envs: list) -> None:
+        """Evaluate a region's tape: what `_block` and `_op` do op by op, the batch plans
+        already found."""
+        batch, procs = self.batch, self.procs
+        for k, (op, plan) in enumerate(tape):
+            if not k & CHECK_EVERY:  # the limits, polled every few ops
+                check_time()
+            if plan is None:
+                results = self._op(op)
+            else:
+                results = batch.evaluate(op, procs, plan)
+                if results is None:
+                    results = [self._on_device(proc, op) for proc in procs]
+            if type(results) is Stacked:  # held stacked, as `_block` holds it
+                batch.put(op, results)
+                continue
+            for env, rs in zip(envs, results, strict=True):
+                for v, r in zip(op.results, rs, strict=True):
+                    env[v.id] = r
 
     def _op(self, op: Op, top: bool = False) -> PerDevice | Stacked:
         """`op`'s results on every device: per device, or `Stacked` when the device batch
@@ -606,6 +647,18 @@ def _equal_scalar(x, y) -> bool:
         return type(x) is type(y) and bool(x == y)
     except Exception:
         return False
+
+
+def _special(op: Op) -> bool:
+    """Whether `_op` evaluates `op` other than through the device batch or device by device
+    (collectives, global-view ops, shard_maps, GSPMD's markers, lockstep control flow)."""
+    return (
+        op.name in COLLECTIVES
+        or op.name in GLOBAL_VIEW
+        or op.name == "sdy.manual_computation"
+        or op.name == "stablehlo.custom_call"
+        or op.name in _LOCKSTEP
+    )
 
 
 def _hangs(op: Op, what: str, split: tuple, decided_by: Op | None) -> ProgramHangs:
