@@ -11,6 +11,7 @@ masked logit of -0.7 * finfo(float32).max must not make every head's tile match.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -420,8 +421,10 @@ class TileIndex:
         # the largest values first: a device holding zeros (an idle pipeline stage) equals
         # every zero tile of every spec value, a costly look-up that a device holding data
         # usually makes unnecessary (the intersection is empty after it)
-        for arrays in sorted(per_device, key=_magnitude, reverse=True):
-            tiny = _tiny(_magnitude(arrays))
+        magnitudes = [_magnitude(arrays) for arrays in per_device]
+        for d in largest_first(per_device, magnitudes):
+            arrays = per_device[d]
+            tiny = _tiny(magnitudes[d])
             only = None if common is None else frozenset(common)  # (no other is kept)
             found = self._matches(local, arrays, firsts=True, only=only, own_scale=tiny)
             here = {m[0] for m in found}
@@ -543,8 +546,9 @@ class TileIndex:
         # value, which a device holding data has already ruled out
         per: dict[int, dict[int, list[Box]]] = {}
         common: frozenset[int] | None = None
-        tiny = _tiny(max(map(_magnitude, per_device)))
-        for d in largest_first(per_device):
+        magnitudes = [_magnitude(arrays) for arrays in per_device]
+        tiny = _tiny(max(magnitudes))
+        for d in largest_first(per_device, magnitudes):
             here: dict[int, list[Box]] = {}
             for member in self._matches(local, per_device[d], only=common, own_scale=tiny):
                 boxes = here.setdefault(member[0], [])
@@ -756,11 +760,14 @@ def _round_ratio(c: float) -> float:
     return float(round(c)) if abs(c) >= 1.0 else 1.0 / round(1.0 / c)
 
 
-def largest_first(per_device: list) -> list[int]:
+def largest_first(per_device: list, magnitudes: list[float] | None = None) -> list[int]:
     """Device numbers, the one with the largest values (over its runs) first: the order in
     which to ask whether every device's value matches (a device holding zeros matches
-    many tiles, one holding data usually none, which settles the question)."""
-    return sorted(range(len(per_device)), key=lambda d: -_magnitude(per_device[d]))
+    many tiles, one holding data usually none, which settles the question).
+    `magnitudes`: each device's `_magnitude`, when known."""
+    if magnitudes is None:
+        magnitudes = [_magnitude(arrays) for arrays in per_device]
+    return sorted(range(len(per_device)), key=lambda d: -magnitudes[d])
 
 
 def _tiny(magnitude: float) -> bool:
@@ -769,13 +776,19 @@ def _tiny(magnitude: float) -> bool:
 
 
 def _magnitude(arrays: list) -> float:
-    """The largest magnitude in one device's value over every run (0 for non-floats)."""
+    """The largest magnitude in one device's value over every run (0 for non-floats; inf
+    when an element is inf or NaN). Asked for every device of every stage: array methods,
+    not numpy's function wrappers (2.5 times cheaper on small tiles)."""
     out = 0.0
     for a in arrays:
-        a = np.asarray(a)
+        if type(a) is not np.ndarray:
+            a = np.asarray(a)
         if a.size and a.dtype.kind == "f":
-            m = float(np.max(np.abs(a)))
-            out = max(out, m if np.isfinite(m) else np.inf)
+            m = float(np.abs(a).max())
+            if not math.isfinite(m):
+                return math.inf
+            if m > out:
+                out = m
     return out
 
 

@@ -66,7 +66,9 @@ def _numpy_errstate() -> np.errstate:
     return np.errstate(all="ignore")
 
 
-_errstate = _Quiet if _extobj_contextvar is not None else _numpy_errstate
+# `with quiet_floats():` around numpy arithmetic that may overflow or divide by zero
+quiet_floats = _Quiet if _extobj_contextvar is not None else _numpy_errstate
+_errstate = quiet_floats
 
 
 class NumpyAlgebra:

@@ -213,6 +213,8 @@ _FLOAT_CACHE: dict[float, Num] = {}
 
 
 def _norm(c: Num) -> Num:
+    if type(c) is int:  # the common case, without isinstance's ABC check for Fraction
+        return c
     if isinstance(c, Fraction) and c.denominator == 1:
         return c.numerator
     return c
@@ -598,6 +600,8 @@ def sum_of(items) -> Poly:
 
 def _zero_number(x) -> bool:
     """A plain number (not a term) equal to 0."""
+    if type(x) is Poly:  # the common case, without isinstance's ABC check for Fraction
+        return False
     return isinstance(x, (int, float, Fraction, np.integer, np.floating, np.bool_)) and x == 0
 
 
