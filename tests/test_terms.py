@@ -219,6 +219,31 @@ def test_a_clip_by_a_norm_is_defined_wherever_its_gradient_is() -> None:
     assert T.logical_and(nonpositive, nonzero) is not nonpositive
 
 
+_poly_parts = st.lists(
+    st.tuples(st.sampled_from(["nz_a", "nz_b", None]), st.integers(-2, 2)), max_size=3
+)
+
+
+def _poly(parts) -> T.Poly:
+    out = T.ZERO
+    for name, c in parts:
+        term = T.const(c) if name is None else T.mul(T.const(c), T.symbol(name))
+        out = T.add(out, term)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_poly_parts, _poly_parts)
+def test_the_sign_filter_keeps_every_sign_whose_sum_is_constant(qs, ps) -> None:
+    """`_implied_nonzero` tries only the signs `_signs_matching` gives: none it drops may
+    make `s * q - p` a constant (the filter saves arithmetic, never a conclusion)."""
+    q, p = _poly(qs), _poly(ps)
+    kept = T._signs_matching(q, p)
+    for sgn in (1, -1):
+        if T.sub(T.scale(q, sgn), p).is_const():
+            assert sgn in kept, (q, p, sgn)
+
+
 def test_a_divisor_guarded_against_zero_is_never_zero() -> None:
     """torch's mean cross-entropy divides by `select(n == 0, 1, n)` (n: the count of valid
     labels): 1 where n is 0, n elsewhere, so never 0 and the division adds no condition.

@@ -1554,13 +1554,33 @@ def _implied_nonzero(x: Bool, items: set) -> bool:
         if y is x or y.kind != "cmp" or y.args[0] == "==":
             continue
         p = y.args[1]
-        for sgn in (1, -1):
+        for sgn in _signs_matching(q, p):
             d = sub(scale(q, sgn), p)
             if d.is_const():
                 k = d.const_value()
                 if k > 0 or (k == 0 and y.args[0] == ">"):
                     return True
     return False
+
+
+def _signs_matching(q: Poly, p: Poly) -> tuple[int, ...]:
+    """The signs s for which `s * q - p` may be a constant (tried in this order): both
+    signs when infinite or constant terms leave it open, else the one for which a
+    non-constant monomial of q cancels with p's, if q and p have the same number of them
+    (the sum is constant only if they all cancel: checking one, and the count, rules the
+    other sign out without the sum's arithmetic on large polynomials)."""
+    if q.inf or p.inf:
+        return (1, -1)
+    m = next((m for m in q.terms if m), None)
+    if m is None:
+        return (1, -1)
+    nq = len(q.terms) - (() in q.terms)
+    np_ = len(p.terms) - (() in p.terms)
+    c = p.terms.get(m)
+    if nq != np_ or c is None:
+        return ()
+    cq = q.terms[m]
+    return tuple(sgn for sgn in (1, -1) if sgn * cq == c)
 
 
 def logical_xor(a: Bool, b: Bool) -> Bool:
