@@ -213,7 +213,7 @@ class SpmdInterpreter:
         tape = []
         for op in ops:
             plan = None
-            if not _special(op):
+            if not self._own_way(op):
                 plan = self.batch.plan(op)
                 plan = plan if plan[1] is not None else None
             tape.append((op, plan))
@@ -243,6 +243,28 @@ class SpmdInterpreter:
     def _op(self, op: Op, top: bool = False) -> PerDevice | Stacked:
         """`op`'s results on every device: per device, or `Stacked` when the device batch
         evaluated it once for all (`_block` holds those as they are)."""
+        if self._own_way(op):
+            return self._evaluated_own_way(op, top)
+        if self.batch is not None:
+            out = self.batch.evaluate(op, self.procs)
+            if out is not None:
+                return out
+        return [self._on_device(proc, op) for proc in self.procs]
+
+    def _own_way(self, op: Op) -> bool:
+        """Whether `op` is evaluated its own way here (`_evaluated_own_way`), not as an
+        ordinary op (the device batch, else device by device)."""
+        return (
+            op.name in COLLECTIVES
+            or (op.name in GLOBAL_VIEW and self.num_devices > 1)
+            or op.name == "sdy.manual_computation"
+            or (op.name == "stablehlo.custom_call" and op.attrs.get("call_target_name") in _GSPMD)
+            or op.name in _LOCKSTEP
+        )
+
+    def _evaluated_own_way(self, op: Op, top: bool) -> PerDevice | Stacked:
+        """Collectives, global-view ops (refused), shard_maps, GSPMD's markers, lockstep
+        control flow."""
         if op.name in COLLECTIVES:
             return self._collective(op)
         if op.name in GLOBAL_VIEW and self.num_devices > 1:
@@ -252,24 +274,15 @@ class SpmdInterpreter:
                 op=op.name,
                 loc=op.loc,
             )
+        operands = self._operands(op)
         if op.name == "sdy.manual_computation":
-            operands = self._operands(op)
             out = run_evaluator(op, lambda: self._manual_computation(op, operands, top))
-            return [checked_results(op, o) for o in out]
-        if op.name == "stablehlo.custom_call" and op.attrs.get("call_target_name") in _GSPMD:
-            operands = self._operands(op)
+        elif op.name == "stablehlo.custom_call":
             out = run_evaluator(op, lambda: self._gspmd_manual(op, operands))
-            return [checked_results(op, o) for o in out]
-        lockstep = _LOCKSTEP.get(op.name)
-        if lockstep is not None:
-            operands = self._operands(op)
+        else:
+            lockstep = _LOCKSTEP[op.name]
             out = run_evaluator(op, lambda: lockstep(self, op, operands))
-            return [checked_results(op, o) for o in out]
-        if self.batch is not None:
-            out = self.batch.evaluate(op, self.procs)
-            if out is not None:
-                return out
-        return [self._on_device(proc, op) for proc in self.procs]
+        return [checked_results(op, o) for o in out]
 
     def _on_device(self, proc: BlockEvaluator, op: Op) -> list:
         """An ordinary op on one device; evaluator faults name the device."""
@@ -647,18 +660,6 @@ def _equal_scalar(x, y) -> bool:
         return type(x) is type(y) and bool(x == y)
     except Exception:
         return False
-
-
-def _special(op: Op) -> bool:
-    """Whether `_op` evaluates `op` other than through the device batch or device by device
-    (collectives, global-view ops, shard_maps, GSPMD's markers, lockstep control flow)."""
-    return (
-        op.name in COLLECTIVES
-        or op.name in GLOBAL_VIEW
-        or op.name == "sdy.manual_computation"
-        or op.name == "stablehlo.custom_call"
-        or op.name in _LOCKSTEP
-    )
 
 
 def _hangs(op: Op, what: str, split: tuple, decided_by: Op | None) -> ProgramHangs:
