@@ -51,7 +51,7 @@ except ImportError:  # another numpy: its public context manager (slower per cal
 class _Quiet:
     """`np.errstate(all="ignore")` for one element operation: overflow, division by zero and
     invalid values give IEEE results (inf, nan) without warnings. The error state is made
-    once, not at every call (a third of a small operation's cost)."""
+    once, not at every call (a multiply of two small arrays: 1.4 -> 0.9 microseconds)."""
 
     __slots__ = ("token",)
 
@@ -68,7 +68,6 @@ def _numpy_errstate() -> np.errstate:
 
 # `with quiet_floats():` around numpy arithmetic that may overflow or divide by zero
 quiet_floats = _Quiet if _extobj_contextvar is not None else _numpy_errstate
-_errstate = quiet_floats
 
 
 class NumpyAlgebra:
@@ -86,7 +85,7 @@ class NumpyAlgebra:
         return self.constant(value, t)
 
     def convert(self, x, src: TensorType, dst: TensorType):
-        with _errstate():
+        with quiet_floats():
             if dst.is_bool:
                 return np.asarray(x) != 0
             if dst.is_float:
@@ -134,19 +133,19 @@ class NumpyAlgebra:
 
     # -- arithmetic ----------------------------------------------------------------------
     def add(self, x, y):
-        with _errstate():
+        with quiet_floats():
             return np.add(x, y)
 
     def subtract(self, x, y):
-        with _errstate():
+        with quiet_floats():
             return np.subtract(x, y)
 
     def multiply(self, x, y):
-        with _errstate():
+        with quiet_floats():
             return np.multiply(x, y)
 
     def divide(self, x, y):
-        with _errstate():
+        with quiet_floats():
             return np.divide(x, y)
 
     def int_divide(self, x, y):
@@ -154,14 +153,14 @@ class NumpyAlgebra:
         x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
         overflow = _int_min_by_minus_one(x, y)
         safe = np.where((y == 0) | overflow, 1, y).astype(y.dtype)
-        with _errstate():
+        with quiet_floats():
             q = x // safe  # floor: step toward zero when the division is inexact
             q = np.where((x - q * safe != 0) & ((x < 0) != (safe < 0)), q + 1, q).astype(x.dtype)
         return np.where(y == 0, np.array(-1).astype(x.dtype), np.where(overflow, x, q))
 
     def remainder(self, x, y):
         """fmod for floats; for integers the sign of x, x % 0 = x, INT_MIN % -1 = 0 (XLA)."""
-        with _errstate():
+        with quiet_floats():
             if np.asarray(x).dtype.kind == "f":
                 return np.fmod(x, y)
             x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
@@ -169,7 +168,7 @@ class NumpyAlgebra:
             return np.where(y == 0, x, np.fmod(x, safe)).astype(x.dtype)
 
     def negate(self, x):
-        with _errstate():
+        with quiet_floats():
             return np.negative(x)
 
     def abs(self, x):
@@ -185,7 +184,7 @@ class NumpyAlgebra:
         return np.minimum(x, y)
 
     def power(self, x, y):
-        with _errstate():
+        with quiet_floats():
             if np.asarray(x).dtype.kind in "iu":
                 return self._int_power(np.asarray(x), np.asarray(y))
             return np.power(x, y)
@@ -210,16 +209,16 @@ class NumpyAlgebra:
     # -- transcendental -----------------------------------------------------------------
     def unary(self, fn: str, x):
         """A named math function: exp, log, tanh, rsqrt, ... (see UNARY)."""
-        with _errstate():
+        with quiet_floats():
             return UNARY[fn](np.asarray(x, dtype=np.float64))
 
     def atan2(self, x, y):
-        with _errstate():
+        with quiet_floats():
             return np.arctan2(x, y)
 
     # -- comparison and logic ---------------------------------------------------------
     def compare(self, direction: str, x, y):
-        with _errstate():
+        with quiet_floats():
             return {
                 "EQ": np.equal,
                 "NE": np.not_equal,
@@ -302,11 +301,11 @@ class NumpyAlgebra:
 
     # -- reductions and contractions ----------------------------------------------------
     def reduce_sum(self, x, axes: tuple[int, ...]):
-        with _errstate():
+        with quiet_floats():
             return np.sum(x, axis=axes, dtype=np.asarray(x).dtype)
 
     def reduce_prod(self, x, axes):
-        with _errstate():
+        with quiet_floats():
             return np.prod(x, axis=axes, dtype=np.asarray(x).dtype)
 
     def reduce_max(self, x, axes):
@@ -329,7 +328,7 @@ class NumpyAlgebra:
 
     def matmul(self, a, b):
         """Batched matrix product: (B, M, K) x (B, K, N) -> (B, M, N)."""
-        with _errstate():
+        with quiet_floats():
             return np.matmul(a, b)
 
 

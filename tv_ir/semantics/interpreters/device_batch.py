@@ -324,12 +324,8 @@ class DeviceBatch:
                 memo["context"] = known if "context" in memo else None
             ctx = known[2]
             out = fn(ctx, *operands)
-            if isinstance(out, list):
-                stacks = [_checked(r, t) for r, t in zip(out, result_types, strict=True)]
-            elif len(result_types) == 1:
-                stacks = [_checked(out, result_types[0])]
-            else:
-                raise InterpreterError(f"{op.name}: one result for {len(result_types)}")
+            out = out if isinstance(out, list) else [out]
+            stacks = [_checked(r, t) for r, t in zip(out, result_types, strict=True)]
         except (MemoryError, RecursionError):
             raise
         except Exception:  # not batchable after all: device by device decides (and errs)

@@ -9,6 +9,7 @@ uses it to record simulations and to cut symbolic evaluation at proved values.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NoReturn
 
 import numpy as np
 
@@ -93,24 +94,22 @@ class BlockEvaluator:
 
     def _tape(self, block: Block, ops: list[Op]) -> list[tuple]:
         """`ops` (a region's ops still to evaluate at each run) as a tape: per op, what
-        `evaluate_op` looks up, looked up once (a loop body runs once per iteration)."""
+        `evaluate_op` looks up (`_prepared_op`; None for an op a subclass evaluates its own
+        way) and its operand and result ids, looked up once (a loop body runs once per
+        iteration)."""
         known = self._tapes.get(id(block))
         if known is not None and known[0] is block and known[1] is ops:
             return known[2]
-        tape = []
-        for op in ops:
-            own = type(self).own_evaluation(op)  # an op a subclass evaluates its own way
-            fn = None if own else lookup(op.name, op.loc)
-            if not own:
-                refuse_complex(op)
-            tape.append((
+        own = type(self).own_evaluation
+        tape = [
+            (
                 op,
-                fn,
-                None if own else self._fixed_context(op),
+                None if own(op) else self._prepared_op(op),
                 tuple(v.id for v in op.operands),
                 tuple(v.id for v in op.results),
-                tuple(v.type for v in op.results),
-            ))  # fmt: skip
+            )
+            for op in ops
+        ]
         self._tapes[id(block)] = (block, ops, tape)
         return tape
 
@@ -118,25 +117,21 @@ class BlockEvaluator:
         """Evaluate a region's tape on the environment: `evaluate_op` op by op, with what
         it looks up already looked up (the same evaluators, contexts and result checks)."""
         env = self.env
-        for k, (op, fn, ctx, ins, outs, types) in enumerate(tape):
+        for k, (op, prepared, ins, outs) in enumerate(tape):
             if not k & CHECK_EVERY:  # the limits, polled every few ops
                 check_time()
-            if fn is None:
+            if prepared is None:
                 results = self.evaluate_op(op)
             else:
+                _, fn, ctx = prepared
                 operands = [env[i] for i in ins]
                 if ctx is None:  # an op that runs regions or calls
                     ctx = self.context(op)
                 try:
                     out = fn(ctx, *operands)
                 except Exception as e:
-                    err = attributed(op, e)
-                    if err is e:
-                        raise
-                    raise err from e
-                if not isinstance(out, list):
-                    out = [out]
-                results = [_shaped(r, t) for r, t in zip(out, types, strict=True)]
+                    raise_attributed(op, e)
+                results = checked_results(op, out)
             for vid, r in zip(outs, results, strict=True):
                 env[vid] = r
 
@@ -148,6 +143,15 @@ class BlockEvaluator:
 
     def evaluate_op(self, op: Op) -> list:
         """The results of `op` on the current environment."""
+        _, fn, ctx = self._prepared_op(op)
+        operands = [self.env[v.id] for v in op.operands]
+        if ctx is None:  # an op that runs regions or calls: a context bound to this evaluator
+            ctx = self.context(op)
+        return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
+
+    def _prepared_op(self, op: Op) -> tuple:
+        """(op, its evaluator, its fixed context or None), kept for the ops of regions (a
+        loop body's: looked up once, not at every iteration)."""
         known = self._prepared.get(id(op)) if self._regions else None
         if known is None or known[0] is not op:
             fn = lookup(op.name, op.loc)
@@ -155,11 +159,7 @@ class BlockEvaluator:
             known = (op, fn, self._fixed_context(op))
             if self._regions:
                 self._prepared[id(op)] = known
-        _, fn, ctx = known
-        operands = [self.env[v.id] for v in op.operands]
-        if ctx is None:  # an op that runs regions or calls: a context bound to this evaluator
-            ctx = self.context(op)
-        return checked_results(op, run_evaluator(op, lambda: fn(ctx, *operands)))
+        return known
 
     def _fixed_context(self, op: Op) -> OpContext | None:
         """The context of an op that runs no region and calls nothing, made once; None for
@@ -225,25 +225,24 @@ def run_evaluator(op: Op, evaluate: Callable[[], object]) -> object:
     try:
         return evaluate()
     except Exception as e:
-        err = attributed(op, e)
-        if err is e:
-            raise
-        raise err from e
+        raise_attributed(op, e)
 
 
-def attributed(op: Op, e: Exception) -> Exception:
-    """What an evaluator's failure on `op` is raised as: tv's own errors as they are (an
-    `Unsupported` given the op's name and location if it has none), any other as an
-    `InterpreterError` naming the op (an evaluator bug or a violated precondition)."""
+def raise_attributed(op: Op, e: Exception) -> NoReturn:
+    """Raise an evaluator's failure on `op` (call it from the handler): tv's own errors as
+    they are (an `Unsupported` given the op's name and location if it has none), any other
+    as an `InterpreterError` naming the op (an evaluator bug or a violated precondition)."""
     if isinstance(e, Unsupported):
         if e.loc is None:
             e.loc = op.loc
         if e.op is None:
             e.op = op.name
-        return e
+        raise e
     if isinstance(e, TvError | MemoryError | RecursionError):
-        return e
-    return InterpreterError(f"evaluating {op.name} at {op.loc} failed: {type(e).__name__}: {e}")
+        raise e
+    raise InterpreterError(
+        f"evaluating {op.name} at {op.loc} failed: {type(e).__name__}: {e}"
+    ) from e
 
 
 def checked_results(op: Op, out) -> list:

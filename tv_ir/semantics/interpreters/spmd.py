@@ -180,9 +180,7 @@ class SpmdInterpreter:
                 check_time()
             results = prehook(op, self._operands) if prehook is not None else None
             if results is not None:  # known without evaluating the op
-                for env, rs in zip(envs, results, strict=True):
-                    for v, r in zip(op.results, rs, strict=True):
-                        env[v.id] = r
+                _write(envs, op, results)
                 continue
             if fixed and id(op) in fixed:  # the same on every device, every time
                 results = self.invariants.results(op, self._op)
@@ -195,9 +193,7 @@ class SpmdInterpreter:
                 results = self.batch.per_device(op, results)
             if hook is not None:
                 results = hook(op, results)
-            for env, rs in zip(envs, results, strict=True):
-                for v, r in zip(op.results, rs, strict=True):
-                    env[v.id] = r
+            _write(envs, op, results)
         if fixed:
             self.invariants.ran(block, fixed)
         if self.batch is not None:
@@ -236,9 +232,7 @@ class SpmdInterpreter:
             if type(results) is Stacked:  # held stacked, as `_block` holds it
                 batch.put(op, results)
                 continue
-            for env, rs in zip(envs, results, strict=True):
-                for v, r in zip(op.results, rs, strict=True):
-                    env[v.id] = r
+            _write(envs, op, results)
 
     def _op(self, op: Op, top: bool = False) -> PerDevice | Stacked:
         """`op`'s results on every device: per device, or `Stacked` when the device batch
@@ -660,6 +654,13 @@ def _equal_scalar(x, y) -> bool:
         return type(x) is type(y) and bool(x == y)
     except Exception:
         return False
+
+
+def _write(envs: list, op: Op, results: PerDevice) -> None:
+    """Each device's results of `op` into its environment."""
+    for env, rs in zip(envs, results, strict=True):
+        for v, r in zip(op.results, rs, strict=True):
+            env[v.id] = r
 
 
 def _hangs(op: Op, what: str, split: tuple, decided_by: Op | None) -> ProgramHangs:
