@@ -24,8 +24,8 @@ def forks(monkeypatch):
     forked: list[bool] = []
 
     class Recorded(workers.Beside):
-        def __init__(self, job):
-            super().__init__(job)
+        def __init__(self, job, **how):
+            super().__init__(job, **how)
             forked.append(self.forked)
 
     monkeypatch.setattr(workers, "Beside", Recorded)
@@ -133,6 +133,49 @@ def test_parts_the_child_has_not_begun_are_made_here_from_the_last(monkeypatch, 
     assert made_here == [3, 2, 1]
 
 
+def test_checks_started_later_wait_for_the_child_before(monkeypatch, tmp_path) -> None:
+    # at 126 layers the checks at the real layer count are known before the pair at fewer
+    # layers is reduced, and start then; the confirmation's, known only once it is, get a
+    # second child, which begins when the first is done: the two never take the proof's
+    # core between them
+    monkeypatch.setattr(workers, "_core_free", lambda: True)
+    first, second, go = tmp_path / "first", tmp_path / "second", tmp_path / "go"
+
+    def confirm() -> int:
+        second.touch()
+        return os.getpid()
+
+    with workers.ChecksBeside() as checks:
+        checks.add("layers", _held(first, go))
+        checks.start()
+        _wait_for(first)  # the first child is busy with it
+        checks.add("confirm", confirm)
+        checks.start()
+        time.sleep(0.5)
+        assert not second.exists()  # the second child waits
+        go.touch()
+        _wait_for(second)  # the first is done: the second child begins, before anyone asks
+        layers, confirmed = checks.result("layers"), checks.result("confirm")
+    assert len({os.getpid(), layers, confirmed}) == 3  # two children, not this process
+
+
+def test_asking_for_a_result_lets_a_waiting_child_go_on(monkeypatch, tmp_path) -> None:
+    # the proof is done while the first child still works: this process makes the second
+    # child's checks from the last, and the second child, no longer waiting, from the first
+    monkeypatch.setattr(workers, "_core_free", lambda: True)
+    first, go = tmp_path / "first", tmp_path / "go"
+    with workers.ChecksBeside() as checks:
+        checks.add("layers", _held(first, go))
+        checks.start()
+        _wait_for(first)
+        checks.add_parts("confirm", [os.getpid, os.getpid], lambda pids: pids)
+        checks.start()
+        pids = checks.result("confirm")  # the first child still holds "layers"
+        go.touch()
+        assert checks.result("layers") != os.getpid()
+    assert pids[1] == os.getpid()  # the last part: made here
+
+
 def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(monkeypatch) -> None:
     # the 405B-shaped step on TrainVerify's PP-14 plan: its proof reached the ceiling
     # lowered by the child's share (3,500 MB less a quarter of what was left) and ended
@@ -149,9 +192,9 @@ def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(monke
         with workers.ChecksBeside() as checks:
             checks.add("pid", os.getpid)
             checks.start()
-            assert checks._beside.forked
+            assert checks._children[0].beside.forked
             grown = np.ones(340 * 2**20 // 8)  # past 400 - 100 MB, within 400 MB
             check_memory(force=True)
-            assert not checks._beside.forked
+            assert not checks._children[0].beside.forked
             assert checks.result("pid") == os.getpid()  # made here: the child is gone
             del grown

@@ -410,8 +410,8 @@ def test_real_count_checks_run_beside_the_proof(pair, monkeypatch):
     forked = []
 
     class Recorded(workers.Beside):
-        def __init__(self, job):
-            super().__init__(job)
+        def __init__(self, job, **how):
+            super().__init__(job, **how)
             forked.append(self.forked)
 
     monkeypatch.setattr(workers, "Beside", Recorded)

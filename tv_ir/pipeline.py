@@ -455,6 +455,7 @@ def _by_layer_reduction(spec: Module, impl: Module, placement, options: Options,
             plan = _LayerCheckMesh((f_spec, f_impl, f_place) if reduce_mesh else None)
             parts = [partial(_layer_check, w, options.seed, plan) for w in red.layer_witnesses]
             checks.add_parts("layers", parts, _first_reason)
+            checks.start()  # begun now: the pair's reduction and its checks come later
         report = _check(
             f_spec,
             f_impl,

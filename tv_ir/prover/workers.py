@@ -273,12 +273,16 @@ class Beside:
     runs (until the caller needs it: then the child is stopped and the job computed here),
     and a result no one asked for is abandoned (the child stopped) on leaving."""
 
-    def __init__(self, job: Callable[[], Any]):
+    def __init__(self, job: Callable[[], Any], core_free: bool | None = None):
+        """`core_free`: whether a core is free for the child, if the caller decided
+        (`_core_free`)."""
         self.job = job
         self.child: _Child | None = None
         self.share: float | None = None
         self._aside = None
-        if _in_child[0] or not hasattr(os, "fork") or not _core_free():
+        if core_free is None:
+            core_free = _core_free() if not _in_child[0] and hasattr(os, "fork") else False
+        if _in_child[0] or not hasattr(os, "fork") or not core_free:
             return
         left = memory_left_mb()
         self.share = None if left is None else max(left, 1.0) * BESIDE_SHARE
@@ -338,23 +342,25 @@ BESIDE_SHARE = 0.25
 class ChecksBeside:
     """Named concrete checks that do not depend on the proof they back (the pair at the
     real layer count and at a larger one; each reduced class at a larger size), added as
-    they become known and computed in one forked child (`Beside`) from `start()` on, in
+    they become known and computed in a forked child (`Beside`) from `start()` on, in
     order, while the proof runs; each is computed in this process when asked for if no child
-    took it (no core free, added after the start, the child died or ran out of memory) or
-    the child has not begun it yet (the proof is done: this process's core is free again,
-    and the child skips it). One child, not one per check: on 2 cores a second child would
-    slow the proof."""
+    took it (no core free, the child died or ran out of memory) or the child has not begun
+    it yet (the proof is done: this process's core is free again, and the child skips it).
+
+    `start()` again forks a child for the checks added since, which waits for the child
+    before it to be done (or for this process to ask for a result): the checks known early
+    (the layer counts') start before those known only once the proof's pair is built, and
+    the children never take the proof's core between them."""
 
     def __init__(self):
         self.jobs: dict[str, Callable[[], Any]] = {}
         self.confirms = None  # the shape reduction whose confirmation is a job here
         # a check made of parts (`add_parts`): its parts' names and how their results combine
         self._parts: dict[str, tuple[list[str], Callable[[list], Any]]] = {}
-        self._here: dict[str, Any] = {}  # parts made here while the child made others
-        self._beside: Beside | None = None
-        self._taken: set[str] = set()
-        self._claims: _Claims | None = None
-        self._results: dict[str, Any] | None = None
+        self._here: dict[str, Any] = {}  # parts made here while a child made others
+        self._children: list[_Checks] = []  # one per start, in order
+        self._started: set[str] = set()
+        self._core_free: bool | None = None  # decided at the first start, for every child
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> ChecksBeside:
@@ -369,8 +375,8 @@ class ChecksBeside:
     def add_parts(
         self, name: str, parts: list[Callable[[], Any]], combine: Callable[[list], Any]
     ) -> None:
-        """Check `name` as independent parts (each a job of its own, so the two processes
-        can share them out: the child from the first, this process from the last once its
+        """Check `name` as independent parts (each a job of its own, so the processes
+        can share them out: a child from the first, this process from the last once its
         proof is done); its result is `combine` of theirs, in order."""
         keys = [f"{name} / {k}" for k in range(len(parts))]
         for key, part in zip(keys, parts, strict=True):
@@ -378,61 +384,92 @@ class ChecksBeside:
         self._parts[name] = (keys, combine)
 
     def start(self) -> None:
-        """Fork the child for the checks added so far (once)."""
-        if self._beside is not None or not self.jobs:
+        """Fork a child for the checks added since the last start (if any were)."""
+        jobs = {k: f for k, f in self.jobs.items() if k not in self._started}
+        if not jobs:
             return
-        jobs = dict(self.jobs)
+        self._started.update(jobs)
+        if self._core_free is None:
+            self._core_free = _core_free()
         # no fork, no child: every check is made here when asked for
         claims = _Claims(list(jobs)) if hasattr(os, "fork") else None
+        after = self._children[-1].done if self._children else None
+        done = multiprocessing.get_context("fork").Event() if hasattr(os, "fork") else None
 
         def in_order() -> dict[str, Any]:
-            return {
-                k: _attempt(lambda _, f=f: f(), 0)
-                for k, f in jobs.items()
-                if claims is None or claims.take(k)
-            }
+            if after is not None:
+                after.wait()  # the child before is done, or this process is asking
+            try:
+                return {
+                    k: _attempt(lambda _, f=f: f(), 0)
+                    for k, f in jobs.items()
+                    if claims is None or claims.take(k)
+                }
+            finally:
+                if done is not None:
+                    done.set()
 
-        beside = Beside(in_order)
-        self._beside = self._stack.enter_context(beside)
-        if beside.forked:
-            self._taken = set(jobs)
-            self._claims = claims
+        beside = Beside(in_order, core_free=self._core_free)
+        self._stack.enter_context(beside)
+        taken = set(jobs) if beside.forked else set()
+        self._children.append(_Checks(beside, taken, claims, done))
 
     def result(self, name: str) -> Any:
-        """Check `name`'s result (its exception raised here). Asked for while the child
-        still works, this process first makes, from the last, the checks the child has not
-        begun (the child skips them): the two then finish together."""
+        """Check `name`'s result (its exception raised here). Asked for while a child
+        still works, this process first makes, from the last, the checks no child has
+        begun (the children skip them): they then finish together."""
         if name in self._parts:
             keys, combine = self._parts[name]
             return combine([self.result(k) for k in keys])
-        if name in self._taken and self._results is None:
+        held = next((c for c in self._children if name in c.taken), None)
+        if held is not None and held.results is None:
             self._make_unbegun()
         if name in self._here:
             out = self._here[name]
             if isinstance(out, Failed):
                 raise out.error
             return out
-        if name in self._taken:
-            if self._results is None:
+        if held is not None:
+            if held.results is None:
                 try:
-                    self._results = self._beside.result()
+                    held.results = held.beside.result()
                 except Exception:  # the child's wrapper failed: each check is made here
-                    self._results = {}
-            out = self._results.get(name)
+                    held.results = {}
+            out = held.results.get(name)
             if out is not None and not isinstance(out, Failed):
                 return out
             if isinstance(out, Failed) and not isinstance(out.error, OutOfMemoryBudget):
                 raise out.error
-            if name in self._results and out is None:
+            if name in held.results and out is None:
                 return None
         return self.jobs[name]()
 
     def _make_unbegun(self) -> None:
-        """The checks the child has not begun, made here, the last first."""
-        for key in reversed(list(self.jobs)):
-            if key in self._taken and self._claims.take(key):
-                self._taken.discard(key)  # the child now skips it
-                self._here[key] = _attempt(lambda _, f=self.jobs[key]: f(), 0)
+        """The checks no child has begun, made here, the last first (every child waiting
+        for the one before it goes on: this process is done with the proof)."""
+        for checks in self._children:
+            if checks.done is not None:
+                checks.done.set()
+        for checks in reversed(self._children):
+            if checks.results is not None:
+                continue
+            for key in reversed([k for k in self.jobs if k in checks.taken]):
+                if checks.claims.take(key):
+                    checks.taken.discard(key)  # the child now skips it
+                    self._here[key] = _attempt(lambda _, f=self.jobs[key]: f(), 0)
+
+
+@dataclass
+class _Checks:
+    """One child's checks: the child, the checks it was given (less those this process
+    took back), the claims shared with it, the event it sets once done (the next child
+    waits for it), its results once in."""
+
+    beside: Beside
+    taken: set[str]
+    claims: _Claims | None
+    done: Any
+    results: dict[str, Any] | None = None
 
 
 class _Claims:

@@ -289,6 +289,8 @@ class NumpyAlgebra:
 
     def known_index(self, x) -> int | None:
         """The integer a scalar index holds, or None when it depends on the inputs."""
+        if type(x) is np.ndarray and x.ndim == 0:
+            return int(x)  # the common case (a 0-d index operand), at a fifth of the cost
         return int(np.asarray(x).reshape(()))
 
     def truth(self, x) -> bool:

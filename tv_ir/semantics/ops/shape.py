@@ -102,7 +102,11 @@ def dynamic_slice(ctx, x, *indices):
 @op("stablehlo.dynamic_update_slice")
 def dynamic_update_slice(ctx, x, update, *indices):
     def at(starts):
-        out = _common(x, update).copy()
+        numbers = type(x) is np.ndarray and type(update) is np.ndarray
+        if numbers and x.dtype != object and update.dtype != object:
+            out = x.copy()  # the common case: no promotion to objects to consider
+        else:
+            out = _common(x, update).copy()
         out[tuple(slice(s, s + n) for s, n in zip(starts, update.shape, strict=True))] = update
         return out
 
@@ -113,7 +117,8 @@ def _by_start_cases(ctx, operand_shape, sizes, index_arrays, at):
     """`at(starts)` at the clamped starts; an offset that depends on the inputs is read by
     cases: a `select` over every start it can clamp to (the first and last take every index
     below and above the range)."""
-    known = [ctx.alg.known_index(i) for i in index_arrays]
+    known_index = ctx.alg.known_index
+    known = [known_index(i) for i in index_arrays]
     if None not in known:
         return at(start_indices(operand_shape, sizes, known))
     ranges = []
