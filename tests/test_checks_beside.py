@@ -176,7 +176,56 @@ def test_asking_for_a_result_lets_a_waiting_child_go_on(monkeypatch, tmp_path) -
     assert pids[1] == os.getpid()  # the last part: made here
 
 
-def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(monkeypatch) -> None:
+def _ended(pid: int, seconds: float = 30.0) -> bool:
+    """Whether process `pid` has exited (a zombie until its parent reaps it)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_the_children_share_one_share_of_the_memory(monkeypatch, tmp_path) -> None:
+    # a second share set aside for the confirmation's child lowered the proof's ceiling
+    # twice: the 405B-shaped step under --memory-limit 2200 stopped the children and made
+    # the confirmation after its proof (69 s against 57 s). The children work one after
+    # the other, each ending with its result, so one share serves them all
+    import numpy as np
+
+    from tv_ir.limits import check_memory, memory_budget, memory_left_mb
+
+    monkeypatch.setattr(workers, "_core_free", lambda: True)
+    first, go = tmp_path / "first", tmp_path / "go"
+    with memory_budget(400):
+        before = memory_left_mb()
+        with workers.ChecksBeside() as checks:
+            checks.add("layers", os.getpid)
+            checks.start()
+            one = memory_left_mb()
+            assert before - one == pytest.approx(before * workers.BESIDE_SHARE, abs=20)
+            assert _ended(checks._children[0].beside.child.pid)  # done: gone, its memory too
+            checks.add("confirm", _held(first, go))
+            checks.start()
+            assert memory_left_mb() == pytest.approx(one, abs=20)  # no second share
+            _wait_for(first)  # the second child works
+            grown = np.ones(340 * 2**20 // 8)  # past the lowered ceiling, within 400 MB
+            check_memory(force=True)
+            assert not any(c.beside.forked for c in checks._children)  # both stopped
+            go.touch()
+            assert checks.result("confirm") == os.getpid()  # made here
+            assert checks.result("layers") not in (None, os.getpid())  # given before: kept
+            del grown
+
+
+def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(
+    monkeypatch, tmp_path
+) -> None:
     # the 405B-shaped step on TrainVerify's PP-14 plan: its proof reached the ceiling
     # lowered by the child's share (3,500 MB less a quarter of what was left) and ended
     # unknown, though it fits the user's limit alone; now the child is stopped, the proof
@@ -188,13 +237,16 @@ def test_a_proof_short_of_memory_takes_back_the_share_of_the_checks_beside(monke
     from tv_ir.limits import check_memory, memory_budget
 
     monkeypatch.setattr(workers, "_core_free", lambda: True)
+    begun, go = tmp_path / "begun", tmp_path / "go"
     with memory_budget(400):
         with workers.ChecksBeside() as checks:
-            checks.add("pid", os.getpid)
+            checks.add("pid", _held(begun, go))
             checks.start()
             assert checks._children[0].beside.forked
+            _wait_for(begun)  # the child is at it
             grown = np.ones(340 * 2**20 // 8)  # past 400 - 100 MB, within 400 MB
             check_memory(force=True)
             assert not checks._children[0].beside.forked
+            go.touch()
             assert checks.result("pid") == os.getpid()  # made here: the child is gone
             del grown

@@ -265,6 +265,9 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
             child.stop()
 
 
+_OWN_SHARE = object()  # a Beside that sets aside its own share of the memory
+
+
 class Beside:
     """`job()` computed in a forked child while the caller goes on with other work (the
     concrete checks at the real layer count beside the proof at fewer layers), when a core
@@ -273,23 +276,30 @@ class Beside:
     runs (until the caller needs it: then the child is stopped and the job computed here),
     and a result no one asked for is abandoned (the child stopped) on leaving."""
 
-    def __init__(self, job: Callable[[], Any], core_free: bool | None = None):
+    def __init__(self, job: Callable[[], Any], core_free: bool | None = None, share=_OWN_SHARE):
         """`core_free`: whether a core is free for the child, if the caller decided
-        (`_core_free`)."""
+        (`_core_free`); `share`: the MB the child may use when the caller has set them
+        aside itself (None: no limit), else this Beside sets aside its own. The child ends
+        once it has given its result, and its memory with it."""
         self.job = job
         self.child: _Child | None = None
         self.share: float | None = None
+        self._own_share = share is _OWN_SHARE
         self._aside = None
+        self._got = None  # the child's (result, lines), received when it was stopped
         if core_free is None:
             core_free = _core_free() if not _in_child[0] and hasattr(os, "fork") else False
         if _in_child[0] or not hasattr(os, "fork") or not core_free:
             return
-        left = memory_left_mb()
-        self.share = None if left is None else max(left, 1.0) * BESIDE_SHARE
+        if self._own_share:
+            left = memory_left_mb()
+            self.share = None if left is None else max(left, 1.0) * BESIDE_SHARE
+        else:
+            self.share = share
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            self.child = _spawn(lambda _: job(), self.share, [])
+            self.child = _spawn(lambda _: job(), self.share, [], once=True)
             self.child.send(0)
         except OSError:  # no process for it: computed here when asked
             self.child, self.share = None, None
@@ -297,7 +307,8 @@ class Beside:
     def __enter__(self) -> Beside:
         # the proof reaching its lowered ceiling stops the child (its job is then computed
         # here when asked for): checks beside it never cost the proof its memory
-        self._aside = memory_set_aside(self.share if self.child is not None else None, self.stop)
+        own = self.child is not None and self._own_share
+        self._aside = memory_set_aside(self.share if own else None, self.stop)
         self._aside.__enter__()
         return self
 
@@ -313,23 +324,28 @@ class Beside:
         """job()'s result (its exception raised here); computed in this process when no
         child ran it, or the child died or ran out of its share of the memory."""
         child, self.child = self.child, None
+        got, self._got = self._got, None
         if child is not None:
             try:
                 _wait([child], {0: 0})
                 got = child.receive()
             finally:
                 child.stop()
-            if got is not None:
-                out, lines = got
-                _pass_on(lines)
-                if not isinstance(out, Failed):
-                    return out
-                if not isinstance(out.error, OutOfMemoryBudget):
-                    raise out.error
+        if got is not None:
+            out, lines = got
+            _pass_on(lines)
+            if not isinstance(out, Failed):
+                return out
+            if not isinstance(out.error, OutOfMemoryBudget):
+                raise out.error
         return self.job()
 
     def stop(self) -> None:
+        """Stop the child; a result it has already given is kept."""
         if self.child is not None:
+            ready, _, _ = select.select([self.child.results], [], [], 0)
+            if ready:
+                self._got = self.child.receive()
             self.child.stop()
             self.child = None
 
@@ -350,7 +366,8 @@ class ChecksBeside:
     `start()` again forks a child for the checks added since, which waits for the child
     before it to be done (or for this process to ask for a result): the checks known early
     (the layer counts') start before those known only once the proof's pair is built, and
-    the children never take the proof's core between them."""
+    the children never take the proof's core, nor more memory than one share, between
+    them."""
 
     def __init__(self):
         self.jobs: dict[str, Callable[[], Any]] = {}
@@ -361,6 +378,7 @@ class ChecksBeside:
         self._children: list[_Checks] = []  # one per start, in order
         self._started: set[str] = set()
         self._core_free: bool | None = None  # decided at the first start, for every child
+        self._share: float | None = None  # the MB set aside for the children, one at a time
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> ChecksBeside:
@@ -391,6 +409,13 @@ class ChecksBeside:
         self._started.update(jobs)
         if self._core_free is None:
             self._core_free = _core_free()
+            if self._core_free and not _in_child[0] and hasattr(os, "fork"):
+                # one share for all the children: each works once the one before is done
+                # (a child ends with its result); the proof reaching the lowered ceiling
+                # stops them all
+                left = memory_left_mb()
+                self._share = None if left is None else max(left, 1.0) * BESIDE_SHARE
+                self._stack.enter_context(memory_set_aside(self._share, self._stop_children))
         # no fork, no child: every check is made here when asked for
         claims = _Claims(list(jobs)) if hasattr(os, "fork") else None
         after = self._children[-1].done if self._children else None
@@ -409,7 +434,7 @@ class ChecksBeside:
                 if done is not None:
                     done.set()
 
-        beside = Beside(in_order, core_free=self._core_free)
+        beside = Beside(in_order, core_free=self._core_free, share=self._share)
         self._stack.enter_context(beside)
         taken = set(jobs) if beside.forked else set()
         self._children.append(_Checks(beside, taken, claims, done))
@@ -443,6 +468,12 @@ class ChecksBeside:
             if name in held.results and out is None:
                 return None
         return self.jobs[name]()
+
+    def _stop_children(self) -> None:
+        """Every child stopped (the proof takes their share back): their checks are made
+        here when asked for."""
+        for checks in self._children:
+            checks.beside.stop()
 
     def _make_unbegun(self) -> None:
         """The checks no child has begun, made here, the last first (every child waiting
@@ -594,7 +625,10 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _spawn(job: Callable[[int], Any], share_mb: float | None, siblings: list[_Child]) -> _Child:
+def _spawn(
+    job: Callable[[int], Any], share_mb: float | None, siblings: list[_Child], once: bool = False
+) -> _Child:
+    """A forked child serving `job` (until told to stop, or after one job with `once`)."""
     task_r, task_w = os.pipe()
     result_r, result_w = os.pipe()
     with warnings.catch_warnings():
@@ -607,7 +641,7 @@ def _spawn(job: Callable[[int], Any], share_mb: float | None, siblings: list[_Ch
                 os.close(fd)
         code = 0
         try:
-            _serve(job, task_r, result_w, share_mb)
+            _serve(job, task_r, result_w, share_mb, once)
         except BaseException:  # noqa: BLE001 (nothing may escape a forked child)
             code = 1
             with contextlib.suppress(Exception):
@@ -622,8 +656,11 @@ def _spawn(job: Callable[[int], Any], share_mb: float | None, siblings: list[_Ch
     return _Child(pid, task_w, result_r)
 
 
-def _serve(job: Callable[[int], Any], tasks: int, results: int, share_mb: float | None) -> None:
-    """The child's loop: a job number in, its result out, until told to stop."""
+def _serve(
+    job: Callable[[int], Any], tasks: int, results: int, share_mb: float | None, once: bool
+) -> None:
+    """The child's loop: a job number in, its result out, until told to stop (or after
+    one job with `once`)."""
     _in_child[0] = True
     with worker_memory_budget(share_mb), enforced_limits():
         while True:
@@ -640,6 +677,8 @@ def _serve(job: Callable[[int], Any], tasks: int, results: int, share_mb: float 
             view = memoryview(body)
             while view:
                 view = view[os.write(results, view) :]
+            if once:
+                return
 
 
 def _pickled(out: Any, lines: list) -> bytes:
