@@ -265,55 +265,38 @@ def in_order(job: Callable[[int], Any], jobs: list[int], workers: int) -> Iterat
             child.stop()
 
 
-_OWN_SHARE = object()  # a Beside that sets aside its own share of the memory
-
-
 class Beside:
     """`job()` computed in a forked child while the caller goes on with other work (the
     concrete checks at the real layer count beside the proof at fewer layers), when a core
-    is free for it (`_core_free`); else computed in this process when asked for. Use as a
-    context manager: the caller's memory ceiling is lowered by the child's share while it
-    runs (until the caller needs it: then the child is stopped and the job computed here),
-    and a result no one asked for is abandoned (the child stopped) on leaving."""
+    is free for it; else computed in this process when asked for. The child may use `share`
+    MB (None: no limit), which the caller sets aside (`ChecksBeside`), and ends once it has
+    given its result, its memory with it. Use as a context manager: a result no one asked
+    for is abandoned (the child stopped) on leaving."""
 
-    def __init__(self, job: Callable[[], Any], core_free: bool | None = None, share=_OWN_SHARE):
+    def __init__(
+        self, job: Callable[[], Any], core_free: bool | None = None, share: float | None = None
+    ):
         """`core_free`: whether a core is free for the child, if the caller decided
-        (`_core_free`); `share`: the MB the child may use when the caller has set them
-        aside itself (None: no limit), else this Beside sets aside its own. The child ends
-        once it has given its result, and its memory with it."""
+        (default: `_core_free()`)."""
         self.job = job
         self.child: _Child | None = None
-        self.share: float | None = None
-        self._own_share = share is _OWN_SHARE
-        self._aside = None
         self._got = None  # the child's (result, lines), received when it was stopped
-        if core_free is None:
-            core_free = _core_free() if not _in_child[0] and hasattr(os, "fork") else False
-        if _in_child[0] or not hasattr(os, "fork") or not core_free:
+        if _in_child[0] or not hasattr(os, "fork"):
             return
-        if self._own_share:
-            left = memory_left_mb()
-            self.share = None if left is None else max(left, 1.0) * BESIDE_SHARE
-        else:
-            self.share = share
+        if not (_core_free() if core_free is None else core_free):
+            return
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            self.child = _spawn(lambda _: job(), self.share, [], once=True)
+            self.child = _spawn(lambda _: job(), share, [], once=True)
             self.child.send(0)
         except OSError:  # no process for it: computed here when asked
-            self.child, self.share = None, None
+            self.child = None
 
     def __enter__(self) -> Beside:
-        # the proof reaching its lowered ceiling stops the child (its job is then computed
-        # here when asked for): checks beside it never cost the proof its memory
-        own = self.child is not None and self._own_share
-        self._aside = memory_set_aside(self.share if own else None, self.stop)
-        self._aside.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._aside.__exit__(*exc)
         self.stop()
 
     @property
