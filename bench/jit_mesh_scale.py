@@ -3,11 +3,15 @@
     python bench/jit_mesh_scale.py                          # the Llama step on 8, 32, 64, 512
     python bench/jit_mesh_scale.py --step mlp --meshes 2x4,8x8,32x16,64x32
     python bench/jit_mesh_scale.py --meshes 2x4,8x4 --no-xla
+    python bench/jit_mesh_scale.py --step llama-fsdp        # data x fsdp x model: 8 ... 2,048
 
 Steps (`--step`):
 - `llama`: the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py (optax AdamW;
   parameters and moments FSDP over "data", Megatron over "model"; the batch over "data")
   at a config whose widths every mesh divides (dim, FFN and vocabulary 64, 4 heads);
+- `llama-fsdp`: the same AdamW step on a data x fsdp x model mesh (`--meshes DxFxM`): the
+  batch over ("data", "fsdp"), parameters and moments FSDP over "fsdp" and Megatron over
+  "model", the attention heads included (8 heads of 8), replicated over "data";
 - `llama-megatron`: the same AdamW step with data parallelism and Megatron tensor
   parallelism (parameters and moments replicated over "data"; attention heads, MLP and
   output head over "model"; 8 heads of 8);
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -47,8 +52,9 @@ WIDTH = 64  # dim, FFN, vocabulary and the 4 heads x head_dim: every mesh axis d
 SEQ = 3
 
 
-def _step(data: int):
+def _step(mesh: dict[str, int]):
     """(train_step, example args, in/out shardings) at the bench's config."""
+    data = mesh["data"]
     import jax
     import llama
     import llama_adamw_fsdp_tp as ex
@@ -72,11 +78,12 @@ def _step(data: int):
     return train_step, args, (p, o, batch), (p, o, P())
 
 
-def _megatron_step(data: int):
+def _megatron_step(mesh: dict[str, int]):
     """(train_step, example args, in/out shardings) of the same AdamW Llama step with data
     parallelism and Megatron tensor parallelism: parameters and moments replicated over
     "data" (no FSDP), attention heads, the SwiGLU MLP and the output head split over
     "model" (8 heads of 8, so up to 8 "model" devices divide them)."""
+    data = mesh["data"]
     import jax
     import llama
     import llama_adamw_fsdp_tp as ex
@@ -109,8 +116,46 @@ def _megatron_step(data: int):
     return train_step, args, (p, o, batch), (p, o, P())
 
 
-def _mlp_step(data: int):
+def _fsdp_step(mesh: dict[str, int]):
+    """(train_step, example args, in/out shardings) of the AdamW Llama step on a data x fsdp
+    x model mesh: the batch over ("data", "fsdp"); parameters and moments FSDP over "fsdp"
+    and Megatron over "model" (attention heads, SwiGLU MLP, output head; 8 heads of 8),
+    replicated over "data"."""
+    import jax
+    import llama
+    import llama_adamw_fsdp_tp as ex
+    from jax.sharding import PartitionSpec as P
+
+    cfg = llama.Config(
+        dim=WIDTH, ffn=WIDTH, vocab=WIDTH, heads=8, kv_heads=8, head_dim=WIDTH // 8,
+        batch=2 * mesh["data"] * mesh["fsdp"], seq=SEQ,
+    )  # fmt: skip
+    loss = functools.partial(llama.loss_fn, cfg=cfg)
+
+    def train_step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = ex.TX.update(grads, opt_state, params)
+        return ex.optax.apply_updates(params, updates), opt_state, value
+
+    def fsdp_over_fsdp(tree):
+        return jax.tree_util.tree_map(
+            lambda s: P(*("fsdp" if a == "data" else a for a in s)),
+            tree,
+            is_leaf=lambda s: isinstance(s, P),
+        )
+
+    params = llama.param_shapes(cfg)
+    opt_state = jax.eval_shape(ex.TX.init, params)
+    args = (params, opt_state, llama.batch_shapes(cfg))
+    p = fsdp_over_fsdp(ex.param_specs(attention_tp=True))
+    o = fsdp_over_fsdp(ex.opt_state_specs(opt_state, attention_tp=True))
+    batch = {"x": P(("data", "fsdp")), "targets": P(("data", "fsdp"))}
+    return train_step, args, (p, o, batch), (p, o, P())
+
+
+def _mlp_step(mesh: dict[str, int]):
     """(train_step, example args, in/out shardings) of the MLP step."""
+    data = mesh["data"]
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -128,7 +173,23 @@ def _mlp_step(data: int):
     return train_step, args, ins, (ins[0], ins[1], P())
 
 
-STEPS = {"llama": _step, "llama-megatron": _megatron_step, "mlp": _mlp_step}
+STEPS = {
+    "llama": _step,
+    "llama-fsdp": _fsdp_step,
+    "llama-megatron": _megatron_step,
+    "mlp": _mlp_step,
+}
+AXES = {"llama-fsdp": ("data", "fsdp", "model")}  # the others: ("data", "model")
+DEFAULT_MESHES = {"llama-fsdp": ["2x2x2", "4x4x4", "8x8x8", "16x16x8"]}
+
+
+def mesh_of(step_name: str, mesh: str) -> dict[str, int]:
+    """{axis: size} of a `--meshes` entry (DATAxMODEL, or DATAxFSDPxMODEL for llama-fsdp)."""
+    names = AXES.get(step_name, ("data", "model"))
+    sizes = [int(k) for k in mesh.split("x")]
+    if len(sizes) != len(names):
+        raise SystemExit(f"--step {step_name} takes meshes {'x'.join(n.upper() for n in names)}")
+    return dict(zip(names, sizes, strict=True))
 
 
 def worker_verify(
@@ -136,14 +197,14 @@ def worker_verify(
 ) -> dict:
     from tv_ir.frontends.jax import verify
 
-    data, model = (int(k) for k in mesh.split("x"))
-    step, args, ins, outs = STEPS[step_name](data)
+    axes = mesh_of(step_name, mesh)
+    step, args, ins, outs = STEPS[step_name](axes)
     t0 = time.perf_counter()
     report = verify(
         step,
         *args,
         spec=step,
-        mesh={"data": data, "model": model},
+        mesh=axes,
         in_shardings=ins,
         out_shardings=outs,
         time_limit=time_limit,
@@ -157,7 +218,7 @@ def worker_verify(
         "verdict": report.verdict,
         "reduced": (reduction.get("devices") or [None, None])[1]
         if reduction.get("reduced")
-        else data * model,
+        else math.prod(axes.values()),
         "kept": "; ".join(f"{a['name']}: {a['kept']}" for a in kept) or note,
         "seconds": time.perf_counter() - t0,
         "stages": report.stats.stages,
@@ -171,10 +232,10 @@ def worker_xla(step_name: str, mesh: str) -> dict:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding
 
-    data, model = (int(k) for k in mesh.split("x"))
-    step, args, ins, outs = STEPS[step_name](data)
-    devices = np.array(jax.devices()[: data * model]).reshape(data, model)
-    m = Mesh(devices, ("data", "model"))
+    axes = mesh_of(step_name, mesh)
+    step, args, ins, outs = STEPS[step_name](axes)
+    n = math.prod(axes.values())
+    m = Mesh(np.array(jax.devices()[:n]).reshape(tuple(axes.values())), tuple(axes))
 
     def shard(tree):
         return jax.tree_util.tree_map(
@@ -193,7 +254,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step", choices=sorted(STEPS), default="llama")
-    ap.add_argument("--meshes", default=",".join(MESHES), help="DATAxMODEL, comma-separated")
+    ap.add_argument("--meshes", help="DATAxMODEL (llama-fsdp: DATAxFSDPxMODEL), comma-separated")
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
     ap.add_argument(
         "--whole-mesh", action="store_true", help="simulate every device (no mesh reduction)"
@@ -214,7 +275,7 @@ def main() -> None:
         return
 
     header = (
-        f"{'mesh':>6} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'prove s':>7} "
+        f"{'mesh':>8} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'prove s':>7} "
         f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
     )
     whole_note = "; every device simulated" if a.whole_mesh else ""
@@ -225,10 +286,11 @@ def main() -> None:
     print(header)
     print("-" * len(header), flush=True)
     script = str(Path(__file__).resolve())
-    for mesh in a.meshes.split(","):
-        data, model = (int(k) for k in mesh.split("x"))
+    meshes = a.meshes.split(",") if a.meshes else DEFAULT_MESHES.get(a.step, MESHES)
+    for mesh in meshes:
+        devices = math.prod(mesh_of(a.step, mesh).values())
         env = dict(os.environ)
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={data * model}"
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
         whole = "whole" if a.whole_mesh else "reduce"
         args = ["verify", a.step, mesh, str(a.time_limit), str(a.memory), whole]
         child = run_worker(script, args, a.time_limit + 120, env)
@@ -237,7 +299,7 @@ def main() -> None:
         if not a.no_xla:
             xla = (run_worker(script, ["xla", a.step, mesh], 1800, env).result or {}).get("xla_s")
         print(
-            f"{mesh:>6} {data * model:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
+            f"{mesh:>8} {devices:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
             f"{res.get('seconds', float('nan')):>7.1f} "
             f"{res.get('phases', {}).get('prove', float('nan')):>7.1f} "
             f"{res.get('stages', 0):>6} {child.peak_mb:>7.0f} "

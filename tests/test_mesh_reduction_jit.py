@@ -176,6 +176,54 @@ def test_groups_over_the_wrong_axis_are_refuted_on_the_reduced_mesh_and_replayed
     assert r.location.impl.op == "stablehlo.all_reduce"
 
 
+@pytest.fixture
+def beside(monkeypatch, tmp_path):
+    """Every check beside the proof made in a child; the run on the real mesh records the
+    process it ran in, on the pair `pairs[0]` gives (the real one by default)."""
+    import os
+
+    from tv_ir import pipeline
+    from tv_ir.prover import mesh_transfer, workers
+
+    monkeypatch.setattr(workers, "_core_free", lambda: True)
+    monkeypatch.setattr(pipeline, "BESIDE_MIN_OPS", 0)
+    where, pairs = tmp_path / "pid", []
+    run = mesh_transfer.differs_on_real_mesh
+
+    def recorded(spec, impl, placement, seed=0):
+        where.write_text(str(os.getpid()))
+        return run(spec, pairs[0] if pairs else impl, placement, seed)
+
+    monkeypatch.setattr(mesh_transfer, "differs_on_real_mesh", recorded)
+    return lambda: int(where.read_text()) if where.exists() else None, pairs
+
+
+def test_the_run_on_the_real_mesh_is_made_beside_the_proof(parted, beside) -> None:
+    import os
+
+    ran_in, _ = beside
+    pre, p = parted
+    impl, placement = _per_device(pre, p, p.per_device_hlo)
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "equivalent", str(r)
+    assert "checked concretely on every device of the real mesh too" in str(r)
+    assert ran_in() not in (None, os.getpid())  # in the child, while the proof ran
+
+
+def test_a_difference_on_the_real_mesh_found_beside_the_proof_refutes_it(parted, beside) -> None:
+    """The proof on the reduced mesh stands only if the real mesh agrees: here the run beside
+    it is given a program that differs on the real mesh (its groups over the wrong axis)."""
+    _, pairs = beside
+    pre, p = parted
+    right = "all-reduce(%dot.1), channel_id=3, replica_groups=[4,4]<=[16]"
+    wrong = p.per_device_hlo.replace(right, right.replace("[4,4]<=[16]", "[4,4]<=[4,4]T(1,0)"))
+    pairs.append(_per_device(pre, p, wrong)[0])
+    impl, placement = _per_device(pre, p, p.per_device_hlo)
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "not_equivalent", str(r)
+    assert any("proved on the reduced mesh, but the programs differ" in n for n in r.notes)
+
+
 # ------------------------------------------------ XLA's idioms, read at any mesh size
 
 
@@ -238,7 +286,7 @@ def test_the_jit_llama_step_is_read_on_sub_axes_where_xla_splits_an_axis() -> No
     sys.path.insert(0, str(BENCH))
     import jit_mesh_scale
 
-    fn, args, ins, outs = jit_mesh_scale._step(8)
+    fn, args, ins, outs = jit_mesh_scale._step({"data": 8, "model": 4})
     mesh = resolve_mesh({"data": 8, "model": 2})
     low = lower(fn, args, role="fn", mesh=mesh, in_shardings=named(ins, mesh),
                 out_shardings=named(outs, mesh))  # fmt: skip
@@ -332,7 +380,78 @@ def test_the_jit_megatron_llama_step_is_proved_on_four_devices() -> None:
     sys.path.insert(0, str(BENCH))
     import jit_mesh_scale
 
-    fn, args, ins, outs = jit_mesh_scale._megatron_step(4)
+    fn, args, ins, outs = jit_mesh_scale._megatron_step({"data": 4, "model": 4})
     report = verify(fn, *args, spec=fn, mesh=MESH, in_shardings=ins, out_shardings=outs)
     assert report.verdict == "equivalent", str(report)
     assert axes_of(report) == {"data": (4, 2), "model": (4, 2)}, report.mesh_reduction
+
+
+# ------------------------------------------------ data x fsdp x model: chains of tables
+
+FSDP_MESH = {"data": 2, "fsdp": 4, "model": 2}
+# XLA's look-up of an "fsdp" tile: partition_id -> position over ("fsdp", "data") -> the
+# "fsdp" coordinate (this table) -> its tile start
+FSDP_OF_POSITION = "u32[8]{0} constant({0, 0, 1, 1, 2, 2, 3, 3})"
+
+
+@pytest.fixture(scope="module")
+def fsdp_parted():
+    """(annotated module, XLA's partitioning of it) for the AdamW Llama step on a data x
+    fsdp x model mesh of 2 x 4 x 2 (bench/jit_mesh_scale.py --step llama-fsdp)."""
+    sys.path.insert(0, str(BENCH))
+    import jit_mesh_scale
+
+    fn, args, ins, outs = jit_mesh_scale._fsdp_step(FSDP_MESH)
+    mesh = resolve_mesh(FSDP_MESH)
+    low = lower(fn, args, role="fn", mesh=mesh, in_shardings=named(ins, mesh),
+                out_shardings=named(outs, mesh))  # fmt: skip
+    return low.text, partition(low.text)
+
+
+def test_a_table_of_positions_projected_onto_one_axis_is_a_site(fsdp_parted) -> None:
+    pre, p = fsdp_parted
+    assert FSDP_OF_POSITION in p.per_device_hlo
+    impl, placement = _per_device(pre, p, p.per_device_hlo)
+    t = read_template(impl, placement)
+    assert t.failed is None and mismatches(t) == []
+    assert 1 not in t.kept, t.kept  # "fsdp" may shrink
+    fsdp, data = 1, 0
+    projected = [s for s in t.sites if s.kind == "axis_table" and s.sub]
+    assert [(s.axes, s.sub, s.k) for s in projected] == [((fsdp, data), (fsdp,), 1)]
+    small = AxisMesh(("data", "fsdp", "model"), (2, 2, 2))
+    assert instantiate(projected[0], small).tolist() == [0, 0, 1, 1]
+
+
+def test_positions_projected_onto_other_axes_in_any_order() -> None:
+    mesh = AxisMesh(("a", "b", "c"), (2, 3, 4))
+    site = Site(None, "axis_table", (2, 0, 1), k=5, operand=0, sub=(1, 2))
+    # positions over (c, a, b), row-major; each entry (b, c)'s position times 5
+    want = [5 * (b * 4 + c) for c in range(4) for a in range(2) for b in range(3)]
+    assert instantiate(site, mesh).tolist() == want
+    whole = Site(None, "axis_table", (0, 1), k=8, operand=0)
+    assert instantiate(whole, mesh).tolist() == [8 * i for i in range(6)]
+
+
+def test_the_jit_fsdp_llama_step_on_16_devices_is_proved_on_8(fsdp_parted) -> None:
+    pre, p = fsdp_parted
+    impl, placement = _per_device(pre, p, p.per_device_hlo)
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "equivalent", str(r)
+    assert axes_of(r) == {"data": (2, 2), "fsdp": (4, 2), "model": (2, 2)}
+    assert "checked concretely on every device of the real mesh too" in str(r)
+
+
+def test_a_wrong_entry_in_a_chain_of_tables_keeps_its_axes_and_is_refuted(fsdp_parted) -> None:
+    r = _mutant(fsdp_parted, FSDP_OF_POSITION, FSDP_OF_POSITION.replace("3, 3})", "3, 2})"))
+    assert r.verdict == "not_equivalent", str(r)
+    assert not r.mesh_reduction, r.mesh_reduction  # every device of the 16 simulated
+    assert any('"fsdp": 4 kept (its position times 1 is used' in n for n in r.notes), r.notes
+
+
+def test_a_chain_of_tables_onto_the_wrong_axis_is_refuted(fsdp_parted) -> None:
+    """The position projected onto "data" instead of "fsdp": the tiles taken at the data
+    coordinate (a gathered dimension then tied to its own tile keeps "fsdp")."""
+    wrong = FSDP_OF_POSITION.replace("0, 0, 1, 1, 2, 2, 3, 3", "0, 1, 0, 1, 0, 1, 0, 1")
+    r = _mutant(fsdp_parted, FSDP_OF_POSITION, wrong)
+    assert r.verdict == "not_equivalent", str(r)
+    assert set(r.counterexample.mesh_coords) == {"data", "fsdp", "model"}

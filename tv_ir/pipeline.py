@@ -346,12 +346,15 @@ def _check_unrolled(
     if report.verdict == NOT_EQUIVALENT:
         report = _unless_device_order_lost(report, whole_mesh[1])
     if mesh is not None:
-        from .prover.mesh_transfer import confirm_on_real_mesh, name_real_device
+        from .prover.mesh_transfer import NOT_RUN, confirm_on_real_mesh, name_real_device
 
         t1 = time.perf_counter()
         if report.verdict == NOT_EQUIVALENT:
             name_real_device(report, mesh)
-        report = confirm_on_real_mesh(report, mesh, *whole_mesh, seed=seed)
+        found = NOT_RUN
+        if aside.real_mesh is whole_mesh and report.verdict in (EQUIVALENT, NOT_EQUIVALENT):
+            found = aside.result(REAL_MESH)
+        report = confirm_on_real_mesh(report, mesh, *whole_mesh, seed=seed, found=found)
         if report.verdict == UNKNOWN and report.reason.startswith("mesh reduction"):
             options = Options(timeout, seed, progress, time_left())
             notes = report.notes
@@ -765,8 +768,11 @@ def _reduce_and_prove(
             raise BadInput(f"{role}: {e}") from None
     refuse_unaffordable(_simulation_mb(spec_m, impl_m, placement), _simulation_what(reduction))
     if aside is not None:
-        if reduction is not None and reduction.reduced and _worth_a_child(spec_m, impl_m):
+        worth_it = _worth_a_child(spec_m, impl_m)
+        if reduction is not None and reduction.reduced and worth_it:
             _confirm_beside(aside, reduction, mesh, real, options.seed)
+        if mesh is not None and worth_it:
+            _real_mesh_beside(aside, real, options.seed)
         aside.start()
     t_import = time.perf_counter() - t0
     left = time_left()  # what import left of the time limit is the prover's
@@ -813,6 +819,20 @@ def _confirm_beside(aside, reduction, mesh, real, seed: int) -> None:
     aside.confirms = reduction
     parts = agreement_parts(reduction, *real, seed=seed)
     aside.add_parts("confirm", parts, lambda outcomes: agreement_of(reduction, outcomes))
+
+
+REAL_MESH = "real mesh"  # the check beside the proof that runs the real pair on every device
+
+
+def _real_mesh_beside(aside, real, seed: int) -> None:
+    """The run of the real pair on every device of the real mesh (`confirm_on_real_mesh`'s,
+    when it fits) does not depend on the proof on the reduced mesh: it joins the checks
+    computed beside it."""
+    from .prover.mesh_transfer import differs_on_real_mesh, runs_on_real_mesh
+
+    if aside.real_mesh is None and runs_on_real_mesh(*real):
+        aside.real_mesh = real
+        aside.add(REAL_MESH, lambda: differs_on_real_mesh(*real, seed=seed))
 
 
 # a proof of fewer top-level ops than this takes about what a child costs (a fork, its

@@ -127,8 +127,9 @@ class Site:
     k, cyclic), "stride" / "size" / "last" / "whole" (axis: a constant operand of `op`),
     "table" (axes, k: the table a `dynamic_slice` at `partition_id` reads, each device's
     position along the axes, row-major, times k), "axis_table" (axes, k: the table a
-    `dynamic_slice` at such a position reads, each position times k) or "relabel" (axes:
-    the order of `relabel_pairs`, cyclic: its pairs reversed)."""
+    `dynamic_slice` at such a position reads, each position's position along `sub` (the
+    axes themselves when empty: the position itself) times k) or "relabel" (axes: the
+    order of `relabel_pairs`, cyclic: its pairs reversed)."""
 
     op: Op
     kind: str
@@ -136,6 +137,7 @@ class Site:
     k: int = 0
     cyclic: bool = False
     operand: int = 1
+    sub: tuple[int, ...] = ()
 
     def where(self) -> str:
         return f"{self.op.name} at {self.op.loc}"
@@ -152,7 +154,7 @@ def instantiate(site: Site, mesh: Mesh):
     if site.kind == "table":
         return _row_major(mesh, site.axes).reshape(-1) * site.k
     if site.kind == "axis_table":
-        return np.arange(axes_size(mesh, site.axes), dtype=np.int64) * site.k
+        return _projected(mesh, site.axes, site.sub or site.axes) * site.k
     if site.kind == "whole":
         return axes_size(mesh, site.axes) * site.k
     axis = site.axes[0]
@@ -174,6 +176,16 @@ def _row_major(mesh: Mesh, axes: tuple[int, ...]) -> np.ndarray:
     index = np.zeros(mesh.sizes, dtype=np.int64)
     for a in axes:
         index = index * mesh.sizes[a] + coords[a]
+    return index
+
+
+def _projected(mesh: Mesh, axes: tuple[int, ...], sub: tuple[int, ...]) -> np.ndarray:
+    """For each position along `axes` (row-major), its position along `sub` (a subset)."""
+    sizes = [mesh.sizes[a] for a in axes]
+    coords = np.indices(sizes, dtype=np.int64).reshape(len(axes), -1)
+    index = np.zeros(coords.shape[1], dtype=np.int64)
+    for a in sub:
+        index = index * mesh.sizes[a] + coords[axes.index(a)]
     return index
 
 
@@ -384,27 +396,34 @@ def _read_on(t: Template, impl: Module, placement, mesh: Mesh) -> Template:
 def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
     """For each dimension of a layout, the mesh axes splitting it (major first), or None when
     the layout is not a sharding over whole axes of `mesh` (partial sums, padding, another
-    device order)."""
+    device order): each device's box must be the one `axes_layout` gives it."""
     if lay.unreduced or lay.manual or lay.maximal is not None or lay.num_devices != mesh.devices:
         return None
+    rank = len(lay.global_shape)
+    boxes = np.asarray(lay.boxes, dtype=np.int64).reshape(mesh.devices, rank, 2)
     dims: list[tuple[int, ...]] = []
     for i, (whole, tile) in enumerate(zip(lay.global_shape, lay.tile_shape, strict=True)):
-        if tile == whole:
-            dims.append(())
-            continue
-        if tile <= 0 or whole % tile:
-            return None
-        index = np.array([b[i][0] // tile for b in lay.boxes]).reshape(mesh.sizes)
-        flat = index.reshape(-1)
-        varying = [
-            a for a in range(len(mesh.sizes)) if mesh.sizes[a] > 1 and np.ptp(index, axis=a).any()
-        ]
-        # a step along each axis moves the tile index by its stride in the order
-        order = tuple(sorted(varying, key=lambda a: -int(flat[mesh.stride(a)] - flat[0])))
-        if not np.array_equal(index, _row_major(mesh, order)):
+        starts = boxes[:, i, 0]
+        order: tuple[int, ...] = ()
+        if tile != whole:
+            if tile <= 0 or whole % tile:
+                return None
+            index = (starts // tile).reshape(mesh.sizes)
+            flat = index.reshape(-1)
+            varying = [
+                a
+                for a in range(len(mesh.sizes))
+                if mesh.sizes[a] > 1 and np.ptp(index, axis=a).any()
+            ]
+            # a step along each axis moves the tile index by its stride in the order
+            order = tuple(sorted(varying, key=lambda a: -int(flat[mesh.stride(a)] - flat[0])))
+            if axes_size(mesh, order) != whole // tile:
+                return None
+        want = _row_major(mesh, order).reshape(-1) * tile
+        if not (np.array_equal(starts, want) and np.array_equal(boxes[:, i, 1], want + tile)):
             return None
         dims.append(order)
-    return dims if axes_layout(dims, mesh, lay.global_shape).boxes == lay.boxes else None
+    return dims
 
 
 def axes_layout(axes: list[tuple[int, ...]], mesh: Mesh, global_shape):
@@ -637,17 +656,30 @@ def _indexes_tables(t: Template, axes: tuple[int, ...], v, uses) -> bool:
 
 
 def _axis_table(t: Template, axes: tuple[int, ...], op: Op, n: int, uses) -> bool:
-    """`op` looks up a table of n starts, each position times a tile, used as tile starts."""
+    """`op` looks up a table of n entries, one per position along `axes`: each position
+    times a tile, used as tile starts; or (XLA's chains of tables) each position's position
+    along some of the axes times k, used as that position is (a coordinate of one axis, a
+    position indexing a further table, a tile's start)."""
     table = _table(op, n)
-    if table is None or n < 2:
-        return False
-    c = int(table[1])
     looked = _looked_up(op, uses)
-    if c <= 0 or looked is None or not np.array_equal(table, np.arange(n) * c):
+    if table is None or n < 2 or looked is None:
         return False
-    if not _tile_start(t, axes, looked, c, uses):
+    own = Mesh(tuple(t.mesh.names[a] for a in axes), tuple(t.mesh.sizes[a] for a in axes))
+    found = table_positions(own, table)
+    if found is None or not found[0]:
         return False
-    t.sites.append(Site(op, "axis_table", axes, k=c, operand=0))
+    sub, c = tuple(axes[i] for i in found[0]), found[1]
+    if sub == axes:
+        if not _tile_start(t, axes, looked, c, uses):
+            return False
+    elif c > 1:
+        if not _tile_start(t, sub, looked, c, uses):
+            return False
+    elif len(sub) == 1:
+        _coordinate_uses(t, sub[0], looked, uses)
+    elif not _indexes_tables(t, sub, looked, uses):
+        return False
+    t.sites.append(Site(op, "axis_table", axes, k=c, operand=0, sub=() if sub == axes else sub))
     return True
 
 

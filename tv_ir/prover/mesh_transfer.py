@@ -51,25 +51,50 @@ def name_real_device(report, mesh: MeshReduction) -> None:
     ce.device, ce.mesh_coords = device, coords
 
 
-def confirm_on_real_mesh(report, mesh: MeshReduction, spec, impl, placement, seed: int = 0):
-    """A verdict on the reduced mesh, run concretely on every device of the real one when
-    that fits (`REPLAY_LIMIT` elements, the impl's counted once per device): a proof whose
-    programs differ there is refuted there; a refutation whose programs agree there on
-    random inputs is `unknown` (the caller then checks the real mesh as given)."""
+def runs_on_real_mesh(spec, impl, placement) -> bool:
+    """Whether the real pair fits to run on every device of its mesh (`REPLAY_LIMIT`
+    elements, the impl's counted once per device)."""
     from tv_ir.ir.program import elements
+
+    from .real_size import REPLAY_LIMIT
+
+    return elements(spec) + placement.num_devices * elements(impl) <= REPLAY_LIMIT
+
+
+def differs_on_real_mesh(spec, impl, placement, seed: int = 0):
+    """The real pair run on random inputs on every device of its mesh: a difference
+    (`refutation(...)`'s result) or None. It does not depend on the proof on the reduced
+    mesh, so a check computes it beside that proof."""
+    from .real_size import _differs
+
+    return _differs(spec, impl, placement, seed)
+
+
+NOT_RUN = object()  # `confirm_on_real_mesh`'s `found` when nothing ran it beforehand
+
+
+def confirm_on_real_mesh(
+    report, mesh: MeshReduction, spec, impl, placement, seed: int = 0, found=NOT_RUN
+):
+    """A verdict on the reduced mesh, run concretely on every device of the real one when
+    that fits (`runs_on_real_mesh`): a proof whose programs differ there is refuted there; a
+    refutation whose programs agree there on random inputs is `unknown` (the caller then
+    checks the real mesh as given). `found`: `differs_on_real_mesh`'s result, when it was
+    computed beside the proof."""
     from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
-    from .real_size import REPLAY_LIMIT, _differs, refuted_by_replay
+    from .real_size import refuted_by_replay
 
     if report.verdict not in (EQUIVALENT, NOT_EQUIVALENT):
         return report
-    if elements(spec) + placement.num_devices * elements(impl) > REPLAY_LIMIT:
+    if not runs_on_real_mesh(spec, impl, placement):
         report.notes.append(
             f"the real mesh ({mesh.real_mesh.devices} devices) is too large to run concretely: "
             "the verdict rests on the mesh reduction's template (docs/equivalence.md)"
         )
         return report
-    found = _differs(spec, impl, placement, seed)
+    if found is NOT_RUN:
+        found = differs_on_real_mesh(spec, impl, placement, seed)
     if report.verdict == EQUIVALENT and found is None:
         report.notes.append("checked concretely on every device of the real mesh too")
         return report
