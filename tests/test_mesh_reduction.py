@@ -538,3 +538,29 @@ def test_the_pair_on_the_reduced_mesh_drops_what_nothing_reads():
     assert small is not None and small[2].num_devices == 4
     assert elements(small[0]) < 4096
     assert tv_ir.check(spec_text, impl_text).verdict == "equivalent"
+
+
+# a table made with numpy at trace time (RoPE's cos / sin in examples/jax/llama.py): JAX
+# lowers it with its unit axis as a broadcast of a constant outside the shard_map
+TABLE = np.cos(np.arange(12, dtype=np.float32)).reshape(3, 4)
+ROWS = np.ones((16, 3, 4), np.float32)
+
+
+def weighted(x):
+    return jnp.sum(x * TABLE[None], axis=0)
+
+
+@pytest.mark.parametrize("bug", [False, True], ids=["psum", "no psum"])
+def test_constants_made_outside_the_shard_map_are_read_with_it(bug) -> None:
+    def body(x):
+        part = jnp.sum(x * TABLE[None], axis=0)
+        return part if bug else jax.lax.psum(part, "data")
+
+    impl = jax.shard_map(
+        body, mesh=mesh_of(("data", 8)), in_specs=P("data"), out_specs=P(), check_vma=False
+    )
+    text = lower(impl, ROWS)
+    assert re.search(r"stablehlo.broadcast_in_dim %cst.*\n.*sdy.manual_computation", text)
+    r = tv_ir.check(lower(weighted, ROWS), text)
+    assert r.verdict == ("not_equivalent" if bug else "equivalent"), str(r)
+    assert axes_of(r)["data"][:2] == (8, 2)

@@ -237,7 +237,7 @@ def read_template(impl: Module, placement=None) -> Template:
     if not mcs and placement is not None and _per_device(placement):
         return _read_per_device(t, impl, placement, meshes)
     others = [op for op in main.body.ops if op.name not in ("sdy.manual_computation",)]
-    if len(mcs) != 1 or any(op.name != "stablehlo.constant" for op in others):
+    if len(mcs) != 1 or not _constants(others):
         t.failed = NOT_A_SHARD_MAP
         return t
     mc = t.manual = mcs[0]
@@ -435,6 +435,27 @@ def axes_layout(axes: list[tuple[int, ...]], mesh: Mesh, global_shape):
         tuple(tuple(SdyAxis(mesh.names[a]) for a in d) for d in axes),
     )
     return Layout.from_sdy(sharding, None, tuple(global_shape), mesh.devices)
+
+
+# ops outside the shard_map that make a constant from constants (JAX hoists a closed-over
+# array, a RoPE table or a mask, as a broadcast constant)
+CONSTANT_OPS = {
+    "stablehlo.constant",
+    "stablehlo.broadcast_in_dim",
+    "stablehlo.reshape",
+    "stablehlo.convert",
+    "stablehlo.iota",
+}
+
+
+def _constants(ops: list[Op]) -> bool:
+    """Whether `ops` (in order) only compute constants: no argument, no device enters them."""
+    made: set[int] = set()
+    for op in ops:
+        if op.name not in CONSTANT_OPS or op.regions or any(v.id not in made for v in op.operands):
+            return False
+        made.update(r.id for r in op.results)
+    return True
 
 
 def _boundary(t: Template, main, mc: Op) -> None:
