@@ -940,13 +940,11 @@ def _pairs(t: Template, op: Op) -> None:
     if pairs.size == 0:
         return
     mesh = t.mesh
-    moves = {mesh.coords(int(a)) != mesh.coords(int(b)) for a, b in pairs}
-    src, dst = next(
-        ((mesh.coords(int(a)), mesh.coords(int(b))) for a, b in pairs if a != b),
-        (mesh.coords(int(pairs[0, 0])), mesh.coords(int(pairs[0, 1]))),
-    )
+    moving = np.flatnonzero(pairs[:, 0] != pairs[:, 1])  # a device's id is its coordinates
+    first = pairs[moving[0] if moving.size else 0]
+    src, dst = mesh.coords(int(first[0])), mesh.coords(int(first[1]))
     moved = [a for a in range(len(mesh.sizes)) if src[a] != dst[a]]
-    if len(moved) != 1 or moves == {False}:
+    if len(moved) != 1 or not moving.size:
         _relabel(t, op, pairs, len(moved))
         return
     axis = moved[0]
