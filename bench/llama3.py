@@ -45,6 +45,8 @@ BUGS = {
     "micro": "the loss share is not divided by the number of micro-batches",
     "one_layer": "one layer (global layer `bug_layer`, the last one if fewer) adds its update "
     "to the residual twice (with stack='scan' the scanned layer carries its index)",
+    "one_device": "one device (the last of the first half of 'data', the last stage and the "
+    "last of 'model': device 4,095 of 512 x 2 x 8) steps its copy of the final norm twice",
 }
 
 
@@ -408,9 +410,21 @@ def parallel_step(cfg: Config, bug: str | None = None, style: str = "megatron"):
     specs = param_specs(cfg)
 
     def body(params, batch):
+        return one_device_bug(*step_body(params, batch), bug)
+
+    def one_device_bug(new, loss, grads, bug):
+        if bug == "one_device":
+            here = jax.lax.axis_index("data") == cfg.dp // 2 - 1
+            here = here & (jax.lax.axis_index("stage") == cfg.pp - 1)
+            here = here & (jax.lax.axis_index("model") == cfg.tp - 1)
+            stepped = new["final_norm"] - cfg.lr * grads["final_norm"]
+            new = {**new, "final_norm": jnp.where(here, stepped, new["final_norm"])}  # BUG
+        return new, loss
+
+    def step_body(params, batch):
         loss, grads = jax.value_and_grad(pipeline_loss)(params, batch, cfg, bug, style)
         if style == "vma":  # JAX summed the gradients of replicated weights
-            return sgd(params, grads, cfg.lr), jax.lax.psum(loss, ("data", "stage"))
+            return sgd(params, grads, cfg.lr), jax.lax.psum(loss, ("data", "stage")), grads
         # a weight replicated over an axis got a share of its gradient on every device there
         # (over "model" too with loss shares; Megatron's f already summed those)
         skip = () if style == "shares" else ("model",)
@@ -419,9 +433,8 @@ def parallel_step(cfg: Config, bug: str | None = None, style: str = "megatron"):
             return jax.lax.psum(g, tuple(a for a in replicated_axes(spec) if a not in skip))
 
         grads = jax.tree_util.tree_map(sync, grads, specs)
-        return sgd(params, grads, cfg.lr), jax.lax.psum(
-            loss, tuple(a for a in AXES if a not in skip)
-        )
+        total = jax.lax.psum(loss, tuple(a for a in AXES if a not in skip))
+        return sgd(params, grads, cfg.lr), total, grads
 
     data = P("data")
     step = jax.shard_map(

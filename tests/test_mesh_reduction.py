@@ -564,3 +564,61 @@ def test_constants_made_outside_the_shard_map_are_read_with_it(bug) -> None:
     r = tv_ir.check(lower(weighted, ROWS), text)
     assert r.verdict == ("not_equivalent" if bug else "equivalent"), str(r)
     assert axes_of(r)["data"][:2] == (8, 2)
+
+
+# ------------------------------------------- a coordinate compared with positions inside
+
+
+def doubled_rows(mesh, at: int, bug: bool):
+    """Each device doubles its rows; the one at data = `at` computes it another way (or,
+    with the bug, triples them)."""
+
+    def body(x):
+        here = jax.lax.axis_index("data") == at
+        return jnp.where(here, 3 * x if bug else x + x, 2 * x)  # BUG (bug=True): 3 * x
+
+    return jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+
+
+@pytest.mark.parametrize("bug", [False, True], ids=["same", "bug on device 5"])
+def test_a_position_compared_with_is_kept_on_the_reduced_axis(bug) -> None:
+    """data = 5 of 16: the reduced axis keeps the first and last devices, device 5 and one
+    device of each run between them (0 1 | 5 | 6 ... 15: 5 positions, so 8 of 16)."""
+    impl = lower(doubled_rows(mesh_of(("data", 16)), 5, bug), XS)
+    reduced, whole = both(lower(doubled, XS), impl)
+    assert reduced.verdict == whole.verdict == ("not_equivalent" if bug else "equivalent")
+    assert axes_of(reduced)["data"] == (16, 8, None)
+    if bug:
+        assert reduced.counterexample.mesh_coords == {"data": 5}
+        assert reduced.counterexample.device == whole.counterexample.device == 5
+        assert any("replayed on every device of the real mesh" in n for n in reduced.notes)
+    else:
+        assert "checked concretely on every device of the real mesh too" in str(reduced)
+
+
+def test_positions_stand_for_their_runs() -> None:
+    from tv_ir.passes.mesh_reduction.template import marked_need, positions
+
+    assert marked_need(16, (5,)) == 5  # 0 1 | 5 | 6 .. | 15
+    assert positions(16, 8, (5,)) == [0, 1, 2, 3, 4, 5, 6, 15]
+    assert marked_need(8192, (4095,)) == 5
+    assert positions(8192, 8, (4095,)) == [0, 1, 2, 3, 4, 4095, 4096, 8191]
+    assert marked_need(12, (1, 2)) == 5  # 0 | 1 | 2 | 3 .. | 11: no run between 0, 1, 2
+    assert positions(12, 6, (1, 2)) == [0, 1, 2, 3, 4, 11]
+    with pytest.raises(ValueError):
+        positions(12, 4, (1, 2))
+    assert positions(8, 8, (3,)) == list(range(8))
+
+
+def test_a_bug_on_device_4095_of_8192_is_named_there() -> None:
+    """Issue #12: a bug only on device 4,095 of 8,192 is refuted on 8 devices and named at
+    its real device and coordinates."""
+    from jax.sharding import AbstractMesh
+
+    rows = jax.ShapeDtypeStruct((8192 * 2, 4), jnp.float32)
+    impl = doubled_rows(AbstractMesh((8192,), ("data",)), 4095, bug=True)
+    r = tv_ir.check(lower(doubled, rows), lower(impl, rows))
+    assert r.verdict == "not_equivalent", str(r)
+    assert axes_of(r)["data"] == (8192, 8, None)
+    assert r.counterexample.device == 4095 and r.counterexample.mesh_coords == {"data": 4095}
+    assert any("stands for device 4095 (data=4095)" in n for n in r.notes), r.notes

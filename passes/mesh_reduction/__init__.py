@@ -30,7 +30,7 @@ from .rewrite import reduced_impl, remapped, whole_factor
 from .spec_dims import shrink_spec
 from .template import NO_MESH as NO_MESH
 from .template import NOT_A_SHARD_MAP as NOT_A_SHARD_MAP
-from .template import Mesh, Template, axes_layout, mismatches, read_template
+from .template import Mesh, Template, axes_layout, mismatches, positions, read_template
 
 name = "mesh-reduction"
 TWO_WAYS = "a dimension gathered two ways"
@@ -68,6 +68,8 @@ class MeshReduction:
     # a per-device program's boundary on the reduced mesh (the real layouts' axes there):
     # (argument layouts, result layouts); None for a shard_map program (whole on every device)
     layouts: tuple[list, list] | None = None
+    # per axis: the positions inside it the program compares its coordinate with
+    marks: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def reduced(self) -> bool:
@@ -99,8 +101,8 @@ class MeshReduction:
 
     def blown_up(self, x, axes: list[tuple[int, ...]]):
         """An argument of the reduced spec at its real size: each real device's block is
-        the block of the reduced device standing for it (first for first, last for last,
-        the others an interior one)."""
+        the block of the reduced device standing for it (first for first, last for last, a
+        marked position for itself, the others one of their run)."""
         import numpy as np
 
         x = np.asarray(x)
@@ -112,7 +114,7 @@ class MeshReduction:
             tile = x.shape[dim] // int(np.prod(red))
             blocks = []
             for coords in np.ndindex(*real):
-                c = [_representative(c, r, n) for c, r, n in zip(coords, red, real, strict=True)]
+                c = [self._reduced_position(a, c) for a, c in zip(ax, coords, strict=True)]
                 b = int(np.ravel_multi_index(c, red))
                 blocks.append(np.take(x, range(b * tile, (b + 1) * tile), axis=dim))
             x = np.concatenate(blocks, axis=dim)
@@ -123,11 +125,23 @@ class MeshReduction:
         first positions of each axis stand for the first, the last for the last."""
         coords = self.reduced_mesh.coords(device)
         real = []
-        for c, r, n in zip(coords, self.reduced_mesh.sizes, self.real_mesh.sizes, strict=True):
-            real.append(c if 2 * c < r else n - (r - c))
+        sizes = zip(coords, self.reduced_mesh.sizes, self.real_mesh.sizes, strict=True)
+        for axis, (c, r, n) in enumerate(sizes):
+            if axis in self.marks:
+                real.append(positions(n, r, self.marks[axis])[c])
+            else:
+                real.append(c if 2 * c < r else n - (r - c))
         device = self.real_mesh.device(real)
         named = self.coarse or self.real_mesh
         return device, dict(zip(named.names, named.coords(device), strict=True))
+
+    def _reduced_position(self, axis: int, c: int) -> int:
+        """The reduced coordinate standing for real coordinate c along `axis`."""
+        r, n = self.reduced_mesh.sizes[axis], self.real_mesh.sizes[axis]
+        if axis not in self.marks:
+            return _representative(c, r, n)
+        stands = positions(n, r, self.marks[axis])
+        return max(i for i, p in enumerate(stands) if p <= c)  # c itself, or one of its run
 
 
 def _representative(c: int, r: int, n: int) -> int:
@@ -186,6 +200,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
     out.real_mesh = t.mesh
     out.coarse = t.coarse
     out.arg_axes = t.arg_axes
+    out.marks = {a: tuple(sorted(m)) for a, m in t.marks.items() if a not in t.kept}
     kept = dict(t.kept)
     body = None
     for _ in range(len(t.mesh.sizes) + 1):

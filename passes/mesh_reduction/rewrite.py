@@ -46,7 +46,7 @@ def reduced_impl(impl: Module, t: Template, reduced: Mesh, reshaped: bool = Fals
     sites = {id(s.op): s for s in t.sites if s.kind in ("groups", "pairs", "relabel")}
     constants = {}
     for s in t.sites:
-        if s.kind in ("stride", "size", "last", "whole") + TABLES:
+        if s.kind in ("stride", "size", "last", "mark", "whole") + TABLES:
             constants.setdefault(id(s.op), []).append(s)
     vmap: dict[int, Value] = {}
 

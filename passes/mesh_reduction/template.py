@@ -32,6 +32,7 @@ reduced program (passes/mesh_reduction/rewrite.py).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,6 +126,8 @@ def relabel_pairs(mesh: Mesh, order: tuple[int, ...], inverse: bool) -> np.ndarr
 class Site:
     """One mesh-dependent attribute or constant: `kind` is "groups" (axes), "pairs" (axis,
     k, cyclic), "stride" / "size" / "last" / "whole" (axis: a constant operand of `op`),
+    "mark" (axis, k: a position inside the axis its coordinate is compared with, a constant
+    operand of `op`: on a smaller mesh, the position standing for k, `positions`),
     "table" (axes, k: the table a `dynamic_slice` at `partition_id` reads, each device's
     position along the axes, row-major, times k), "axis_table" (axes, k: the table a
     `dynamic_slice` at such a position reads, each position's position along `sub` (the
@@ -138,6 +141,9 @@ class Site:
     cyclic: bool = False
     operand: int = 1
     sub: tuple[int, ...] = ()
+    # "mark": the axis's real size and every position inside it the program compares with
+    marks: tuple[int, ...] = ()
+    real: int = 0
 
     def where(self) -> str:
         return f"{self.op.name} at {self.op.loc}"
@@ -162,7 +168,35 @@ def instantiate(site: Site, mesh: Mesh):
         return mesh.stride(axis)
     if site.kind == "size":
         return mesh.sizes[axis]
+    if site.kind == "mark":
+        return positions(site.real, mesh.sizes[axis], site.marks).index(site.k)
     return mesh.sizes[axis] - 1  # "last"
+
+
+def marked_need(n: int, marks: tuple[int, ...]) -> int:
+    """How many positions an axis of n needs to keep its first and last, every marked
+    position, and one device in each run of positions between them."""
+    kept = sorted({0, n - 1, *marks})
+    return len(kept) + sum(1 for a, b in itertools.pairwise(kept) if b - a > 1)
+
+
+def positions(n: int, r: int, marks: tuple[int, ...]) -> list[int]:
+    """The real positions (of n) the r positions of the reduced axis stand for, in order:
+    the first and the last, every marked one, and in each run of positions between those
+    the first ones of the run (one at least). Devices in one run compare alike with every
+    marked position, so any of them stands for the others."""
+    if r == n:
+        return list(range(n))
+    kept = sorted({0, n - 1, *marks})
+    chosen = set(kept) | {a + 1 for a, b in itertools.pairwise(kept) if b - a > 1}
+    for c in range(n):  # more devices than needed: the first positions of the runs
+        if len(chosen) >= r:
+            break
+        chosen.add(c)
+    out = sorted(chosen)
+    if len(out) != r:
+        raise ValueError(f"an axis of {n} cannot keep {len(out)} marked positions on {r}")
+    return out
 
 
 def axes_size(mesh: Mesh, axes: tuple[int, ...]) -> int:
@@ -207,6 +241,8 @@ class Template:
     # per @main argument / result: for each dimension, the axes (indices) it is split over
     arg_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
     result_axes: list[list[tuple[int, ...]]] = field(default_factory=list)
+    # positions inside an axis its coordinate is compared with (neither first nor last)
+    marks: dict[int, set[int]] = field(default_factory=dict)
     # axes whose size the body's shapes follow (an all_gather over them, a tile sliced at
     # coordinate x tile) -> what would keep them if the body cannot be rescaled
     shaped: dict[int, str] = field(default_factory=dict)
@@ -520,6 +556,22 @@ def _body(t: Template, body) -> None:
             _pairs(t, op)
         if t.failed:
             return
+    _marked(t)
+
+
+def _marked(t: Template) -> None:
+    """Each axis whose coordinate is compared with positions inside it needs those positions
+    and a device in each run between them (`positions`); shifts along it could carry data
+    from one run into another, so such an axis keeps its size."""
+    for axis, marks in t.marks.items():
+        ordered = tuple(sorted(marks))
+        for s in t.sites:
+            if s.kind == "mark" and s.axes == (axis,):
+                s.marks = ordered
+        if axis in t.reach:
+            t.keep(axis, f"its coordinate is compared with {ordered[0]} and shifted")
+        else:
+            t.need(axis, marked_need(t.mesh.sizes[axis], ordered))
 
 
 def _reading_input(body, ops) -> set[int]:
@@ -742,6 +794,9 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
             elif c == n - 1:
                 ends.add("last")
                 t.sites.append(Site(op, "last", (axis,), operand=1 - k))
+            elif c is not None and 0 < c < n - 1:
+                t.marks.setdefault(axis, set()).add(c)
+                t.sites.append(Site(op, "mark", (axis,), k=c, operand=1 - k, real=n))
             else:
                 t.keep(axis, f"its coordinate is compared with {c} at {op.loc}")
     if len(ends) == 2:
