@@ -108,7 +108,9 @@ def main() -> None:
         "--before-max", type=int, default=512, help="largest mesh checked without reduction"
     )
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
-    ap.add_argument("--bug", default=None, help="plant bench/llama3.py's bug (psum, micro)")
+    ap.add_argument(
+        "--bug", default=None, help="plant bench/llama3.py's bug (psum, micro, one_device)"
+    )
     ap.add_argument("--time-limit", type=float, default=600.0)
     ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory_limit (MB)")
     ap.add_argument(
