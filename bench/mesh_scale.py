@@ -84,6 +84,9 @@ def worker_verify(mesh: str, reduce_mesh: bool, time_limit: float, memory: float
     ce = report.counterexample
     if ce is not None:
         out["device"] = [ce.device, ce.mesh_coords]
+    site = report.location.impl if report.location is not None else None
+    if site is not None and site.file:
+        out["at"] = f"{Path(site.file).name}:{site.line} ({site.op})"
     return out
 
 
