@@ -404,24 +404,30 @@ def pipeline_loss(params, batch, cfg: Config, bug: str | None, style: str):
     return loss
 
 
+def stepped_twice_on_one_device(new: dict, grads: dict, cfg: Config) -> dict:
+    """BUG one_device: the device at data = dp / 2 - 1, the last stage and the last TP rank
+    (4,095 of 512 x 2 x 8) steps its copy of the final norm twice; every other device's
+    copy is right."""
+    here = jax.lax.axis_index("data") == cfg.dp // 2 - 1
+    here = here & (jax.lax.axis_index("stage") == cfg.pp - 1)
+    here = here & (jax.lax.axis_index("model") == cfg.tp - 1)
+    stepped = new["final_norm"] - cfg.lr * grads["final_norm"]  # BUG: one_device
+    return {**new, "final_norm": jnp.where(here, stepped, new["final_norm"])}
+
+
 def parallel_step(cfg: Config, bug: str | None = None, style: str = "megatron"):
     """The train step as a shard_map over the ("data", "stage", "model") mesh (see STYLES)."""
     assert style in STYLES and (bug is None or bug in BUGS)
     specs = param_specs(cfg)
 
     def body(params, batch):
-        return one_device_bug(*step_body(params, batch), bug)
-
-    def one_device_bug(new, loss, grads, bug):
+        new, loss, grads = synced_step(params, batch)
         if bug == "one_device":
-            here = jax.lax.axis_index("data") == cfg.dp // 2 - 1
-            here = here & (jax.lax.axis_index("stage") == cfg.pp - 1)
-            here = here & (jax.lax.axis_index("model") == cfg.tp - 1)
-            stepped = new["final_norm"] - cfg.lr * grads["final_norm"]
-            new = {**new, "final_norm": jnp.where(here, stepped, new["final_norm"])}  # BUG
+            new = stepped_twice_on_one_device(new, grads, cfg)
         return new, loss
 
-    def step_body(params, batch):
+    def synced_step(params, batch):
+        """(this device's updated parameters, the total loss, the synced gradients)."""
         loss, grads = jax.value_and_grad(pipeline_loss)(params, batch, cfg, bug, style)
         if style == "vma":  # JAX summed the gradients of replicated weights
             return sgd(params, grads, cfg.lr), jax.lax.psum(loss, ("data", "stage")), grads
