@@ -622,3 +622,14 @@ def test_a_bug_on_device_4095_of_8192_is_named_there() -> None:
     assert axes_of(r)["data"] == (8192, 8, None)
     assert r.counterexample.device == 4095 and r.counterexample.mesh_coords == {"data": 4095}
     assert any("stands for device 4095 (data=4095)" in n for n in r.notes), r.notes
+
+
+def test_sizes_too_small_for_the_marked_positions_are_refused() -> None:
+    """A pair reduced on sizes chosen elsewhere: an axis too small to keep its marked
+    positions and their runs is no mesh reduction (not a crash)."""
+    spec = prepare(lower(doubled, XS), "spec")
+    prog = prepare(lower(doubled_rows(mesh_of(("data", 16)), 5, bug=False), XS), "impl")
+    placement = _boundary_placement(spec, prog, None)
+    assert reduce_mesh(spec, prog, placement).reduced_mesh.sizes == (8,)
+    found = reduce_mesh(spec, prog, placement, sizes=(4,))
+    assert not found.reduced and "too small there for its marked positions" in found.failed

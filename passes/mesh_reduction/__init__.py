@@ -30,7 +30,15 @@ from .rewrite import reduced_impl, remapped, whole_factor
 from .spec_dims import shrink_spec
 from .template import NO_MESH as NO_MESH
 from .template import NOT_A_SHARD_MAP as NOT_A_SHARD_MAP
-from .template import Mesh, Template, axes_layout, mismatches, positions, read_template
+from .template import (
+    Mesh,
+    Template,
+    axes_layout,
+    marked_need,
+    mismatches,
+    positions,
+    read_template,
+)
 
 name = "mesh-reduction"
 TWO_WAYS = "a dimension gathered two ways"
@@ -206,6 +214,15 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
     for _ in range(len(t.mesh.sizes) + 1):
         if sizes is not None:
             target = tuple(sizes)
+            short = [
+                a
+                for a, marks in t.marks.items()
+                if t.mesh.sizes[a] > target[a] < marked_need(t.mesh.sizes[a], tuple(marks))
+            ]
+            if short:
+                name = t.mesh.names[short[0]]
+                out.failed = f'"{name}" is too small there for its marked positions'
+                break
         else:
             t.kept = kept
             target = plan_sizes(t)
