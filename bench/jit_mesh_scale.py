@@ -83,37 +83,7 @@ def _megatron_step(mesh: dict[str, int]):
     parallelism and Megatron tensor parallelism: parameters and moments replicated over
     "data" (no FSDP), attention heads, the SwiGLU MLP and the output head split over
     "model" (8 heads of 8, so up to 8 "model" devices divide them)."""
-    data = mesh["data"]
-    import jax
-    import llama
-    import llama_adamw_fsdp_tp as ex
-    from jax.sharding import PartitionSpec as P
-
-    cfg = llama.Config(
-        dim=WIDTH, ffn=WIDTH, vocab=WIDTH, heads=8, kv_heads=8, head_dim=WIDTH // 8,
-        batch=2 * data, seq=SEQ,
-    )  # fmt: skip
-    loss = functools.partial(llama.loss_fn, cfg=cfg)
-
-    def train_step(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        updates, opt_state = ex.TX.update(grads, opt_state, params)
-        return ex.optax.apply_updates(params, updates), opt_state, value
-
-    def replicated_over_data(tree):
-        return jax.tree_util.tree_map(
-            lambda s: P(*(None if a == "data" else a for a in s)),
-            tree,
-            is_leaf=lambda s: isinstance(s, P),
-        )
-
-    params = llama.param_shapes(cfg)
-    opt_state = jax.eval_shape(ex.TX.init, params)
-    args = (params, opt_state, llama.batch_shapes(cfg))
-    p = replicated_over_data(ex.param_specs(attention_tp=True))
-    o = replicated_over_data(ex.opt_state_specs(opt_state, attention_tp=True))
-    batch = {"x": P("data"), "targets": P("data")}
-    return train_step, args, (p, o, batch), (p, o, P())
+    return _tensor_parallel_step(2 * mesh["data"], None, "data")
 
 
 def _fsdp_step(mesh: dict[str, int]):
@@ -121,6 +91,13 @@ def _fsdp_step(mesh: dict[str, int]):
     x model mesh: the batch over ("data", "fsdp"); parameters and moments FSDP over "fsdp"
     and Megatron over "model" (attention heads, SwiGLU MLP, output head; 8 heads of 8),
     replicated over "data"."""
+    return _tensor_parallel_step(2 * mesh["data"] * mesh["fsdp"], "fsdp", ("data", "fsdp"))
+
+
+def _tensor_parallel_step(batch: int, fsdp: str | None, batch_axes):
+    """The AdamW Llama step with Megatron over "model", attention included (8 heads of 8),
+    at `batch` sequences split over `batch_axes`: the example's FSDP axis ("data") becomes
+    `fsdp` (None: parameters and moments replicated there)."""
     import jax
     import llama
     import llama_adamw_fsdp_tp as ex
@@ -128,7 +105,7 @@ def _fsdp_step(mesh: dict[str, int]):
 
     cfg = llama.Config(
         dim=WIDTH, ffn=WIDTH, vocab=WIDTH, heads=8, kv_heads=8, head_dim=WIDTH // 8,
-        batch=2 * mesh["data"] * mesh["fsdp"], seq=SEQ,
+        batch=batch, seq=SEQ,
     )  # fmt: skip
     loss = functools.partial(llama.loss_fn, cfg=cfg)
 
@@ -137,9 +114,9 @@ def _fsdp_step(mesh: dict[str, int]):
         updates, opt_state = ex.TX.update(grads, opt_state, params)
         return ex.optax.apply_updates(params, updates), opt_state, value
 
-    def fsdp_over_fsdp(tree):
+    def moved(tree):
         return jax.tree_util.tree_map(
-            lambda s: P(*("fsdp" if a == "data" else a for a in s)),
+            lambda s: P(*(fsdp if a == "data" else a for a in s)),
             tree,
             is_leaf=lambda s: isinstance(s, P),
         )
@@ -147,9 +124,9 @@ def _fsdp_step(mesh: dict[str, int]):
     params = llama.param_shapes(cfg)
     opt_state = jax.eval_shape(ex.TX.init, params)
     args = (params, opt_state, llama.batch_shapes(cfg))
-    p = fsdp_over_fsdp(ex.param_specs(attention_tp=True))
-    o = fsdp_over_fsdp(ex.opt_state_specs(opt_state, attention_tp=True))
-    batch = {"x": P(("data", "fsdp")), "targets": P(("data", "fsdp"))}
+    p = moved(ex.param_specs(attention_tp=True))
+    o = moved(ex.opt_state_specs(opt_state, attention_tp=True))
+    batch = {"x": P(batch_axes), "targets": P(batch_axes)}
     return train_step, args, (p, o, batch), (p, o, P())
 
 
