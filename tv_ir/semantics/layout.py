@@ -281,6 +281,32 @@ def _build(
     )
 
 
+def _tiled(shape: Shape, n: int, tiles: tuple[int, ...], grid: np.ndarray, desc: str) -> Layout:
+    """What `_build` makes of a tile assignment without manual or partial-sum subgroups
+    (`grid`: the device at each tile index, then at each replica), with numpy: one tile
+    index per device, no groups."""
+    rank = len(tiles)
+    flat = grid.reshape(-1)
+    values, counts = np.unique(flat, return_counts=True)
+    if (counts > 1).any():
+        raise BadInput(f"sharding {desc} places device {int(values[counts > 1][0])} twice")
+    if flat.size != n or (n and not np.array_equal(np.sort(flat), np.arange(n))):
+        raise BadInput(f"sharding {desc} does not place exactly devices 0..{n - 1}")
+    index = np.indices(grid.shape, dtype=np.int64).reshape(grid.ndim, -1)[:rank]
+    at = np.empty((n, rank), dtype=np.int64)
+    at[flat] = index.T
+    chunk = tuple(-(-size // k) for size, k in zip(shape, tiles, strict=True))
+    if not rank:
+        return Layout(shape, n, ((),) * n, chunk, (), (), None, desc)
+    size, step = np.array(shape, dtype=np.int64), np.array(chunk, dtype=np.int64)
+    corners = np.stack([np.minimum(at * step, size), np.minimum((at + 1) * step, size)], -1)
+    # devices share boxes (a tile replicated over an axis): each distinct box built once
+    distinct, which = np.unique(corners.reshape(n, -1), axis=0, return_inverse=True)
+    made = [tuple(map(tuple, row.reshape(rank, 2).tolist())) for row in distinct]
+    boxes = tuple(made[i] for i in which.reshape(-1).tolist())
+    return Layout(shape, n, boxes, chunk, (), (), None, desc)
+
+
 def _whole(shape: Shape, n: int, desc: str, manual: bool = False, unreduced: bool = False):
     """Every device holds the whole tensor; each its own instance if `manual`. (What `_build`
     makes of one tile per device, built directly: one box shared by all n devices.)"""
@@ -396,6 +422,8 @@ def _from_hlo(h: Any, global_shape: Any, n: int | None, xc: Any) -> Layout | lis
     grid = np.array(devices, dtype=np.int64).reshape(dims)
     man = [rank + j for j, k in enumerate(kinds) if k == T.MANUAL]
     unred = [rank + j for j, k in enumerate(kinds) if k == T.UNREDUCED]
+    if not man and not unred:
+        return _tiled(shape, n, tuple(dims[:rank]), grid, desc)
     cells: dict[int, _Cell] = {}
     for idx in np.ndindex(*dims):
         d = int(grid[idx])
