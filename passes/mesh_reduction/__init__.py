@@ -120,9 +120,10 @@ class MeshReduction:
             red = [self.reduced_mesh.sizes[a] for a in ax]
             real = [self.real_mesh.sizes[a] for a in ax]
             tile = x.shape[dim] // int(np.prod(red))
+            stands = [self._reduced_positions(a) for a in ax]
             blocks = []
             for coords in np.ndindex(*real):
-                c = [self._reduced_position(a, c) for a, c in zip(ax, coords, strict=True)]
+                c = [stand[c] for stand, c in zip(stands, coords, strict=True)]
                 b = int(np.ravel_multi_index(c, red))
                 blocks.append(np.take(x, range(b * tile, (b + 1) * tile), axis=dim))
             x = np.concatenate(blocks, axis=dim)
@@ -143,13 +144,15 @@ class MeshReduction:
         named = self.coarse or self.real_mesh
         return device, dict(zip(named.names, named.coords(device), strict=True))
 
-    def _reduced_position(self, axis: int, c: int) -> int:
-        """The reduced coordinate standing for real coordinate c along `axis`."""
+    def _reduced_positions(self, axis: int) -> list[int]:
+        """For each real coordinate along `axis`, the reduced coordinate standing for it."""
         r, n = self.reduced_mesh.sizes[axis], self.real_mesh.sizes[axis]
         if axis not in self.marks:
-            return _representative(c, r, n)
+            return [_representative(c, r, n) for c in range(n)]
+        # a marked or end position stands for itself, any other for one of its run: the
+        # last reduced position at or before it
         stands = positions(n, r, self.marks[axis])
-        return max(i for i, p in enumerate(stands) if p <= c)  # c itself, or one of its run
+        return (np.searchsorted(stands, np.arange(n), side="right") - 1).tolist()
 
 
 def _representative(c: int, r: int, n: int) -> int:
@@ -208,7 +211,7 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
     out.real_mesh = t.mesh
     out.coarse = t.coarse
     out.arg_axes = t.arg_axes
-    out.marks = {a: tuple(sorted(m)) for a, m in t.marks.items() if a not in t.kept}
+    out.marks = {a: tuple(sorted(m)) for a, m in t.marks.items()}
     kept = dict(t.kept)
     body = None
     for _ in range(len(t.mesh.sizes) + 1):

@@ -253,14 +253,8 @@ def _build(
     """A Layout from each device's tile index, manual instance key and partial-sum key."""
     if sorted(cells) != list(range(n)):
         raise BadInput(f"sharding {desc} does not place exactly devices 0..{n - 1}")
-    chunk = tuple(-(-size // k) for size, k in zip(shape, tiles, strict=True))
-    boxes = tuple(
-        tuple(
-            (min(t * c, size), min((t + 1) * c, size))
-            for t, c, size in zip(cells[d][0], chunk, shape, strict=True)
-        )
-        for d in range(n)
-    )
+    at = np.array([cells[d][0] for d in range(n)], dtype=np.int64).reshape(n, len(tiles))
+    boxes, chunk = _boxes(shape, tiles, at)
     manual: dict[Hashable, list[int]] = {}
     groups: dict[Hashable, list[int]] = {}
     for d in range(n):
@@ -295,16 +289,23 @@ def _tiled(shape: Shape, n: int, tiles: tuple[int, ...], grid: np.ndarray, desc:
     index = np.indices(grid.shape, dtype=np.int64).reshape(grid.ndim, -1)[:rank]
     at = np.empty((n, rank), dtype=np.int64)
     at[flat] = index.T
+    boxes, chunk = _boxes(shape, tiles, at)
+    return Layout(shape, n, boxes, chunk, (), (), None, desc)
+
+
+def _boxes(shape: Shape, tiles: tuple[int, ...], at: np.ndarray) -> tuple[tuple, Shape]:
+    """(each device's box, the tile shape) from each device's tile index (`at`, one row per
+    device) when each dimension is split into `tiles` chunks (the last one ragged)."""
+    n, rank = at.shape
     chunk = tuple(-(-size // k) for size, k in zip(shape, tiles, strict=True))
     if not rank:
-        return Layout(shape, n, ((),) * n, chunk, (), (), None, desc)
+        return ((),) * n, chunk
     size, step = np.array(shape, dtype=np.int64), np.array(chunk, dtype=np.int64)
     corners = np.stack([np.minimum(at * step, size), np.minimum((at + 1) * step, size)], -1)
     # devices share boxes (a tile replicated over an axis): each distinct box built once
     distinct, which = np.unique(corners.reshape(n, -1), axis=0, return_inverse=True)
     made = [tuple(map(tuple, row.reshape(rank, 2).tolist())) for row in distinct]
-    boxes = tuple(made[i] for i in which.reshape(-1).tolist())
-    return Layout(shape, n, boxes, chunk, (), (), None, desc)
+    return tuple(made[i] for i in which.reshape(-1).tolist()), chunk
 
 
 def _whole(shape: Shape, n: int, desc: str, manual: bool = False, unreduced: bool = False):
