@@ -378,10 +378,18 @@ def _rescaled(body: BodyShapes, t: Template, reduced: Mesh):
         found.append([])
         for v, split in zip(values, boundary, strict=True):
             got = body.axes_of(v)
-            if any(real(b) != real(g) for g, b in zip(got, split, strict=True) if real(b)):
+            if any(not _within(real(b), real(g)) for g, b in zip(got, split, strict=True)):
                 return "the body's devices parts disagree with the shard_map's shardings"
-            found[-1].append([b or g for g, b in zip(got, split, strict=True)])
+            found[-1].append([g if real(g) else b for g, b in zip(got, split, strict=True)])
     return rescaled, remapped(t, vmap), found[0], found[1]
+
+
+def _within(split: tuple[int, ...], parts: tuple[int, ...]) -> bool:
+    """Whether a dimension the shard_map splits over `split` can be the body's `parts`
+    (major first): the same axes, or the split's axes first and then axes that make up each
+    device's tile (an FSDP shard all-gathered inside the body: the tile of a weight split
+    over "model" is itself "fsdp" parts of the shard another weight holds)."""
+    return parts[: len(split)] == split
 
 
 def _axes_of(v, a: int, spec: Module, arg_axes, result_axes) -> tuple[int, ...]:

@@ -38,6 +38,9 @@ class BodyShapes:
         self.impl = impl
         self.classes = self.d.classes()
         self.defs, self.pinned = _products(self.d)
+        # plain classes whose factor a merged dimension gives them on the last mesh asked
+        # for (`_through_merges`): the axes whose devices parts they stand in for
+        self.derived: dict[Key, tuple[int, ...]] = {}
 
     def axes_of(self, v: Value) -> list[tuple[int, ...]]:
         """For each dimension of v, the axes whose devices parts make it up (major first)."""
@@ -47,6 +50,8 @@ class BodyShapes:
         if root in seen:
             return []
         if root not in self.defs:
+            if root in self.derived:
+                return list(self.derived[root])
             axes = [_axis_of(k) for k in self.classes[root] if _axis_of(k) is not None]
             return axes[:1]
         out: list[int] = []
@@ -81,6 +86,7 @@ class BodyShapes:
                         or f"a gathered dimension tied to its own tile ({_name(d, root, members)})",
                     )
             factor[root] = f
+        self._through_merges(factor)
         for whole in defs:
             values = _value(defs, factor, whole)
             own = {_axis_of(k) for k in classes[whole]} - {None}
@@ -100,6 +106,85 @@ class BodyShapes:
                 return None, f"the body offsets a gathered dimension at {r.op.loc}"
         return factor, ""
 
+    def _through_merges(self, factor: dict[Key, int]) -> None:
+        """A merged dimension made both of devices parts (an FSDP shard all-gathered) and of
+        plain classes (the heads x head_dim an attention output reshapes to): the plain
+        way's major-most part stands in for the devices parts and shrinks with them (FSDP
+        over "fsdp" of the heads a "model" rank holds: fewer "fsdp" devices, fewer heads per
+        rank, as JAX lowers it on that mesh). Only a part that nothing else sizes: no axis of
+        its own, not kept, not pinned, not merged, dividing evenly; else the definitions
+        still disagree and `factors` refuses the mesh."""
+        defs = self.defs
+        self.derived = {}
+        for _ in range(len(defs) + 1):
+            changed = False
+            for ways in defs.values():
+                values = [_way_value(defs, factor, parts) for parts in ways]
+                shrunk = {v for v in values if v is not None and v > 1}
+                if len(shrunk) != 1 or None in values:
+                    continue
+                target = shrunk.pop()
+                axes = next(
+                    tuple(self._way_axes(parts))
+                    for parts, v in zip(ways, values, strict=True)
+                    if v == target
+                )
+                for parts, v in zip(ways, values, strict=True):
+                    if v != 1:  # shrinking by the determining way's axes alone, or not at all
+                        continue
+                    trial, named = dict(factor), dict(self.derived)
+                    if self._assign(parts, target, axes, trial, named):
+                        factor.update(trial)
+                        self.derived = named
+                        changed = True
+            if not changed:
+                return
+
+    def _assign(self, parts, target: int, axes, factor: dict, named: dict, depth: int = 0) -> bool:
+        """Make the definition `parts` give `target` by its major-most plain part (through
+        every definition of a merged major), on `factor` and `named`; False when a part it
+        would take is not free (the caller then drops both)."""
+        d, defs, classes = self.d, self.defs, self.classes
+        if not parts or depth > len(defs):
+            return False
+        rest = 1
+        for p in parts[1:]:
+            values = _value(defs, factor, p)
+            if len(values) != 1:
+                return False
+            rest *= values.pop()
+        if target % rest:
+            return False
+        need, major = target // rest, parts[0]
+        if major in defs:
+            return all(
+                _way_value(defs, factor, way) == need
+                or self._assign(way, need, axes, factor, named, depth + 1)
+                for way in defs[major]
+            )
+        have = factor.get(major, 1)
+        if have == need:
+            return True
+        members = classes.get(major, [])
+        free = (
+            have == 1
+            and major not in self.pinned
+            and not any(_axis_of(k) is not None for k in members)
+            and not d.reason_kept(members)
+            and not d.reason_uneven(members)
+            and d.real[major] % need == 0
+        )
+        if free:
+            factor[major] = need
+            named[major] = axes
+        return free
+
+    def _way_axes(self, parts: tuple[Key, ...]) -> list[int]:
+        out: list[int] = []
+        for p in parts:
+            out += self._axes(p)
+        return out
+
     def rewrite(self, factor: dict[Key, int]) -> tuple[Module | None, str, dict]:
         """The impl with the body's shapes at `factor` (sites still at the real sizes), and
         each value's copy (by the original's id)."""
@@ -113,6 +198,17 @@ class BodyShapes:
 
 # the first element of the keys of an all_to_all's blocks (no value's id, no axis's)
 BLOCK = 1 << 40
+
+
+def _way_value(defs, factor: dict, parts: tuple[Key, ...]) -> int | None:
+    """The factor one definition of a merged dimension gives it (None: its parts disagree)."""
+    out = 1
+    for p in parts:
+        values = _value(defs, factor, p)
+        if len(values) != 1:
+            return None
+        out *= values.pop()
+    return out
 
 
 def _name(d: DimClasses, root: Key, members) -> str:

@@ -45,7 +45,11 @@ def shrink_spec(spec: Module, wanted: Wanted) -> tuple[Module | None, dict]:
         if root in defs:  # a merged dimension: its major-most parts shrink
             found = _majors(d, defs, root)
             size = v.type.shape[a]
-            if found is None or any((size // shards) % max(m, 1) for _, m in found) or shards % f:
+            if (
+                found is None
+                or not all(_aligned(size // shards, m) for _, m in found)
+                or shards % f
+            ):
                 failed[(v, a)] = "a merged dimension whose shards split its minor parts"
                 continue
             targets += [major for major, _ in found]
@@ -79,6 +83,15 @@ def shrink_spec(spec: Module, wanted: Wanted) -> tuple[Module | None, dict]:
         return None, failed
     rewriter = Rewriter(d, factor, rules.pos.rescales, 1, {}, rules.pos.splats, {})
     return rewriter.module(spec), {}
+
+
+def _aligned(tile: int, minor: int) -> bool:
+    """Whether shards of `tile` elements hold whole minor parts, or split each one into the
+    same whole number of shards (FSDP's shards of a K/V group's query heads): either way a
+    shard's place in the merged dimension is the same function of its device at any number
+    of major parts."""
+    minor = max(minor, 1)
+    return tile % minor == 0 or minor % tile == 0
 
 
 def _majors(d: DimClasses, defs, root, seen=frozenset()) -> list | None:
