@@ -133,6 +133,21 @@ def test_token_mean_whose_count_is_also_the_sequence_is_a_normaliser() -> None:
     assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
 
 
+def test_a_token_count_that_is_also_vocabulary_times_a_shards_tokens_keeps_the_vocabulary():
+    """The spec's mean over 8 x 32 tokens divides by 256, which is also the vocabulary (8)
+    times a device's 2 x 16 tokens (the classes are shared with the implementation): two
+    readings of one constant. Before, neither was taken and nothing was kept: the tokens
+    shrank, the 256 stayed, and the reduced pair differed where the real one does not (the
+    llama405b step on 2 x 4 x 2 x 2 devices was refuted, its real programs too large to
+    replay). Now the class only one reading holds keeps its size and the constant is read
+    by the others."""
+    args = (f32(NB, NT, ND), f32(ND, 8), f32(NB, NT, 8))
+    reduced, _ = both(xent_grad_tokens, *args, spec=xent_grad, expect="equivalent")
+    assert not any("did not carry over" in n for n in reduced.notes), reduced.notes
+    assert "may count its positions" in kept(reduced)["spec argument 1 dim 1"]
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+
+
 # -- an ambiguous count stands for any value ---------------------------------------------------
 
 

@@ -481,6 +481,7 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
                 by_size.setdefault(n, []).append(root)
 
     accepted = []
+    ambiguous: dict = {}  # (id(op), operand) -> (normaliser, constant, its readings)
     for r in rules:
         for n in r.pos.normalisers:
             c = r.pos.floats[n.constant]
@@ -504,6 +505,8 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
             if len(found) == 1:
                 keys, power = next(iter(found.values()))
                 accepted.append((replace(n, keys=keys), power, c))
+            elif found:  # decided once scales and device shares are known (below)
+                ambiguous[(id(n.op), n.operand)] = (n, c, found)
     # one constant normalising several uses (a spread splat) must shrink the same way in all
     by_operand: dict = {}
     for n, power, _ in accepted:
@@ -529,6 +532,7 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
             if (id(op), k) in shares:
                 if os.environ.get("TV_REDUCTION_DEBUG"):
                     print(f"device share {c:g}: {op.name} at {op.loc}", file=sys.stderr)
+                ambiguous.pop((id(op), k), None)
                 continue
             if c == 0 or not np.isfinite(c):
                 continue
@@ -552,7 +556,9 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
                 # needs its value fails, and the pair is checked again with `tables` off,
                 # these classes kept)
                 key = scale_key(c)
-                symbols[(id(op), k)] = (key, frozenset(maybe), f"the constant {c:g} at {op.loc}")
+                readings = ambiguous.pop((id(op), k), (None, None, {}))[2]
+                roots = frozenset(maybe).union(*(shrinking for shrinking, _ in readings))
+                symbols[(id(op), k)] = (key, roots, f"the constant {c:g} at {op.loc}")
                 holders.setdefault(parse_scale_key(key)[0], set()).add(r.side)
                 maybe = []
             for root in maybe:
@@ -563,6 +569,14 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
                 folded = {d.find(key) for key in folded[0].keys}
             for root in folded if isinstance(folded, set) else ():
                 d.keep(root, f"the constant {c:g} at {op.loc} may count its positions")
+    taken = {(id(n.op), n.operand) for n, _, _ in accepted}
+    for use, (n, c, found) in ambiguous.items():  # neither a scale nor a device share
+        if use in taken or use in by_operand:  # read otherwise too: every class kept
+            for shrinking, _ in found:
+                for root in shrinking:
+                    d.keep(root, f"the constant {c:g} at {n.op.loc} may count its positions")
+            continue
+        _ambiguous_count(d, n, c, found, accepted)
     # a scale one program alone holds (the implementation's 1/8 of a micro-batch's tokens
     # where the spec divides by 16) cannot be matched by the other's: its classes are kept
     if os.environ.get("TV_REDUCTION_DEBUG"):
@@ -573,6 +587,29 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
             for root in roots:
                 d.keep(root, f"{why} may be its size")
     return accepted, symbols
+
+
+def _ambiguous_count(d: DimClasses, n, c: float, found: dict, accepted: list) -> None:
+    """A constant that counts the positions of several sets of the classes it may normalise
+    (the spec's tokens 16 x 24 = 384, or a vocabulary of 32 x a rank's 12 tokens: the classes
+    are shared with the implementation, whose members have other sizes): a class in some
+    readings and not in all keeps its size, and the constant is read by the classes every
+    reading shares. With different powers (N in one reading, 1/N in another) every class of
+    every reading keeps its size. Never guessed: before, such a constant shrank nothing and
+    kept nothing, so the classes shrank while it stayed (a false refutation)."""
+    readings = list(found.values())
+    sets = [shrinking for shrinking, _ in found]
+    powers = {power for _, power in found}
+    why = f"the constant {c:g} at {n.op.loc} may count its positions"
+    if len(powers) > 1:
+        for root in frozenset().union(*sets):
+            d.keep(root, why)
+        return
+    common = frozenset.intersection(*sets)
+    for root in frozenset().union(*sets) - common:
+        d.keep(root, why)
+    keys, power = readings[0]
+    accepted.append((replace(n, keys=keys), power, c))
 
 
 # scales stand for symbols only where keeping their classes would leave the reduced
