@@ -3,6 +3,7 @@
     python bench/mesh_scale.py                         # meshes of 8, 64, 512, 8192
     python bench/mesh_scale.py --meshes 2x2x2,8x2x4 --no-before --no-xla
     python bench/mesh_scale.py --no-before --repeat 3     # each row the fastest of 3 passes
+    python bench/mesh_scale.py --step fsdp --no-before    # data x fsdp x stage x model
 
 bench/llama3.py's `parallel_step` (one `jax.shard_map` over ("data", "stage", "model"):
 Megatron TP, a GPipe pipeline with `ppermute`, data parallelism; forward + backward + SGD)
@@ -14,6 +15,12 @@ makes 8,192 host CPU devices, in 33 s and 1 GB, but its CPU backend compiles for
 2,048: "Multiprocess computations aren't implemented on the CPU backend" from 4,096 on);
 JAX writes `mhlo.num_partitions = 1` for an abstract
 mesh, and tv reads the shard_map's mesh as the program's devices.
+
+`--step fsdp`: bench/llama405b.py's step instead (one `jax.shard_map` over ("data", "fsdp",
+"stage", "model"): weights stored split along their input dimension over "fsdp" and
+all-gathered in the body, Megatron TP with sequence parallelism, the GPipe pipeline,
+grouped-query attention, AdamW) at `FSDP_MODEL`'s sizes, on meshes DPxFSDPxPPxTP
+(`FSDP_MESHES`: 16 to 8,192 devices).
 
 Each row runs `tv_ir.check` in a fresh child (bench/child_process.py), with mesh reduction
 ("tv s") and without it ("before": every device simulated, `reduce_mesh=False`), both with
@@ -37,24 +44,37 @@ for p in (BENCH.parent, BENCH):
         sys.path.insert(0, str(p))
 
 MESHES = ["2x2x2", "8x2x4", "32x2x8", "512x2x8"]
+FSDP_MESHES = ["2x2x2x2", "2x4x2x4", "8x4x2x8", "128x4x2x8"]
+# hidden 128 in 32 heads of 4 sharing 16 K/V heads, FFN 192, sequence 16, one layer per stage
+# (no size equal to a loss share 1 / (micro x dp x fsdp x tp) of these meshes):
+# each "model" rank of 8 holds 2 K/V heads, so its heads can halve with "fsdp"
+FSDP_MODEL = dict(seq=24, hidden=128, heads=32, kv_heads=16, ffn=192, vocab=32, micro=2)
 XLA_MAX_DEVICES = 512
 
 
-def config(mesh: str):
+def config(mesh: str, step: str = "llama3"):
+    """The step's module (bench/llama3.py or bench/llama405b.py) and its config on `mesh`."""
+    sizes = [int(k) for k in mesh.split("x")]
+    if step == "fsdp":
+        import llama405b as M
+
+        dp, fsdp, pp, tp = sizes
+        cfg = M.Config(**FSDP_MODEL, layers=pp, dp=dp, fsdp=fsdp, pp=pp, tp=tp)
+        return M, M.with_(cfg, batch=dp * fsdp * cfg.micro)
     import llama3 as M
 
-    dp, pp, tp = (int(k) for k in mesh.split("x"))
-    return M.with_(M.TRAINVERIFY, dp=dp, pp=pp, tp=tp, batch=16 * dp, layers=pp)
+    dp, pp, tp = sizes
+    return M, M.with_(M.TRAINVERIFY, dp=dp, pp=pp, tp=tp, batch=16 * dp, layers=pp)
 
 
-def lowered(mesh: str, bug: str | None):
+def lowered(mesh: str, bug: str | None, step: str = "llama3"):
     """(spec text, impl text, lowering seconds) on an abstract mesh."""
     import jax
-    import llama3 as M
     from jax.sharding import AbstractMesh
 
-    cfg = config(mesh)
-    M.mesh = lambda c: AbstractMesh((c.dp, c.pp, c.tp), M.AXES)
+    M, cfg = config(mesh, step)
+    sizes = tuple(int(k) for k in mesh.split("x"))
+    M.mesh = lambda c: AbstractMesh(sizes, M.AXES)
     args = M.example_args(cfg)
     t0 = time.perf_counter()
     spec = jax.jit(M.train_step(cfg)).lower(*args).as_text(debug_info=True)
@@ -62,10 +82,12 @@ def lowered(mesh: str, bug: str | None):
     return spec, impl, time.perf_counter() - t0
 
 
-def worker_verify(mesh: str, reduce_mesh: bool, time_limit: float, memory: float, bug) -> dict:
+def worker_verify(
+    mesh: str, reduce_mesh: bool, time_limit: float, memory: float, bug, step: str
+) -> dict:
     from tv_ir.pipeline import check
 
-    spec, impl, lower_s = lowered(mesh, bug)
+    spec, impl, lower_s = lowered(mesh, bug, step)
     t0 = time.perf_counter()
     report = check(spec, impl, time_limit=time_limit, memory_limit=memory, reduce_mesh=reduce_mesh)
     out = {
@@ -90,11 +112,10 @@ def worker_verify(mesh: str, reduce_mesh: bool, time_limit: float, memory: float
     return out
 
 
-def worker_xla(mesh: str) -> dict:
+def worker_xla(mesh: str, step: str) -> dict:
     import jax
-    import llama3 as M
 
-    cfg = config(mesh)
+    M, cfg = config(mesh, step)
     args = M.example_args(cfg)
     t0 = time.perf_counter()
     jax.jit(M.parallel_step(cfg)).lower(*args).compile()
@@ -105,7 +126,13 @@ def main() -> None:
     from child_process import run_worker
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--meshes", default=",".join(MESHES), help="DPxPPxTP, comma-separated")
+    ap.add_argument(
+        "--step",
+        choices=["llama3", "fsdp"],
+        default="llama3",
+        help="llama3: bench/llama3.py on DPxPPxTP; fsdp: bench/llama405b.py on DPxFSDPxPPxTP",
+    )
+    ap.add_argument("--meshes", help="comma-separated (default MESHES, or FSDP_MESHES)")
     ap.add_argument("--no-before", action="store_true", help="skip the rows without reduction")
     ap.add_argument(
         "--before-max", type=int, default=512, help="largest mesh checked without reduction"
@@ -126,13 +153,13 @@ def main() -> None:
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        kind, mesh = a.worker[0], a.worker[1]
+        kind, mesh, step = a.worker[0], a.worker[1], a.worker[-1]
         if kind == "xla":
-            res = worker_xla(mesh)
+            res = worker_xla(mesh, step)
         else:
             bug = None if a.worker[4] == "-" else a.worker[4]
             res = worker_verify(
-                mesh, kind == "reduced", float(a.worker[2]), float(a.worker[3]), bug
+                mesh, kind == "reduced", float(a.worker[2]), float(a.worker[3]), bug, step
             )
         print(json.dumps(res), flush=True)
         return
@@ -146,20 +173,20 @@ def main() -> None:
     print("-" * len(header), flush=True)
     script = str(Path(__file__).resolve())
     bug = a.bug or "-"
-    meshes = a.meshes.split(",")
+    meshes = (a.meshes or ",".join(FSDP_MESHES if a.step == "fsdp" else MESHES)).split(",")
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     runs: dict[str, list] = {mesh: [] for mesh in meshes}
     for k in range(max(1, a.repeat) - 1):  # the earlier passes: the fastest run is shown
         for mesh in meshes:
-            args = [mesh, str(a.time_limit), str(a.memory), bug]
+            args = [mesh, str(a.time_limit), str(a.memory), bug, a.step]
             runs[mesh].append(run_worker(script, ["reduced", *args], a.time_limit + 60, env))
             print(f"  pass {k + 1}: {mesh} {_seconds(runs[mesh][-1]):.1f} s", file=sys.stderr)
     for mesh in meshes:
         n = 1
         for k in mesh.split("x"):
             n *= int(k)
-        args = [mesh, str(a.time_limit), str(a.memory), bug]
+        args = [mesh, str(a.time_limit), str(a.memory), bug, a.step]
         runs[mesh].append(run_worker(script, ["reduced", *args], a.time_limit + 60, env))
         child = min(runs[mesh], key=_seconds)
         red, peak, tail = child.result, child.peak_mb, child.killed or child.tail()
@@ -172,7 +199,7 @@ def main() -> None:
         if not a.no_xla and n <= XLA_MAX_DEVICES:
             xenv = dict(os.environ)
             xenv["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n}"
-            xla = (run_worker(script, ["xla", mesh], 1800, xenv).result or {}).get("xla_s")
+            xla = (run_worker(script, ["xla", mesh, a.step], 1800, xenv).result or {}).get("xla_s")
         red = red or {"verdict": f"killed {tail}"}
         devices = red.get("devices") or [n, n]
         row = (
