@@ -148,3 +148,15 @@ def test_the_reduced_fsdp_program_is_what_jax_lowers_on_the_smaller_mesh():
         ]
 
     assert types(found.impl) == types(small)
+
+
+def test_with_one_kv_head_per_rank_fsdp_keeps_its_size_and_model_still_shrinks():
+    """On fsdp 4 x model 4 a rank holds one K/V head: fewer "fsdp" devices would mean a
+    smaller GQA group, which the spec's heads do not shrink to. "fsdp" keeps its size with
+    the reason; "model", which splits the same dimension, still shrinks (before, both kept)."""
+    s, i = lower(spec, params(), X), lower(sharded(4, 4), params(), X)
+    report = tv_ir.check(s, i)
+    assert report.verdict == "equivalent"
+    assert axes_of(report) == {"fsdp": (4, 4), "model": (4, 2)}
+    kept = {a["name"]: a["kept"] for a in report.mesh_reduction["axes"]}
+    assert "cannot shrink" in kept["fsdp"]

@@ -289,11 +289,23 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
         if sizes is not None:
             out.failed = f"the spec cannot shrink on that mesh: {next(iter(failed.values()))}"
             break
+        # axes a body's tiles add to the shard_map's split of a dimension (FSDP parts of a
+        # rank's heads) keep their sizes first: the splits' own axes may shrink without them
+        shrinking = {}
+        added = set()
         for (v, a), why in failed.items():
-            axes = _axes_of(v, a, spec, arg_axes, result_axes)
+            axes = [
+                x
+                for x in _axes_of(v, a, spec, arg_axes, result_axes)
+                if target[x] < t.mesh.sizes[x]
+            ]
+            split = set(_axes_of(v, a, spec, t.arg_axes, t.result_axes))
+            added.update(x for x in axes if x not in split)
             for axis in axes:
-                if target[axis] < t.mesh.sizes[axis]:
-                    kept.setdefault(axis, f"splits a spec dimension that cannot shrink: {why}")
+                shrinking.setdefault(axis, why)
+        for axis, why in shrinking.items():
+            if not added or axis in added:
+                kept.setdefault(axis, f"splits a spec dimension that cannot shrink: {why}")
     t.kept = kept
     final = out.reduced_mesh or t.mesh
     out.axes = [
