@@ -159,4 +159,4 @@ def test_with_one_kv_head_per_rank_fsdp_keeps_its_size_and_model_still_shrinks()
     assert report.verdict == "equivalent"
     assert axes_of(report) == {"fsdp": (4, 4), "model": (4, 2)}
     kept = {a["name"]: a["kept"] for a in report.mesh_reduction["axes"]}
-    assert "cannot shrink" in kept["fsdp"]
+    assert "would shrink by 4, but its major part (heads: K/V heads) by 2" in kept["fsdp"]

@@ -53,8 +53,11 @@ def shrink_spec(spec: Module, wanted: Wanted) -> tuple[Module | None, dict]:
                 failed[(v, a)] = "a merged dimension whose shards split its minor parts"
                 continue
             targets += [major for major, _ in found]
-        if any(forced.get(x, f) != f for x in targets):
-            failed[(v, a)] = "tied to a dimension that shrinks by another factor"
+        other = next((forced[x] for x in targets if forced.get(x, f) != f), None)
+        if other is not None:
+            name = d.names.get(root) or f"dimension {a} of a {v.type}"
+            part = "its major part (heads: K/V heads)" if root in defs else "it"
+            failed[(v, a)] = f"{name} would shrink by {f}, but {part} by {other} elsewhere"
             continue
         forced.update((x, f) for x in targets)
     if failed:
