@@ -147,13 +147,8 @@ class BodyShapes:
         d, defs, classes = self.d, self.defs, self.classes
         if not parts or depth > len(defs):
             return False
-        rest = 1
-        for p in parts[1:]:
-            values = _value(defs, factor, p)
-            if len(values) != 1:
-                return False
-            rest *= values.pop()
-        if target % rest:
+        rest = _way_value(defs, factor, parts[1:])
+        if rest is None or target % rest:
             return False
         need, major = target // rest, parts[0]
         if major in defs:
