@@ -203,6 +203,13 @@ def test_a_ring_is_reduced_only_past_its_reach(steps):
     assert whole.verdict == ("equivalent" if steps == 7 else "not_equivalent")
     assert reduced.verdict == whole.verdict
     assert reduced.mesh_reduction is None
+    # the report says why no device was spared
+    why = f"its {steps} collective_permutes shift data {steps} steps along it in all"
+    assert any(why in n and "every device simulated" in n for n in reduced.notes)
+    spec, prog = prepare(lower(block_sum, x), "spec"), prepare(lower(ring(mesh, steps), x), "impl")
+    found = reduce_mesh(spec, prog, _boundary_placement(spec, prog, None))
+    assert found.axes[0].kept.startswith(why)
+    assert f"needs {2 * steps + 1} devices" in found.axes[0].kept
 
 
 def test_spec_offsets_along_the_split_dimension_keep_the_axis():

@@ -308,6 +308,11 @@ def reduce_mesh(spec: Module, impl: Module, placement, sizes=None) -> MeshReduct
                 kept.setdefault(axis, f"splits a spec dimension that cannot shrink: {why}")
     t.kept = kept
     final = out.reduced_mesh or t.mesh
+    for axis, n in enumerate(t.mesh.sizes):  # an axis that needs all of its devices
+        if final.sizes[axis] == n > 2 and axis not in kept and axis in t.needs_why:
+            need = t.needs[axis]
+            short = f" ({n} has no smaller divisor that large)" if need < n else ""
+            kept[axis] = t.needs_why[axis] + short
     out.axes = [
         MeshAxis(n, real, red, kept.get(axis))
         for axis, (n, real, red) in enumerate(

@@ -235,6 +235,9 @@ class Template:
     needs: dict[int, int] = field(default_factory=dict)
     kept: dict[int, str] = field(default_factory=dict)
     reach: dict[int, int] = field(default_factory=dict)  # sum of the shifts along each axis
+    permutes: dict[int, int] = field(default_factory=dict)  # the shifts along each axis
+    # why each axis needs the size in `needs` (said when that is all of it)
+    needs_why: dict[int, str] = field(default_factory=dict)
     failed: str | None = None
     # the program's own mesh when `mesh` reads one of its axes as two (sub-axes)
     coarse: Mesh | None = None
@@ -251,7 +254,9 @@ class Template:
     # id(dynamic_slice or dynamic_update_slice) -> {dimension: axes} of its tile starts
     tile_starts: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
 
-    def need(self, axis: int, n: int) -> None:
+    def need(self, axis: int, n: int, why: str | None = None) -> None:
+        if n > self.needs.get(axis, 2) and why is not None:
+            self.needs_why[axis] = why
         self.needs[axis] = max(self.needs.get(axis, 2), n)
 
     def keep(self, axis: int, why: str) -> None:
@@ -1014,7 +1019,15 @@ def _pairs(t: Template, op: Op) -> None:
             # must be longer both ways, so no chain of shifts wraps around or falls off an
             # end on the reduced mesh where it does not on the real one
             t.reach[axis] = t.reach.get(axis, 0) + abs(shift)
-            t.need(axis, max(3, 2 * t.reach[axis] + 1))
+            t.permutes[axis] = t.permutes.get(axis, 0) + 1
+            reach, count = t.reach[axis], t.permutes[axis]
+            t.need(
+                axis,
+                max(3, 2 * reach + 1),
+                f"its {count} collective_permutes shift data {reach} steps along it in all: "
+                f"a smaller axis needs {2 * reach + 1} devices, so that no chain of them ends "
+                "or wraps where it does not here",
+            )
             return
     _relabel(t, op, pairs, 1)
 
