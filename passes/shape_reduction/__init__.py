@@ -26,7 +26,15 @@ from .affine import choose_affine
 from .aggregation import aggregated
 from .classes import DimClasses
 from .device_shares import device_shares
-from .factors import can_shrink, choose, grown, separating_groups, smallest_prime, witnesses
+from .factors import (
+    MergedDims,
+    can_shrink,
+    choose,
+    grown,
+    separating_groups,
+    smallest_prime,
+    witnesses,
+)
 from .rewrite import Rewriter, inconsistent, scaled_layout
 from .rules import Normaliser, ShapeRules
 
@@ -85,6 +93,9 @@ class Reduction:
     # layer_stacks.LayerLoop.singled_out): a proof at fewer layers is then not used
     singled_out: list[str] = field(default_factory=list)
     layer_witnesses: list[Witness] = field(default_factory=list)
+    # the pair again with one shrunk class at its real size (the others reduced), one per
+    # class: a refutation whose real programs are too large to run must hold there too
+    real_class_witnesses: list[Witness] = field(default_factory=list)
 
     @property
     def reduced(self) -> bool:
@@ -310,6 +321,7 @@ def reduce_pair(
         if root not in only_splats
         for grown in aff.witnesses()
     ]
+    red.real_class_witnesses = _at_real_sizes(d, factor, affine, build, only_splats)
     red.reduced_elements = elements(red.spec) + elements(red.impl)
     _layer_loops(red, d, factor, affine, build, rules)
     if red.reduced_elements > real:  # a bug of this pass: said, and the real sizes checked
@@ -370,6 +382,30 @@ def _grouped(d: DimClasses, factor: dict, build, only_splats: set) -> list[Witne
 
 
 WITNESS_GROUPS = True
+
+
+def _at_real_sizes(d: DimClasses, factor: dict, affine: dict, build, only_splats) -> list[Witness]:
+    """Per shrunk class, the reduced pair with that class alone back at its real size (a
+    class whose merged dimensions would then disagree has none)."""
+    merged = MergedDims(d, factor)
+    out = []
+    for root in dict.fromkeys([r for r, f in factor.items() if f > 1] + list(affine)):
+        if root in only_splats or root in merged.defs:
+            continue
+        f = merged.at_real([root])
+        if f is None:
+            continue
+        rest = {k: a for k, a in affine.items() if k != root}
+        reduced = _reduced_size(d, factor, affine, root, d.real[root])
+        out.append(
+            Witness(
+                d.names.get(root, "?"),
+                reduced,
+                d.real[root],
+                lambda f=f, rest=rest: build(f, rest),
+            )
+        )
+    return out
 
 
 def _layer_loops(red: Reduction, d: DimClasses, factor: dict, affine: dict, build, rules) -> None:

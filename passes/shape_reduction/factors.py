@@ -224,9 +224,20 @@ class MergedDims:
             self.base = self._values(factor, {})
 
     def grown(self, roots: list[Key]) -> dict[Key, int] | None:
+        f = self.factor
+        return self.changed({root: f[root] // smallest_prime(f[root]) for root in roots})
+
+    def at_real(self, roots: list[Key]) -> dict[Key, int] | None:
+        """The factors with every class of `roots` at its real size (merged dimensions
+        recomputed), or None when a merged dimension's definitions would then disagree."""
+        return self.changed({root: 1 for root in roots})
+
+    def changed(self, new: dict[Key, int]) -> dict[Key, int] | None:
+        """The factors with `new`'s classes at its factors, merged dimensions recomputed
+        from their parts (None when their definitions would then disagree)."""
+        roots = list(new)
         other = dict(self.factor)
-        for root in roots:
-            other[root] = self.factor[root] // smallest_prime(self.factor[root])
+        other.update(new)
         if self.order is None:
             for whole in self.defs:
                 vals = _value(self.defs, other, whole)
