@@ -82,6 +82,51 @@ def test_an_interrupt_dropped_by_a_callback_is_sent_again(monkeypatch) -> None:
     assert dropped and not finished
 
 
+def test_an_interrupt_lost_in_a_gc_callback_is_sent_again_at_once(capfd) -> None:
+    """Interrupts that land in a garbage-collection callback (jax registers one) are lost
+    by Python with an "Exception ignored" traceback: the watchdog sends the next at once,
+    not `ENFORCE_REFIRE_S` later, and nothing is printed."""
+    import gc
+
+    lost, finished = [], []
+    t0 = time.perf_counter()
+
+    def swallowing_callback(phase, info) -> None:  # where the first 3 interrupts are lost
+        if phase != "start" or len(lost) >= 3 or time.perf_counter() - t0 < 1.0:
+            return
+        try:
+            time.sleep(0.5)  # past the deadline: nearly all the time is spent here
+        except tv_ir.limits.OutOfTime:
+            lost.append(True)
+            raise  # Python drops it: "Exception ignored in ..."
+
+    def collecting_multiply(self, x, y):  # one long step that mostly runs collections
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 60:
+            try:
+                gc.collect(0)
+            except tv_ir.limits.OutOfTime:
+                raise
+        finished.append(True)
+        raise AssertionError("not stopped")
+
+    gc.callbacks.append(swallowing_callback)
+    hook = sys.unraisablehook
+    try:
+        with_patch = SymbolicAlgebra.multiply
+        SymbolicAlgebra.multiply = collecting_multiply
+        r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
+        took = time.perf_counter() - t0
+    finally:
+        SymbolicAlgebra.multiply = with_patch
+        gc.callbacks.remove(swallowing_callback)
+    assert r.verdict == "unknown" and "time limit of 1 s" in r.reason, r.reason
+    assert not finished and len(lost) == 3
+    assert took < limits.ENFORCE_REFIRE_S, took  # not one refire interval per lost interrupt
+    assert "Exception ignored" not in capfd.readouterr().err
+    assert sys.unraisablehook is hook  # restored
+
+
 def test_a_check_collects_garbage_in_bulk_and_restores_the_collector() -> None:
     """While a check runs (`run_deep`), Python's collector waits for GC_YOUNG_THRESHOLD new
     objects (a check makes millions that live until it ends); afterwards it is as it was."""

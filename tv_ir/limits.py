@@ -24,8 +24,11 @@ and nesting depth.
   with memory `ENFORCE_MEMORY_SLACK` over the limit, raises `OutOfTime` /
   `OutOfMemoryBudget` in the checking thread itself (CPython's asynchronous exceptions:
   delivered at the thread's next bytecode), and again every `ENFORCE_REFIRE_S` while the
-  run goes on (one that lands in a callback the interpreter calls itself, such as jax's
-  garbage-collection callback, is printed as "Exception ignored" and dropped). Inside a C
+  run goes on. One that lands in a callback the interpreter calls itself (jax's
+  garbage-collection callback, a finaliser) would be dropped with an "Exception ignored"
+  traceback on stderr: while limits are enforced, `sys.unraisablehook` swallows those
+  silently and the watchdog sends the next at once (a 40 s limit ran 79 s, printing three
+  tracebacks, when a long symbolic op triggered collections). Inside a C
   call (a z3 query, an XLA compile) it waits for the call to return; z3 queries have their
   own timeout and interrupt (prover/smt.py).
 - **Depth** (`run_deep`): programs nest (regions in regions, loops unrolled thousands of
@@ -472,10 +475,21 @@ def enforced_limits():
     lock = threading.Lock()
     armed = [True]
     stop = threading.Event()
+    dropped = threading.Event()  # an interrupt landed where Python drops exceptions
+    sent: set[type] = set()  # the classes this watchdog raised
+    previous_hook = sys.unraisablehook
+
+    def unraisable(u) -> None:
+        if type(u.exc_value) in sent:
+            dropped.set()  # not printed: the watchdog sends it again
+            return
+        previous_hook(u)
+
     limit_reason = time_limit_reason()  # this thread's context: the limit as the user gave it
 
     def interrupt(base: type, message: str) -> None:
         raised = interrupting(base, message)
+        sent.add(raised)
         with lock:  # never once the run has ended (the `finally` below disarms under it)
             if armed[0]:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
@@ -486,8 +500,9 @@ def enforced_limits():
         fired = None  # when the last interrupt was sent
         while not stop.wait(WATCH_INTERVAL_S):
             now = time.perf_counter()
-            if fired is not None and now - fired < ENFORCE_REFIRE_S:
+            if fired is not None and now - fired < ENFORCE_REFIRE_S and not dropped.is_set():
                 continue
+            dropped.clear()
             if _importing(target):
                 continue  # wait: an exception inside an extension module's import crashes
             if end is not None and now > end + ENFORCE_GRACE_S:
@@ -500,6 +515,7 @@ def enforced_limits():
                 fired = now
 
     watcher = threading.Thread(target=watch, name="tv-limits", daemon=True)
+    sys.unraisablehook = unraisable
     watcher.start()
     try:
         yield
@@ -509,6 +525,8 @@ def enforced_limits():
             # an exception scheduled but not yet delivered must not escape the run
             ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), None)
         stop.set()
+        if sys.unraisablehook is unraisable:
+            sys.unraisablehook = previous_hook
 
 
 def _importing(thread_id: int) -> bool:
