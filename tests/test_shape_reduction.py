@@ -1280,3 +1280,34 @@ def test_micro_batches_of_a_tile_shrink_with_the_batch() -> None:
     # computes, healed by the next slice)
     for report in (reduced, real):
         assert report.location.impl.line == bug_line(micro_dp), str(report)
+
+
+def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> None:
+    """A data-parallel mean normalised in steps (`psum(s / rows / H) / devices`): the
+    constants may be sizes, so every class keeps its size and the check runs at the real
+    sizes into its time limit; the report says which constant kept which class."""
+    from jax.sharding import AbstractMesh
+
+    devices, rows, h = 8, 8, 4096
+
+    def spec(x, w):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    def body(x, w):
+        s = jnp.sum(jnp.tanh(x @ w) ** 2)
+        return jax.lax.psum(s / rows / h, "data") / devices
+
+    impl = jax.shard_map(
+        body,
+        mesh=AbstractMesh((devices,), ("data",)),
+        in_specs=(P("data"), P()),
+        out_specs=P(),
+        check_vma=False,
+    )
+    x = jax.ShapeDtypeStruct((devices * rows, h), jnp.float32)
+    w = jax.ShapeDtypeStruct((h, h), jnp.float32)
+    report = verify(impl, x, w, spec=spec, time_limit=10)
+    assert report.verdict == "unknown", str(report)
+    text = str(report)
+    assert "shape reduction: no dimension class reduced" in text, text
+    assert f"{h} kept (the constant {h} at " in text and "may be its size" in text, text

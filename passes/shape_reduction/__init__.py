@@ -120,6 +120,11 @@ class Reduction:
             f"shape reduction: {len(shrunk)} dimension classes reduced "
             f"({self.real_elements:,} -> {self.reduced_elements:,} elements over all values)"
         )
+        if not shrunk:
+            head = (
+                f"shape reduction: no dimension class reduced ({self.real_elements:,} elements "
+                "over all values, checked at the real sizes)"
+            )
         lines = [head] + ["  " + str(c) for c in shrunk[:12]]
         if len(shrunk) > 12:
             lines.append(f"  ... {len(shrunk) - 12} more")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tv_ir.report.verdicts import EQUIVALENT, NOT_EQUIVALENT, SEMANTICS_NOTE
+from tv_ir.report.verdicts import EQUIVALENT, NOT_EQUIVALENT, SEMANTICS_NOTE, UNKNOWN
 
 SMALL = 16  # tensors with at most this many elements are printed in full
 # a hang's related sites (tv_ir.errors.ProgramHangs.sites after the branch op)
@@ -68,6 +68,9 @@ def render(r) -> str:
     if r.mesh_reduction and r.mesh_reduction.get("reduced"):
         lines.append("  " + r.mesh_reduction["summary"].replace("\n", "\n  "))
     if r.reduction and r.reduction.get("reduced"):
+        lines.append("  " + r.reduction["summary"].replace("\n", "\n  "))
+    elif r.reduction and r.verdict == UNKNOWN and "\n" in r.reduction.get("summary", ""):
+        # nothing shrank: why each class kept its size (what an unknown at a limit cost)
         lines.append("  " + r.reduction["summary"].replace("\n", "\n  "))
     for note in r.notes:
         lines.append(f"  note: {note}")
