@@ -113,12 +113,12 @@ def test_an_interrupt_lost_in_a_gc_callback_is_sent_again_at_once(capfd) -> None
     gc.callbacks.append(swallowing_callback)
     hook = sys.unraisablehook
     try:
-        with_patch = SymbolicAlgebra.multiply
+        original = SymbolicAlgebra.multiply
         SymbolicAlgebra.multiply = collecting_multiply
         r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
         took = time.perf_counter() - t0
     finally:
-        SymbolicAlgebra.multiply = with_patch
+        SymbolicAlgebra.multiply = original
         gc.callbacks.remove(swallowing_callback)
     assert r.verdict == "unknown" and "time limit of 1 s" in r.reason, r.reason
     assert not finished and len(lost) == 3

@@ -233,8 +233,8 @@ class MergedDims:
         return self.changed({root: 1 for root in roots})
 
     def changed(self, new: dict[Key, int]) -> dict[Key, int] | None:
-        """The factors with `new`'s classes at its factors, merged dimensions recomputed
-        from their parts (None when their definitions would then disagree)."""
+        """The factors with each class of `new` at the factor it gives, merged dimensions
+        recomputed from their parts (None when their definitions would then disagree)."""
         roots = list(new)
         other = dict(self.factor)
         other.update(new)
