@@ -514,20 +514,24 @@ COUNT_MISREAD = {
     "sum_over_broadcast_vs_loop",
     "bias_gradient_by_hand",
 }
-AT_SCALE = BUGS
 
 
-@pytest.mark.parametrize(("fn", "spec", "args", "verdict"), AT_SCALE)
-def test_at_scale_never_the_wrong_verdict(fn, spec, args, verdict, monkeypatch) -> None:
-    """As if the real programs were too large to run: the proof at reduced shapes is checked
-    with each class a prime times larger instead; a pair that differs at its real sizes is
-    then refuted or unknown, never proved."""
+def _at_scale(fn, spec, args, monkeypatch):
+    """The report as if the real programs were too large to run."""
     from tv_ir.frontends.jax import verify
 
     from tv_ir.prover import real_size
 
     monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
-    report = verify(fn, *args, spec=spec)
+    return verify(fn, *args, spec=spec)
+
+
+@pytest.mark.parametrize(("fn", "spec", "args", "verdict"), BUGS)
+def test_at_scale_never_the_wrong_verdict(fn, spec, args, verdict, monkeypatch) -> None:
+    """As if the real programs were too large to run: the proof at reduced shapes is checked
+    with each class a prime times larger instead; a pair that differs at its real sizes is
+    then refuted or unknown, never proved."""
+    report = _at_scale(fn, spec, args, monkeypatch)
     assert report.verdict in (verdict, "unknown"), str(report)
 
 
@@ -539,12 +543,7 @@ def test_at_scale_a_count_misread_is_unknown_naming_the_class(
 ) -> None:
     """The equal pairs that shape reduction misreads (a count in a constant) are `unknown`
     when their real programs cannot run, with the class whose real size makes them agree."""
-    from tv_ir.frontends.jax import verify
-
-    from tv_ir.prover import real_size
-
-    monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
-    report = verify(fn, *args, spec=spec)
+    report = _at_scale(fn, spec, args, monkeypatch)
     assert verdict == "equivalent"
     assert report.verdict == "unknown", str(report)
     assert "back at its real size" in report.reason and "agree" in report.reason
@@ -561,12 +560,7 @@ REFUTED_AT_SCALE = {"flip_vs_swap_halves", "sequence_parallel_flip_without_local
 def test_at_scale_a_real_difference_still_refuted(fn, spec, args, verdict, monkeypatch) -> None:
     """Pairs that differ at their real sizes stay refuted when the real programs cannot
     run: with each class back at its real size they differ too."""
-    from tv_ir.frontends.jax import verify
-
-    from tv_ir.prover import real_size
-
-    monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
-    report = verify(fn, *args, spec=spec)
+    report = _at_scale(fn, spec, args, monkeypatch)
     assert verdict == report.verdict == "not_equivalent", str(report)
     assert any("back at its real size" in n for n in report.notes), report.notes
 

@@ -122,13 +122,8 @@ def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
     """None when the reduced counterexample (blown up), or random inputs, show a difference
     on every witness pair that fits in WITNESS_LIMIT; else why the refutation does not
     carry over."""
-    reduced_types = reduction.spec.main.arg_types
-    for w, (w_spec, w_impl, w_place) in _runnable(reduction.witnesses, [0]):
-        inputs = _blown_up(report.counterexample, reduced_types, w_spec)
-        # whether they differ, not where: the location is the reduced programs'
-        if differs(w_spec, w_impl, w_place, inputs, outputs_first=False) or _differs_anywhere(
-            w_spec, w_impl, w_place, seed
-        ):
+    for w, pair in _runnable(reduction.witnesses, [0]):
+        if _still_differs(report, reduction, pair, seed):
             continue
         return (
             f"refuted at reduced shapes, but with {w.describe()} the programs agree on the "
@@ -139,6 +134,16 @@ def _differs_at_witnesses(report: Report, reduction, seed: int) -> str | None:
     return None
 
 
+def _still_differs(report: Report, reduction, pair, seed: int) -> bool:
+    """Whether a witness pair differs on the reduced counterexample blown up to its shapes,
+    or on random inputs (whether, not where: the location is the reduced programs')."""
+    w_spec, w_impl, w_place = pair
+    inputs = _blown_up(report.counterexample, reduction.spec.main.arg_types, w_spec)
+    return differs(w_spec, w_impl, w_place, inputs, outputs_first=False) or _differs_anywhere(
+        w_spec, w_impl, w_place, seed
+    )
+
+
 def _differs_at_real_classes(report: Report, reduction, seed: int) -> tuple[int, int] | str:
     """(pairs checked, pairs too large) when the reduced counterexample (blown up), or
     random inputs, show a difference with each shrunk class back at its real size (the
@@ -146,15 +151,11 @@ def _differs_at_real_classes(report: Report, reduction, seed: int) -> tuple[int,
     not carry over. A constant that is a count of that class in one program and not in the
     other (`sum(x) * 0.25 * 0.25` for a mean over 16) makes the reduced pair differ at
     every reduced size and agree at the real one: this is where that shows."""
-    reduced_types = reduction.spec.main.arg_types
     skipped = [0]
     checked = 0
-    for w, (w_spec, w_impl, w_place) in _runnable(reduction.real_class_witnesses, skipped):
-        inputs = _blown_up(report.counterexample, reduced_types, w_spec)
+    for w, pair in _runnable(reduction.real_class_witnesses, skipped):
         checked += 1
-        if differs(w_spec, w_impl, w_place, inputs, outputs_first=False) or _differs_anywhere(
-            w_spec, w_impl, w_place, seed
-        ):
+        if _still_differs(report, reduction, pair, seed):
             continue
         return (
             f"refuted at reduced shapes, but with {w.name} back at its real size {w.larger} "

@@ -69,7 +69,11 @@ def render(r) -> str:
         lines.append("  " + r.mesh_reduction["summary"].replace("\n", "\n  "))
     if r.reduction and r.reduction.get("reduced"):
         lines.append("  " + r.reduction["summary"].replace("\n", "\n  "))
-    elif r.reduction and r.verdict == UNKNOWN and "\n" in r.reduction.get("summary", ""):
+    elif (
+        r.reduction
+        and r.verdict == UNKNOWN
+        and any(c["kept"] for c in r.reduction.get("classes", []))
+    ):
         # nothing shrank: why each class kept its size (what an unknown at a limit cost)
         lines.append("  " + r.reduction["summary"].replace("\n", "\n  "))
     for note in r.notes:
