@@ -1283,8 +1283,8 @@ def test_micro_batches_of_a_tile_shrink_with_the_batch() -> None:
 
 
 def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> None:
-    """A data-parallel mean normalised in steps (`psum(s / rows / H) / devices`): the
-    constants may be sizes, so every class keeps its size and the check runs at the real
+    """A data-parallel mean scaled element by element before its sum (`sum(y / H / rows)`):
+    the constants may be sizes, so every class keeps its size and the check runs at the real
     sizes into its time limit; the report says which constant kept which class."""
     from jax.sharding import AbstractMesh
 
@@ -1294,8 +1294,8 @@ def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> 
         return jnp.mean(jnp.tanh(x @ w) ** 2)
 
     def body(x, w):
-        s = jnp.sum(jnp.tanh(x @ w) ** 2)
-        return jax.lax.psum(s / rows / h, "data") / devices
+        s = jnp.sum(jnp.tanh(x @ w) ** 2 / h / rows)
+        return jax.lax.psum(s, "data") / devices
 
     impl = jax.shard_map(
         body,

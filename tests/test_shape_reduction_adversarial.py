@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
-from test_shape_reduction import F32, I32, S, both, f32, smap
+from test_shape_reduction import F32, I32, S, both, f32, shrunk, smap
 
 N = 16  # a reduced (summed) dimension
 T, TILE = 16, 4  # a sequence, and its shard over "model"
@@ -131,6 +131,10 @@ def mean_last_spec(x):
 
 def mean_quarter_quarter(x):  # 1/16 as (1/sqrt 16)^2, the attention-scale habit
     return jnp.sum(x, axis=-1) * 0.25 * 0.25
+
+
+def mean_quarter_half(x):  # 1/8: wrong
+    return jnp.sum(x, axis=-1) * 0.25 * 0.5
 
 
 def half_sum_spec(x):
@@ -360,10 +364,17 @@ BUGS = [
         "equivalent",
         marks=false_refutation(
             "mean(x, -1) vs sum(x, -1) * 0.25 * 0.25, width 16 -> 2: the spec reads 1/2, the "
-            "impl keeps 1/16 (0.25 is no count of the summed 16; it keeps the class of size 4, "
-            "the rows, instead)"
+            "impl kept 1/16 (0.25 is no count of the summed 16; it kept the class of size 4, "
+            "the rows, instead). Since the thirty-ninth session the product is the count"
         ),
         id="mean_as_quarter_times_quarter",
+    ),
+    pytest.param(
+        mean_quarter_half,
+        mean_last_spec,
+        (f32(4, N),),
+        "not_equivalent",
+        id="mean_as_quarter_times_half",
     ),
     pytest.param(
         half_sum_folded,
@@ -508,7 +519,6 @@ def test_reduced_verdict_is_real_verdict(fn, spec, args, verdict) -> None:
 # programs too large to run, the pair with that class back at its real size agrees, so the
 # refutation does not stand (before: `not_equivalent` for these equal pairs)
 COUNT_MISREAD = {
-    "mean_as_quarter_times_quarter",
     "count_in_sum_of_constant_term",
     "int_count_constant",
     "sum_over_broadcast_vs_loop",
@@ -547,6 +557,14 @@ def test_at_scale_a_count_misread_is_unknown_naming_the_class(
     assert verdict == "equivalent"
     assert report.verdict == "unknown", str(report)
     assert "back at its real size" in report.reason and "agree" in report.reason
+
+
+def test_at_scale_a_count_in_two_constants_is_proved(monkeypatch) -> None:
+    """`sum(x, -1) * 0.25 * 0.25` for a mean over 16: the product of the constants is the
+    count, read at the reduced size (before, it was one of the misread counts above)."""
+    report = _at_scale(mean_quarter_quarter, mean_last_spec, (f32(4, N),), monkeypatch)
+    assert report.verdict == "equivalent", str(report)
+    assert "spec argument 0 dim 1" in shrunk(report), report.reduction["summary"]
 
 
 # pairs that differ at their real sizes and are refuted at reduced shapes (the others that

@@ -380,6 +380,86 @@ def test_constant_of_a_dimension_size_that_is_no_device_share_keeps_it() -> None
     ]
 
 
+# -- a global mean normalised in steps: the constants' product is the count --------------------
+#
+# `psum(s / rows / width) / devices` or `psum(s) * 2**-4 * 2**-4`: each constant scales the sum
+# in turn. Read one at a time, each may be a size (16 is the width and the batch; 1/16 either
+# of them), so every class kept its size; at 512 devices and width 4096 the check ran into
+# its time limit. Their product counts the positions summed over, as one constant's would.
+
+MR, MW = 8, 16  # rows per "data" shard (2 shards: a batch of 16), width
+
+
+def step_mean_spec(x, w):
+    return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+
+def step_mean_dp(x, w, form="steps"):
+    devices = 2
+
+    def body(x, w):
+        s = jnp.sum(jnp.tanh(x @ w) ** 2)
+        if form == "steps":
+            return jax.lax.psum(s / MR / MW, "data") / devices
+        if form == "powers":
+            return jax.lax.psum(s, "data") * 2.0**-4 * 2.0**-4
+        return jax.lax.psum(s / MR / MW, "data")  # BUG: not divided by the devices
+
+    return smap(body, (P("data"), P()), P(), check_vma=False)(x, w)
+
+
+STEP_ARGS = (f32(2 * MR, MW), f32(MW, MW))
+
+
+@pytest.mark.parametrize("form", ["steps", "powers"])
+def test_a_mean_normalised_in_steps_reads_the_product_as_its_count(form) -> None:
+    reduced, _ = both(
+        functools.partial(step_mean_dp, form=form),
+        *STEP_ARGS,
+        spec=step_mean_spec,
+        expect="equivalent",
+    )
+    assert not kept(reduced), reduced.reduction["summary"]
+    for name in ("spec argument 0 dim 0", "spec argument 0 dim 1", "spec argument 1 dim 1"):
+        assert name in shrunk(reduced), reduced.reduction["summary"]
+
+
+def test_a_mean_normalised_in_steps_with_one_step_missing_is_refuted() -> None:
+    reduced, real = both(
+        functools.partial(step_mean_dp, form="bug"),
+        *STEP_ARGS,
+        spec=step_mean_spec,
+        expect="not_equivalent",
+    )
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+    assert reduced.location.impl.line == real.location.impl.line, str(reduced)
+
+
+def test_a_mean_normalised_in_steps_over_512_devices_is_proved_at_reduced_shapes() -> None:
+    """The form users write, at the size that ran into the time limit: 512 devices of 8 rows,
+    width 4096 (the batch of 4,096 is the width too)."""
+    from jax.sharding import AbstractMesh
+
+    devices, rows, width = 512, 8, 4096
+
+    def body(x, w):
+        s = jnp.sum(jnp.tanh(x @ w) ** 2)
+        return jax.lax.psum(s / rows / width, "data") / devices
+
+    impl = jax.shard_map(
+        body,
+        mesh=AbstractMesh((devices,), ("data",)),
+        in_specs=(P("data"), P()),
+        out_specs=P(),
+        check_vma=False,
+    )
+    x = jax.ShapeDtypeStruct((devices * rows, width), jnp.float32)
+    w = jax.ShapeDtypeStruct((width, width), jnp.float32)
+    report = tv_ir.frontends.jax.verify(impl, x, w, spec=step_mean_spec, time_limit=120)
+    assert report.verdict == "equivalent", str(report)
+    assert not kept(report), report.reduction["summary"]
+
+
 # -- a constant equal to the size of a class nothing sums over: no count of it -----------------
 
 

@@ -526,6 +526,7 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
     for r in rules:
         for n in r.pos.normalisers:
             c = r.pos.floats[n.constant]
+            count = _through_chain(c, n, r.pos.floats)
             # what is summed here (a shard's count), or the whole dimension's count: any
             # member's size of each class summed over shrinks by that class's factor. A sum
             # may be normalised by some of what it sums only (`mean(sum(x, -1))`, the sum
@@ -537,17 +538,18 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
             # a class of size 1 (a kept dimension of a keepdims sum) counts nothing
             real_keys = tuple(k for k in n.keys if max(sizes[d.find(k)]) > 1)
             for keys in _key_subsets(real_keys):
-                power = _normalises(c, keys, d, sizes)
+                power = _normalises(count, keys, d, sizes)
                 if power:
                     shrinking = frozenset(d.find(k) for k in keys) - fixed
                     found.setdefault((shrinking, power), (keys, power))
             if os.environ.get("TV_REDUCTION_DEBUG"):
-                print(f"normaliser? {c} of {n.keys}: {list(found.values())}", file=sys.stderr)
+                print(f"normaliser? {count} of {n.keys}: {list(found.values())}", file=sys.stderr)
             if len(found) == 1:
                 keys, power = next(iter(found.values()))
                 accepted.append((replace(n, keys=keys), power, c))
-            elif found:  # decided once scales and device shares are known (below)
+            elif found and not n.chain:  # decided once scales and device shares are known
                 ambiguous[(id(n.op), n.operand)] = (n, c, found)
+    absorbed = _longest_chains(accepted, ambiguous)
     # one constant normalising several uses (a spread splat) must shrink the same way in all
     by_operand: dict = {}
     for n, power, _ in accepted:
@@ -558,7 +560,7 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
             if len(v) > 1:
                 print(f"normaliser conflict: {v}", file=sys.stderr)
     accepted = [a for a in accepted if len(by_operand[(id(a[0].op), a[0].operand)]) == 1]
-    explained = {(id(n.op), n.operand) for n, _, _ in accepted}
+    explained = {(id(n.op), n.operand) for n, _, _ in accepted} | absorbed
     summed_or_spread = aggregated(d, [(r.module, r.pos.floats) for r in rules])
     for r in rules:
         # a device's share of a psum'd sum, 1/(devices x micro-batches): fixed at any size
@@ -628,6 +630,34 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
             for root in roots:
                 d.keep(root, f"{why} may be its size")
     return accepted, symbols
+
+
+def _through_chain(c: float, n: Normaliser, floats: dict) -> float:
+    """The count a chain of constants scaling one sum stands for (`sum / 8 / 4096`, `sum *
+    2**-12 * 2**-12`), as the last constant's own would: a divisor's N, a factor's 1/N."""
+    m = 1.0
+    for op, _, vid in n.chain:
+        m = m * floats[vid] if op.name == "stablehlo.multiply" else m / floats[vid]
+    return c / m if n.op.name == "stablehlo.divide" else c * m
+
+
+def _longest_chains(accepted: list, ambiguous: dict) -> set:
+    """A sum scaled by several constants in a row (a global mean normalised in steps, `psum(s
+    / rows / hidden) / devices`) is normalised by their product: the longest chain read as a
+    count stands, its last constant is read at the reduced count, and the constants before it
+    keep their values. The readings of those earlier constants on their own (and of shorter
+    chains) are dropped from `accepted` and `ambiguous`. Returns the uses the chains took
+    ((id(op), operand))."""
+    absorbed: set = set()
+    chains = sorted((a for a in accepted if a[0].chain), key=lambda a: -len(a[0].chain))
+    for n, _, _ in chains:
+        uses = {(id(op), k) for op, k, _ in n.chain}
+        if (id(n.op), n.operand) not in absorbed and not uses & absorbed:
+            absorbed |= uses
+    accepted[:] = [a for a in accepted if (id(a[0].op), a[0].operand) not in absorbed]
+    for use in absorbed:
+        ambiguous.pop(use, None)
+    return absorbed
 
 
 def _ambiguous_count(d: DimClasses, n, c: float, found: dict, accepted: list) -> None:

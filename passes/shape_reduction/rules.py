@@ -82,6 +82,9 @@ class Normaliser:
     operand: int
     keys: tuple[Key, ...]
     constant: int  # the value id of the constant operand
+    # the constants that scaled the sum before this one (`sum / 8 / 4096`), as (op, operand,
+    # value id): the count is their product with this one
+    chain: tuple[tuple[Op, int, int], ...] = ()
 
 
 @dataclass
@@ -95,6 +98,9 @@ class Positions:
     # values that are sums over (or copies spread along) dimensions: value id -> their keys
     summed: dict[int, tuple[Key, ...]] = field(default_factory=dict)
     normalisers: list[Normaliser] = field(default_factory=list)
+    # sums scaled by float constants: value id -> (the sum's keys, the constants so far, as
+    # Normaliser.chain)
+    scaled_sums: dict[int, tuple[tuple[Key, ...], tuple]] = field(default_factory=dict)
     # results of `x * c` / `x / c` with c a float constant: value id -> (op, operand of c)
     scaled: dict[int, tuple[Op, int]] = field(default_factory=dict)
     # sizes that became values (a sum over values that read no input): (size, where)
@@ -218,6 +224,8 @@ class ShapeRules:
     def _carry_sums(self, a: Value, b: Value) -> None:
         if a.id in self.pos.summed:
             self.pos.summed[b.id] = self.pos.summed[a.id]
+        if a.id in self.pos.scaled_sums:
+            self.pos.scaled_sums[b.id] = self.pos.scaled_sums[a.id]
         if a.id in self.pos.scaled:
             self.pos.scaled[b.id] = self.pos.scaled[a.id]
         if a.id in self.pos.floats:
@@ -346,6 +354,8 @@ class ShapeRules:
             a, b = op.operands[0], op.results[0]
             if a.id in self.pos.summed:
                 self.pos.summed[b.id] = self.pos.summed[a.id]
+            if a.id in self.pos.scaled_sums:
+                self.pos.scaled_sums[b.id] = self.pos.scaled_sums[a.id]
             if a.id in self.pos.floats:
                 self.pos.floats[b.id] = -self.pos.floats[a.id]
         if name not in ("multiply", "divide") or len(op.operands) != 2:
@@ -353,12 +363,19 @@ class ShapeRules:
                 if v.id in self.pos.floats and name != "convert":
                     self.pos.float_uses.append((op, k, v.id))
             return
-        for k, (c, other) in enumerate((op.operands, op.operands[::-1])):
-            if c.id in self.pos.floats and other.id in self.pos.summed:
-                if name == "divide" and k == 0:
-                    continue  # N / sum: not a normaliser
-                self.pos.normalisers.append(Normaliser(op, k, self.pos.summed[other.id], c.id))
         res = op.results[0]
+        for k, (c, other) in enumerate((op.operands, op.operands[::-1])):
+            if c.id not in self.pos.floats or (name == "divide" and k == 0):
+                continue  # N / sum: not a normaliser
+            use = ((op, k, c.id),)
+            if other.id in self.pos.summed:
+                keys = self.pos.summed[other.id]
+                self.pos.normalisers.append(Normaliser(op, k, keys, c.id))
+                self.pos.scaled_sums[res.id] = (keys, use)
+            elif other.id in self.pos.scaled_sums:  # one more constant: counts with the rest
+                keys, before = self.pos.scaled_sums[other.id]
+                self.pos.normalisers.append(Normaliser(op, k, keys, c.id, before))
+                self.pos.scaled_sums[res.id] = (keys, before + use)
         for k, v in enumerate(op.operands):
             if v.id in self.pos.floats:
                 self.pos.float_uses.append((op, k, v.id))
