@@ -13,6 +13,7 @@ from tv_ir.ir.importer import load
 from tv_ir.ir.program import Module, elements, walk
 from tv_ir.prover.boundary_layouts import per_device_evidence
 from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
+from tv_ir.semantics.run_tables import run_scope
 
 from .errors import BadInput, Unsupported
 from .limits import (
@@ -150,7 +151,7 @@ def check(
     obligations have taken a second, or $TV_WORKERS); the report is one worker's.
     """
     progress = progress_callback(progress)
-    with memory_budget(memory_limit), use_workers(workers):
+    with run_scope(), memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _check,
@@ -1101,7 +1102,7 @@ def partition_and_check(
     the module at its real sizes and on its real mesh; shape reduction then shrinks the
     partitioned program, and mesh reduction its mesh where the program is a template."""
     progress = progress_callback(progress)
-    with memory_budget(memory_limit), use_workers(workers):
+    with run_scope(), memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _partition_and_check,
@@ -1159,7 +1160,7 @@ def shardy_partition_and_check(
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
     `spec_function`), by default to the function's own global (unsharded) meaning."""
-    with memory_budget(memory_limit), use_workers(workers):
+    with run_scope(), memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _shardy_partition_and_check,

@@ -14,6 +14,7 @@ from tv_ir.ir.float_constants import EXACT, exact_reciprocal
 from tv_ir.ir.program import TensorType
 from tv_ir.semantics import terms as T
 from tv_ir.semantics.algebra import NumpyAlgebra
+from tv_ir.semantics.run_tables import run_table
 from tv_ir.semantics.scale_symbols import SCALE_KEY, SCALE_KIND, parse_scale_key
 
 
@@ -207,7 +208,7 @@ _disjunction = _folding(T.FALSE, T.logical_or, T.lift_bool)
 
 # the value each table symbol has in simulation (atom id -> its element of the table): the
 # table's own values, as concrete runs read them
-TABLE_VALUES: dict[int, float] = {}
+TABLE_VALUES: dict[int, float] = run_table({})
 
 
 class SymbolicAlgebra(NumpyAlgebra):

@@ -40,13 +40,14 @@ import numpy as np
 
 from tv_ir.errors import Unsupported
 from tv_ir.ir.float_constants import EXACT, exact_reciprocal
+from tv_ir.semantics.run_tables import run_table
 
 Num = int | Fraction
 Mono = tuple  # ((atom_id, power), ...) sorted by atom id
 
 _atom_ids = itertools.count()
-_ATOMS: dict[tuple, Atom] = {}
-ATOM_BY_ID: dict[int, Atom] = {}
+_ATOMS: dict[tuple, Atom] = run_table({})
+ATOM_BY_ID: dict[int, Atom] = run_table({})
 
 
 class _Interned:
@@ -96,7 +97,9 @@ def _intern(cls, table: dict, kind: str, args: tuple):
     return node
 
 
-_LONG_ARGS: dict[int, tuple] = {}  # id of a long argument tuple -> (the tuple, its symbols)
+_LONG_ARGS: dict[int, tuple] = run_table(
+    {}
+)  # id of a long argument tuple -> (the tuple, its symbols)
 
 
 def _syms_of(args: tuple) -> frozenset:
@@ -165,7 +168,7 @@ def _flat_args(args):
 
 # -- booleans ----------------------------------------------------------------------------
 
-_BOOLS: dict[tuple, Bool] = {}
+_BOOLS: dict[tuple, Bool] = run_table({})
 
 
 class Bool(_Interned):
@@ -209,7 +212,7 @@ def _num(c) -> Num:
     return r
 
 
-_FLOAT_CACHE: dict[float, Num] = {}
+_FLOAT_CACHE: dict[float, Num] = run_table({})
 
 
 def _norm(c: Num) -> Num:
@@ -921,7 +924,7 @@ def is_finite(p) -> Bool:
     return p.dom
 
 
-_MAY_INF: dict[int, bool] = {}
+_MAY_INF: dict[int, bool] = run_table({})
 
 
 def _may_be_infinite(p: Poly) -> bool:
@@ -1098,7 +1101,7 @@ def _equals_fact(d: Poly) -> Bool | None:
 
 
 # (select atom id, k) -> where the select equals k, when its branches decide it for good
-_SELECT_LEVEL: dict[tuple[int, Fraction], Bool | None] = {}
+_SELECT_LEVEL: dict[tuple[int, Fraction], Bool | None] = run_table({})
 
 
 def _select_equals(aid: int, k: Fraction) -> Bool | None:
@@ -1154,7 +1157,7 @@ def _wrap_equals(d: Poly) -> Bool | None:
 
 
 # where a cut symbol equals 0 or 1, as its definition's structure says: (atom id, k) -> Bool
-_SYM_LEVEL: dict[tuple[int, int], Bool] = {}
+_SYM_LEVEL: dict[tuple[int, int], Bool] = run_table({})
 
 
 def _atom_equals(aid: int, k: int) -> Bool | None:
@@ -1190,8 +1193,8 @@ def _note_levels(a: Atom, definition: Poly) -> None:
 
 # cut symbols standing for `max(args)` (defined everywhere): atom id -> args; and for
 # `select(c, 1, 0)`, an indicator of c: atom id -> c (`note_extremum`, `_attains_max`)
-_SYM_MAX: dict[int, frozenset] = {}
-_SYM_INDICATOR: dict[int, Bool] = {}
+_SYM_MAX: dict[int, frozenset] = run_table({})
+_SYM_INDICATOR: dict[int, Bool] = run_table({})
 
 
 def note_extremum(p: Poly, definition: Poly) -> None:
@@ -1339,7 +1342,7 @@ def _value_under(v: Poly, facts: frozenset, memo: dict) -> Poly:
 # -- signs: facts that hold wherever a term is defined -----------------------------------
 # 2: > 0, 1: >= 0, 0: unknown, -1: <= 0, -2: < 0
 
-_ATOM_SIGN: dict[int, int] = {}
+_ATOM_SIGN: dict[int, int] = run_table({})
 
 
 def note_sign(p: Poly, s: int) -> None:
@@ -1350,7 +1353,7 @@ def note_sign(p: Poly, s: int) -> None:
 
 
 # facts about cut symbols worked out when first asked for: atom id -> (definition, deeper)
-_LATER: dict[int, tuple] = {}
+_LATER: dict[int, tuple] = run_table({})
 
 
 def note_later(p: Poly, definition: Poly, deeper=None) -> None:
@@ -1488,7 +1491,7 @@ def _is_abs(args) -> bool:
     return len(items) == 2 and add(value(items[0]), value(items[1])) == ZERO
 
 
-_NOT: dict[Bool, Bool] = {}  # negations, both ways (a term's negation is built once)
+_NOT: dict[Bool, Bool] = run_table({})  # negations, both ways (a term's negation is built once)
 
 
 def logical_not(b: Bool) -> Bool:
@@ -1675,8 +1678,8 @@ def lift_bool(x) -> Bool:
 # it), so the same function of equal arguments is equal in both programs, and nothing else
 # is known of it. OPAQUE_RUNNERS computes it on numbers (registered where it is met), for
 # the values of its terms.
-OPAQUE_RUNNERS: dict = {}  # key -> (argument values) -> [[element values] per result]
-_OPAQUE_RUNS: dict = {}  # (key, argument values) -> results, a small memo
+OPAQUE_RUNNERS: dict = run_table({})  # key -> (argument values) -> [[element values] per result]
+_OPAQUE_RUNS: dict = run_table({})  # (key, argument values) -> results, a small memo
 _OPAQUE_RUNS_KEPT = 256
 
 
@@ -2114,8 +2117,8 @@ def _bool_size(b: Bool, cap: int) -> int:
 # another wrap of at most as many bits can be dropped: that keeps normal forms canonical
 # ((a + b) - b is a, a * 2 is a + a).
 
-_RANGES: dict[int, tuple | None] = {}
-_INTEGRAL: dict[int, bool] = {}
+_RANGES: dict[int, tuple | None] = run_table({})
+_INTEGRAL: dict[int, bool] = run_table({})
 
 
 def int_bounds(bits: int, signed: bool) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from tv_ir.errors import Unsupported
 from tv_ir.ir.structure import reads_from_outside, region_signature
 from tv_ir.semantics import terms as T
 from tv_ir.semantics.ops.registry import COLLECTIVES, GLOBAL_VIEW, PROCESS_OPS, op
+from tv_ir.semantics.run_tables import run_table
 
 MAX_TRIP_COUNT = 1_000_000
 # the most iterations a loop may run in this evaluation (a simulation on extreme integers
@@ -130,7 +131,7 @@ def opaque_loop(ctx, values: list) -> list:
     return out
 
 
-_LOOP_KEYS: dict[tuple, str] = {}  # a loop's meaning -> its key
+_LOOP_KEYS: dict[tuple, str] = run_table({})  # a loop's meaning -> its key
 
 
 def _loop_key(ctx) -> str:
