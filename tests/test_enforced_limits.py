@@ -12,6 +12,7 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import tv_ir
 from tv_ir import limits
@@ -181,3 +182,12 @@ def test_a_stop_while_checking_loops_unrolled_says_why_they_were(monkeypatch) ->
     r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
     assert r.verdict == "unknown" and "time limit of 1 s" in r.reason, r.reason
     assert "not by induction: no loop invariant found" in r.reason, r.reason
+
+
+def test_the_symbols_of_a_large_value_poll_the_clock() -> None:
+    """A value of millions of elements (a 4096 x 4096 weight checked at its real size) took
+    seconds to get its symbols, past the limit, until the watchdog stepped in."""
+    from tv_ir.semantics import terms as T
+
+    with limits.deadline(0.0), pytest.raises(limits.OutOfTime):
+        T.symbol_array("x", (1024, 1024))

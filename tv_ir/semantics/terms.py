@@ -40,6 +40,7 @@ import numpy as np
 
 from tv_ir.errors import Unsupported
 from tv_ir.ir.float_constants import EXACT, exact_reciprocal
+from tv_ir.limits import check_time
 from tv_ir.semantics.run_tables import run_table
 
 Num = int | Fraction
@@ -423,6 +424,9 @@ def symbol_array(name, shape: tuple) -> np.ndarray:
     return symbol_array_ids(name, shape)[0]
 
 
+SYMBOLS_BETWEEN_POLLS = 2**16 - 1  # a mask: the clock is read every 65,536 symbols
+
+
 def symbol_array_ids(name, shape: tuple) -> tuple[np.ndarray, list[tuple[tuple, int]]]:
     """`symbol_array(name, shape)`, with each element's (index, atom id) in index order:
     the spec's cut-points make one symbol per element of every value, so this is
@@ -432,6 +436,8 @@ def symbol_array_ids(name, shape: tuple) -> tuple[np.ndarray, list[tuple[tuple, 
     flat = out.reshape(-1)
     ids = []
     for k, idx in enumerate(itertools.product(*map(range, shape))):
+        if k & SYMBOLS_BETWEEN_POLLS == 0:  # millions at real sizes: seconds between polls
+            check_time()
         key = ("sym", (name, idx))
         a = _ATOMS.get(key)
         if a is None:
