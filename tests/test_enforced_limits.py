@@ -191,3 +191,28 @@ def test_the_symbols_of_a_large_value_poll_the_clock() -> None:
 
     with limits.deadline(0.0), pytest.raises(limits.OutOfTime):
         T.symbol_array("x", (1024, 1024))
+
+
+def test_a_stop_by_a_poll_keeps_its_report_through_slow_work_after_it(monkeypatch) -> None:
+    """The proof stopped by a poll, then seconds of work before the report is made (freeing
+    millions of terms did that): the watchdog does not stop that work again, which lost the
+    report of how far the proof got."""
+    from tv_ir.semantics import terms as T
+
+    def polling_multiply(self, x, y):  # slow work that polls the clock
+        while True:
+            time.sleep(0.01)
+            limits.check_time()
+
+    real_forget = T.forget_later
+
+    def slow_forget() -> None:  # the engine's clean-up after the stop, 3 s without a poll
+        for _ in range(300):
+            time.sleep(0.01)
+        real_forget()
+
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", polling_multiply)
+    monkeypatch.setattr(T, "forget_later", slow_forget)
+    r = tv_ir.check(SPEC, IMPL, time_limit=1.0)
+    assert r.verdict == "unknown", str(r)
+    assert "stages proved by then" in r.reason, r.reason

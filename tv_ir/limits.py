@@ -28,7 +28,10 @@ and nesting depth.
   garbage-collection callback, a finaliser) would be dropped with an "Exception ignored"
   traceback on stderr: while limits are enforced, `sys.unraisablehook` swallows those
   silently and the watchdog sends the next at once (a 40 s limit ran 79 s, printing three
-  tracebacks, when a long symbolic op triggered collections). Inside a C
+  tracebacks, when a long symbolic op triggered collections). A stop by a poll counts as
+  the watchdog's own interrupt: the work it leads to (the report of how far the proof got,
+  freeing millions of terms) has `ENFORCE_REFIRE_S`, not `ENFORCE_GRACE_S`; cut short, the
+  report lost what the proof had reached and which classes shape reduction kept. Inside a C
   call (a z3 query, an XLA compile) it waits for the call to return; z3 queries have their
   own timeout and interrupt (prover/smt.py).
 - **Depth** (`run_deep`): programs nest (regions in regions, loops unrolled thousands of
@@ -158,12 +161,21 @@ def time_left() -> float | None:
 CHECK_EVERY = 15
 
 
+# when a poll last stopped each thread (thread id -> perf_counter): the watchdog counts it as
+# an interrupt of its own, so the work a stop leads to (the report of how far the proof got,
+# freeing its arrays) is not cut short by a second stop that loses the first one's report
+_polled_stops: dict[int, float] = {}
+
+
 def check_time() -> None:
     """Raise OutOfTime when the deadline has passed, OutOfMemoryBudget when the memory limit
     is (cheap: call it in long loops)."""
     end = _deadline.get()
-    if end is not None and time.perf_counter() > end:
-        raise OutOfTime(time_limit_reason())
+    if end is not None:
+        now = time.perf_counter()
+        if now > end:
+            _polled_stops[threading.get_ident()] = now
+            raise OutOfTime(time_limit_reason())
     check_memory()
 
 
@@ -497,9 +509,12 @@ def enforced_limits():
                 )
 
     def watch() -> None:
-        fired = None  # when the last interrupt was sent
+        fired = None  # when the last interrupt was sent (or a poll stopped the run)
         while not stop.wait(WATCH_INTERVAL_S):
             now = time.perf_counter()
+            polled = _polled_stops.get(target)
+            if polled is not None and end is not None and polled > end:
+                fired = polled if fired is None else max(fired, polled)
             if fired is not None and now - fired < ENFORCE_REFIRE_S and not dropped.is_set():
                 continue
             dropped.clear()

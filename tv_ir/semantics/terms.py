@@ -436,8 +436,8 @@ def symbol_array_ids(name, shape: tuple) -> tuple[np.ndarray, list[tuple[tuple, 
     flat = out.reshape(-1)
     ids = []
     for k, idx in enumerate(itertools.product(*map(range, shape))):
-        if k & SYMBOLS_BETWEEN_POLLS == 0:  # millions at real sizes: seconds between polls
-            check_time()
+        if k and k & SYMBOLS_BETWEEN_POLLS == 0:  # millions at real sizes: seconds
+            check_time()  # between polls (a small value, made after a stop, never polls)
         key = ("sym", (name, idx))
         a = _ATOMS.get(key)
         if a is None:
