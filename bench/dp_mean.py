@@ -11,6 +11,7 @@ is divided:
 - `global`: `psum(s) / (devices * rows * width)`, one constant;
 - `before`: `psum(s / (devices * rows * width))`;
 - `pmean`: `pmean(s / (rows * width))`;
+- `mean-pmean`: `pmean(mean(y))`, the device's mean then the mean over devices;
 - `steps`: `psum(s / rows / width) / devices`, three constants in turn;
 - `powers`: `psum(s) * 2**-k * 2**-k`, the count as two powers of two (devices x rows and
   width powers of two, equal);
@@ -35,7 +36,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
-FORMS = ["global", "before", "pmean", "steps", "powers", "elementwise", "steps-bug"]
+FORMS = ["global", "before", "pmean", "mean-pmean", "steps", "powers", "elementwise", "steps-bug"]
 
 
 def _program(form: str, devices: int, rows: int, width: int):
@@ -59,6 +60,8 @@ def _program(form: str, devices: int, rows: int, width: int):
             return jax.lax.psum(s / count, "data")
         if form == "pmean":
             return jax.lax.pmean(s / (rows * width), "data")
+        if form == "mean-pmean":
+            return jax.lax.pmean(jnp.mean(y), "data")
         if form == "steps":
             return jax.lax.psum(s / rows / width, "data") / devices
         if form == "powers":
