@@ -1282,20 +1282,14 @@ def test_micro_batches_of_a_tile_shrink_with_the_batch() -> None:
         assert report.location.impl.line == bug_line(micro_dp), str(report)
 
 
-def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> None:
-    """A data-parallel mean scaled element by element before its sum (`sum(y / H / rows)`):
-    the constants may be sizes, so every class keeps its size and the check runs at the real
-    sizes into its time limit; the report says which constant kept which class."""
+def dp_mean_spec(x, w):
+    return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+
+def dp_mean_pair(body, devices: int, rows: int, width: int):
+    """A data-parallel mean over `devices` on an abstract mesh (as large as users' meshes):
+    `body` on each device's rows and the whole (width, width) weight, and its arguments."""
     from jax.sharding import AbstractMesh
-
-    devices, rows, h = 8, 8, 4096
-
-    def spec(x, w):
-        return jnp.mean(jnp.tanh(x @ w) ** 2)
-
-    def body(x, w):
-        s = jnp.sum(jnp.tanh(x @ w) ** 2 / h / rows)
-        return jax.lax.psum(s, "data") / devices
 
     impl = jax.shard_map(
         body,
@@ -1304,9 +1298,23 @@ def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> 
         out_specs=P(),
         check_vma=False,
     )
-    x = jax.ShapeDtypeStruct((devices * rows, h), jnp.float32)
-    w = jax.ShapeDtypeStruct((h, h), jnp.float32)
-    report = verify(impl, x, w, spec=spec, time_limit=10)
+    x = jax.ShapeDtypeStruct((devices * rows, width), jnp.float32)
+    w = jax.ShapeDtypeStruct((width, width), jnp.float32)
+    return impl, x, w
+
+
+def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> None:
+    """A data-parallel mean scaled element by element before its sum (`sum(y / H / rows)`):
+    the constants may be sizes, so every class keeps its size and the check runs at the real
+    sizes into its time limit; the report says which constant kept which class."""
+    devices, rows, h = 8, 8, 4096
+
+    def body(x, w):
+        s = jnp.sum(jnp.tanh(x @ w) ** 2 / h / rows)
+        return jax.lax.psum(s, "data") / devices
+
+    impl, x, w = dp_mean_pair(body, devices, rows, h)
+    report = verify(impl, x, w, spec=dp_mean_spec, time_limit=10)
     assert report.verdict == "unknown", str(report)
     text = str(report)
     assert "shape reduction: no dimension class reduced" in text, text

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
-from test_shape_reduction import both, f32, kept, shrunk, smap
+from test_shape_reduction import both, dp_mean_pair, dp_mean_spec, f32, kept, shrunk, smap
 from tv_ir.passes import shape_reduction
 
 import tv_ir
@@ -390,10 +390,6 @@ def test_constant_of_a_dimension_size_that_is_no_device_share_keeps_it() -> None
 MR, MW = 8, 16  # rows per "data" shard (2 shards: a batch of 16), width
 
 
-def step_mean_spec(x, w):
-    return jnp.mean(jnp.tanh(x @ w) ** 2)
-
-
 def step_mean_dp(x, w, form="steps"):
     devices = 2
 
@@ -416,7 +412,7 @@ def test_a_mean_normalised_in_steps_reads_the_product_as_its_count(form) -> None
     reduced, _ = both(
         functools.partial(step_mean_dp, form=form),
         *STEP_ARGS,
-        spec=step_mean_spec,
+        spec=dp_mean_spec,
         expect="equivalent",
     )
     assert not kept(reduced), reduced.reduction["summary"]
@@ -428,7 +424,7 @@ def test_a_mean_normalised_in_steps_with_one_step_missing_is_refuted() -> None:
     reduced, real = both(
         functools.partial(step_mean_dp, form="bug"),
         *STEP_ARGS,
-        spec=step_mean_spec,
+        spec=dp_mean_spec,
         expect="not_equivalent",
     )
     assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
@@ -438,24 +434,14 @@ def test_a_mean_normalised_in_steps_with_one_step_missing_is_refuted() -> None:
 def test_a_mean_normalised_in_steps_over_512_devices_is_proved_at_reduced_shapes() -> None:
     """The form users write, at the size that ran into the time limit: 512 devices of 8 rows,
     width 4096 (the batch of 4,096 is the width too)."""
-    from jax.sharding import AbstractMesh
-
     devices, rows, width = 512, 8, 4096
 
     def body(x, w):
         s = jnp.sum(jnp.tanh(x @ w) ** 2)
         return jax.lax.psum(s / rows / width, "data") / devices
 
-    impl = jax.shard_map(
-        body,
-        mesh=AbstractMesh((devices,), ("data",)),
-        in_specs=(P("data"), P()),
-        out_specs=P(),
-        check_vma=False,
-    )
-    x = jax.ShapeDtypeStruct((devices * rows, width), jnp.float32)
-    w = jax.ShapeDtypeStruct((width, width), jnp.float32)
-    report = tv_ir.frontends.jax.verify(impl, x, w, spec=step_mean_spec, time_limit=120)
+    impl, x, w = dp_mean_pair(body, devices, rows, width)
+    report = tv_ir.frontends.jax.verify(impl, x, w, spec=dp_mean_spec, time_limit=120)
     assert report.verdict == "equivalent", str(report)
     assert not kept(report), report.reduction["summary"]
 
