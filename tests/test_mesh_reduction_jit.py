@@ -7,6 +7,7 @@ and replayed on the real mesh when it does not."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -195,6 +196,21 @@ def beside(monkeypatch, tmp_path):
         return run(spec, pairs[0] if pairs else impl, placement, seed)
 
     monkeypatch.setattr(mesh_transfer, "differs_on_real_mesh", recorded)
+    # the proof waits (up to 60 s) for the run to have begun somewhere: on a loaded machine
+    # the proof could end first, and the run was then made here (it is, when no child takes
+    # it), which is not what these tests are about
+    from tv_ir.prover.engine import StageProver
+
+    prove = StageProver.run
+
+    def waiting(self):
+        for _ in range(600):
+            if where.exists():
+                break
+            time.sleep(0.1)
+        return prove(self)
+
+    monkeypatch.setattr(StageProver, "run", waiting)
     return lambda: int(where.read_text()) if where.exists() else None, pairs
 
 
