@@ -431,6 +431,16 @@ def test_a_mean_normalised_in_steps_with_one_step_missing_is_refuted() -> None:
     assert reduced.location.impl.line == real.location.impl.line, str(reduced)
 
 
+def test_a_sum_scaled_by_zero_then_by_a_count_is_no_count() -> None:
+    """`psum(s * 0) / 16`: a chain through a zero counts nothing (it divided by zero)."""
+
+    def body(x, w):
+        return jax.lax.psum(jnp.sum(jnp.tanh(x @ w)) * 0.0, "data") / 16.0
+
+    impl = smap(body, (P("data"), P()), P(), check_vma=False)
+    both(impl, *STEP_ARGS, spec=lambda x, w: 0.0 * jnp.sum(x @ w), expect="equivalent")
+
+
 def test_a_mean_normalised_in_steps_over_512_devices_is_proved_at_reduced_shapes() -> None:
     """The form users write, at the size that ran into the time limit: 512 devices of 8 rows,
     width 4096 (the batch of 4,096 is the width too)."""

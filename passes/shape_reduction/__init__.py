@@ -637,7 +637,10 @@ def _through_chain(c: float, n: Normaliser, floats: dict) -> float:
     2**-12 * 2**-12`), as the last constant's own would: a divisor's N, a factor's 1/N."""
     m = 1.0
     for op, _, vid in n.chain:
-        m = m * floats[vid] if op.name == "stablehlo.multiply" else m / floats[vid]
+        f = floats[vid]
+        if f == 0 or not np.isfinite(f):
+            return 0.0  # `sum * 0 * 2`, `sum / inf`: no count (and no division by zero)
+        m = m * f if op.name == "stablehlo.multiply" else m / f
     return c / m if n.op.name == "stablehlo.divide" else c * m
 
 
