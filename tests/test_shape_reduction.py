@@ -1304,13 +1304,14 @@ def dp_mean_pair(body, devices: int, rows: int, width: int):
 
 
 def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> None:
-    """A data-parallel mean scaled element by element before its sum (`sum(y / H / rows)`):
-    the constants may be sizes, so every class keeps its size and the check runs at the real
-    sizes into its time limit; the report says which constant kept which class."""
+    """A data-parallel mean whose count is hidden among other constants (`sum(y * 0.5 / H /
+    rows) * 2`: no product of them reads as the count): the constants may be sizes, so every
+    class keeps its size and the check runs at the real sizes into its time limit; the
+    report says which constant kept which class."""
     devices, rows, h = 8, 8, 4096
 
     def body(x, w):
-        s = jnp.sum(jnp.tanh(x @ w) ** 2 / h / rows)
+        s = jnp.sum(jnp.tanh(x @ w) ** 2 * 0.5 / h / rows) * 2
         return jax.lax.psum(s, "data") / devices
 
     impl, x, w = dp_mean_pair(body, devices, rows, h)

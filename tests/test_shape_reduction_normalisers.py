@@ -386,6 +386,8 @@ def test_constant_of_a_dimension_size_that_is_no_device_share_keeps_it() -> None
 # in turn. Read one at a time, each may be a size (16 is the width and the batch; 1/16 either
 # of them), so every class kept its size; at 512 devices and width 4096 the check ran into
 # its time limit. Their product counts the positions summed over, as one constant's would.
+# Constants scaling the values element by element before the sum (`sum(y / width / rows)`)
+# count the same way: their product, over two or more classes of the value.
 
 MR, MW = 8, 16  # rows per "data" shard (2 shards: a batch of 16), width
 
@@ -399,6 +401,13 @@ def step_mean_dp(x, w, form="steps"):
             return jax.lax.psum(s / MR / MW, "data") / devices
         if form == "powers":
             return jax.lax.psum(s, "data") * 2.0**-4 * 2.0**-4
+        y = jnp.tanh(x @ w) ** 2  # element by element, then summed
+        if form == "elementwise":
+            return jax.lax.psum(jnp.sum(y / MW / MR), "data") / devices
+        if form == "elementwise-factors":
+            return jax.lax.psum(jnp.sum(y * (1 / MR) * 0.5 * (2 / MW)), "data") / devices
+        if form == "elementwise-bug":
+            return jax.lax.psum(jnp.sum(y / MW / MR), "data")  # BUG: not divided by the devices
         return jax.lax.psum(s / MR / MW, "data")  # BUG: not divided by the devices
 
     return smap(body, (P("data"), P()), P(), check_vma=False)(x, w)
@@ -407,7 +416,7 @@ def step_mean_dp(x, w, form="steps"):
 STEP_ARGS = (f32(2 * MR, MW), f32(MW, MW))
 
 
-@pytest.mark.parametrize("form", ["steps", "powers"])
+@pytest.mark.parametrize("form", ["steps", "powers", "elementwise", "elementwise-factors"])
 def test_a_mean_normalised_in_steps_reads_the_product_as_its_count(form) -> None:
     reduced, _ = both(
         functools.partial(step_mean_dp, form=form),
@@ -420,9 +429,10 @@ def test_a_mean_normalised_in_steps_reads_the_product_as_its_count(form) -> None
         assert name in shrunk(reduced), reduced.reduction["summary"]
 
 
-def test_a_mean_normalised_in_steps_with_one_step_missing_is_refuted() -> None:
+@pytest.mark.parametrize("form", ["bug", "elementwise-bug"])
+def test_a_mean_normalised_in_steps_with_one_step_missing_is_refuted(form) -> None:
     reduced, real = both(
-        functools.partial(step_mean_dp, form="bug"),
+        functools.partial(step_mean_dp, form=form),
         *STEP_ARGS,
         spec=dp_mean_spec,
         expect="not_equivalent",
@@ -441,12 +451,16 @@ def test_a_sum_scaled_by_zero_then_by_a_count_is_no_count() -> None:
     both(impl, *STEP_ARGS, spec=lambda x, w: 0.0 * jnp.sum(x @ w), expect="equivalent")
 
 
-def test_a_mean_normalised_in_steps_over_512_devices_is_proved_at_reduced_shapes() -> None:
-    """The form users write, at the size that ran into the time limit: 512 devices of 8 rows,
-    width 4096 (the batch of 4,096 is the width too)."""
+@pytest.mark.parametrize("form", ["after", "elementwise"])
+def test_a_mean_normalised_in_steps_over_512_devices_is_proved_at_reduced_shapes(form) -> None:
+    """The forms users write, at the size that ran into the time limit: 512 devices of 8
+    rows, width 4096 (the batch of 4,096 is the width too); the steps after the sum, or
+    element by element before it."""
     devices, rows, width = 512, 8, 4096
 
     def body(x, w):
+        if form == "elementwise":
+            return jax.lax.psum(jnp.sum(jnp.tanh(x @ w) ** 2 / width / rows), "data") / devices
         s = jnp.sum(jnp.tanh(x @ w) ** 2)
         return jax.lax.psum(s / rows / width, "data") / devices
 

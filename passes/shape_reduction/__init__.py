@@ -565,6 +565,10 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
     for r in rules:
         # a device's share of a psum'd sum, 1/(devices x micro-batches): fixed at any size
         shares, seeded = device_shares(r.module, r.pos.float_uses, r.pos.floats, r.pos.known)
+        for found in _elementwise_chains(r, d, sizes, shares, seeded, explained):
+            accepted.append(found)
+            explained.add((id(found[0].op), found[0].operand))
+            explained.update((id(op), k) for op, k, _ in found[0].chain)
         for n, loc in r.pos.counts:  # a count computed from the size normalises anything
             for root in by_size.get(n, ()):
                 d.keep(root, f"the count {n} computed at {loc} may be its size")
@@ -768,6 +772,53 @@ def _folded_normaliser(c: float, rules, op, k: int, vid: int, d: DimClasses, siz
         return set().union(*found)
     sub, power = next(iter(found.values()))
     return Normaliser(op, k, sub, vid), power, c
+
+
+def _elementwise_chains(rules, d: DimClasses, sizes: dict, shares, seeded, explained) -> list:
+    """Constants scaling a value element by element in a row before it is summed (`sum(y /
+    4096 / 8)`, a mean over (rows, width) normalised in steps) whose product counts the
+    positions of two or more of its classes together, as one constant would
+    (`_folded_normaliser`): the accepted normalisers, each carrying the constants before its
+    own (`Normaliser.chain`; those keep their values, its own is read at the reduced count).
+    Read one at a time, each constant could be a class's size and kept it."""
+    uses = [u for u in rules.pos.float_uses if _scales(u[0], u[1], rules)]
+    chains = {(id(op), k): _scale_chain(op, k, rules) for op, k, _ in uses}
+    inner = {(id(op), k) for chain in chains.values() for op, k, _ in chain}
+    out = []
+    for op, k, vid in uses:
+        chain = chains[(id(op), k)]
+        use = (id(op), k)
+        if not chain or use in inner or use in explained or use in shares:
+            continue
+        if vid in seeded or any(v in seeded or (id(o), j) in explained for o, j, v in chain):
+            continue
+        c = rules.pos.floats[vid]
+        count = _through_chain(c, Normaliser(op, k, (), vid, chain), rules.pos.floats)
+        if count == 0 or not np.isfinite(count):
+            continue
+        folded = _folded_normaliser(count, rules, op, k, vid, d, sizes)
+        if isinstance(folded, tuple):
+            n, power, _ = folded
+            out.append((replace(n, chain=chain), power, c))
+    return out
+
+
+def _scale_chain(op, k: int, rules) -> tuple:
+    """The (op, operand, value id) of the float constants that scaled operand `1 - k` of `op`
+    element by element just before it (`(y / a) / b`: `/ a` for `/ b`), earliest first."""
+    chain = []
+    x = op.operands[1 - k]
+    shape = x.type.shape if isinstance(x.type, TensorType) else None
+    while x.owner is not None and len(x.owner.operands) == 2:
+        prev = x.owner
+        j = next((j for j in (1, 0) if prev.operands[j].id in rules.pos.floats), None)
+        if j is None or not _scales(prev, j, rules) or prev.operands[1 - j].type != x.type:
+            break
+        if not isinstance(x.type, TensorType) or x.type.shape != shape:
+            break
+        chain.append((prev, j, prev.operands[j].id))
+        x = prev.operands[1 - j]
+    return tuple(reversed(chain))
 
 
 def _key_subsets(keys: tuple, most: int = 6) -> list[tuple]:
