@@ -16,6 +16,7 @@ is divided:
 - `powers`: `psum(s) * 2**-k * 2**-k`, the count as two powers of two (devices x rows and
   width powers of two, equal);
 - `elementwise`: `psum(sum(y / width / rows)) / devices`, scaled before the sum;
+- `split`: `psum(sum(y / width) / rows) / devices`, the count split across the sum;
 - `steps-bug`: `psum(s / rows / width) / (devices / 2)`, twice the mean.
 
 Each row runs in a fresh child: "tv s" is `verify` (tracing, shape and mesh reduction,
@@ -36,7 +37,10 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 
-FORMS = ["global", "before", "pmean", "mean-pmean", "steps", "powers", "elementwise", "steps-bug"]
+FORMS = [
+    "global", "before", "pmean", "mean-pmean", "steps", "powers", "elementwise", "split",
+    "steps-bug",
+]  # fmt: skip
 
 
 def _program(form: str, devices: int, rows: int, width: int):
@@ -68,6 +72,8 @@ def _program(form: str, devices: int, rows: int, width: int):
             return jax.lax.psum(s, "data") * (1 / half) * (1 / half)
         if form == "elementwise":
             return jax.lax.psum(jnp.sum(y / width / rows), "data") / devices
+        if form == "split":
+            return jax.lax.psum(jnp.sum(y / width) / rows, "data") / devices
         return jax.lax.psum(s / rows / width, "data") / (devices / 2)  # steps-bug
 
     impl = jax.shard_map(

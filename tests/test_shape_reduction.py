@@ -1304,19 +1304,19 @@ def dp_mean_pair(body, devices: int, rows: int, width: int):
 
 
 def test_an_unknown_with_nothing_reduced_says_why_each_class_kept_its_size() -> None:
-    """A data-parallel mean whose count is hidden among other constants (`sum(y * 0.5 / H /
-    rows) * 2`: no product of them reads as the count): the constants may be sizes, so every
+    """A data-parallel mean whose count is computed in the program (`sum(y) /
+    sum(ones_like(y))`): a count computed from the sizes may be any class's size, so every
     class keeps its size and the check runs at the real sizes into its time limit; the
-    report says which constant kept which class."""
+    report says which count kept which class."""
     devices, rows, h = 8, 8, 4096
 
     def body(x, w):
-        s = jnp.sum(jnp.tanh(x @ w) ** 2 * 0.5 / h / rows) * 2
-        return jax.lax.psum(s, "data") / devices
+        y = jnp.tanh(x @ w) ** 2
+        return jax.lax.psum(jnp.sum(y) / jnp.sum(jnp.ones_like(y)), "data") / devices
 
     impl, x, w = dp_mean_pair(body, devices, rows, h)
     report = verify(impl, x, w, spec=dp_mean_spec, time_limit=10)
     assert report.verdict == "unknown", str(report)
     text = str(report)
     assert "shape reduction: no dimension class reduced" in text, text
-    assert f"{h} kept (the constant {h} at " in text and "may be its size" in text, text
+    assert f"{h} kept (the count {h} computed at " in text and "may be its size" in text, text

@@ -387,7 +387,8 @@ def test_constant_of_a_dimension_size_that_is_no_device_share_keeps_it() -> None
 # of them), so every class kept its size; at 512 devices and width 4096 the check ran into
 # its time limit. Their product counts the positions summed over, as one constant's would.
 # Constants scaling the values element by element before the sum (`sum(y / width / rows)`)
-# count the same way: their product, over two or more classes of the value.
+# count the same way: their product, over two or more classes of the value; and so do those
+# on both sides of the sum (`sum(y / width) / rows`).
 
 MR, MW = 8, 16  # rows per "data" shard (2 shards: a batch of 16), width
 
@@ -408,6 +409,10 @@ def step_mean_dp(x, w, form="steps"):
             return jax.lax.psum(jnp.sum(y * (1 / MR) * 0.5 * (2 / MW)), "data") / devices
         if form == "elementwise-bug":
             return jax.lax.psum(jnp.sum(y / MW / MR), "data")  # BUG: not divided by the devices
+        if form == "split":  # the count split across the sum
+            return jax.lax.psum(jnp.sum(y / MW) / MR, "data") / devices
+        if form == "split-bug":
+            return jax.lax.psum(jnp.sum(y / (MW // 2)) / MR, "data") / devices  # BUG: half
         return jax.lax.psum(s / MR / MW, "data")  # BUG: not divided by the devices
 
     return smap(body, (P("data"), P()), P(), check_vma=False)(x, w)
@@ -416,7 +421,7 @@ def step_mean_dp(x, w, form="steps"):
 STEP_ARGS = (f32(2 * MR, MW), f32(MW, MW))
 
 
-@pytest.mark.parametrize("form", ["steps", "powers", "elementwise", "elementwise-factors"])
+@pytest.mark.parametrize("form", ["steps", "powers", "elementwise", "elementwise-factors", "split"])
 def test_a_mean_normalised_in_steps_reads_the_product_as_its_count(form) -> None:
     reduced, _ = both(
         functools.partial(step_mean_dp, form=form),
@@ -429,7 +434,7 @@ def test_a_mean_normalised_in_steps_reads_the_product_as_its_count(form) -> None
         assert name in shrunk(reduced), reduced.reduction["summary"]
 
 
-@pytest.mark.parametrize("form", ["bug", "elementwise-bug"])
+@pytest.mark.parametrize("form", ["bug", "elementwise-bug", "split-bug"])
 def test_a_mean_normalised_in_steps_with_one_step_missing_is_refuted(form) -> None:
     reduced, real = both(
         functools.partial(step_mean_dp, form=form),
@@ -451,7 +456,7 @@ def test_a_sum_scaled_by_zero_then_by_a_count_is_no_count() -> None:
     both(impl, *STEP_ARGS, spec=lambda x, w: 0.0 * jnp.sum(x @ w), expect="equivalent")
 
 
-@pytest.mark.parametrize("form", ["after", "elementwise"])
+@pytest.mark.parametrize("form", ["after", "elementwise", "split"])
 def test_a_mean_normalised_in_steps_over_512_devices_is_proved_at_reduced_shapes(form) -> None:
     """The forms users write, at the size that ran into the time limit: 512 devices of 8
     rows, width 4096 (the batch of 4,096 is the width too); the steps after the sum, or
@@ -461,6 +466,8 @@ def test_a_mean_normalised_in_steps_over_512_devices_is_proved_at_reduced_shapes
     def body(x, w):
         if form == "elementwise":
             return jax.lax.psum(jnp.sum(jnp.tanh(x @ w) ** 2 / width / rows), "data") / devices
+        if form == "split":
+            return jax.lax.psum(jnp.sum(jnp.tanh(x @ w) ** 2 / width) / rows, "data") / devices
         s = jnp.sum(jnp.tanh(x @ w) ** 2)
         return jax.lax.psum(s / rows / width, "data") / devices
 

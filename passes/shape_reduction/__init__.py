@@ -549,7 +549,7 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
                 accepted.append((replace(n, keys=keys), power, c))
             elif found and not n.chain:  # decided once scales and device shares are known
                 ambiguous[(id(n.op), n.operand)] = (n, c, found)
-    absorbed = _longest_chains(accepted, ambiguous)
+    absorbed = _longest_chains(accepted, ambiguous, d)
     # one constant normalising several uses (a spread splat) must shrink the same way in all
     by_operand: dict = {}
     for n, power, _ in accepted:
@@ -648,7 +648,29 @@ def _through_chain(c: float, n: Normaliser, floats: dict) -> float:
     return c / m if n.op.name == "stablehlo.divide" else c * m
 
 
-def _longest_chains(accepted: list, ambiguous: dict) -> set:
+def _one_reading_per_use(accepted: list, d: DimClasses) -> None:
+    """A constant after a sum of scaled values (`sum(y / 4096) / 8`) is read on its own and
+    with the scales before the sum: the reading with them stands when it counts every class
+    the one without does and more (8 the rows, 32768 the rows and the width: 4096 counts the
+    width); otherwise the two disagree on what is counted, and neither stands (its classes
+    keep their sizes, as for any constant read two ways)."""
+    by_use: dict = {}
+    for a in accepted:
+        by_use.setdefault((id(a[0].op), a[0].operand), []).append(a)
+    drop = set()
+    for readings in by_use.values():
+        if len({len(a[0].chain) for a in readings}) < 2:
+            continue  # one reading (or copies of one: a spread splat's uses), as before
+        readings.sort(key=lambda a: -len(a[0].chain))
+        roots = [frozenset(d.find(k) for k in a[0].keys) for a in readings]
+        if all(r < roots[0] for r in roots[1:]):
+            drop.update(id(a) for a in readings[1:])
+        else:
+            drop.update(id(a) for a in readings)
+    accepted[:] = [a for a in accepted if id(a) not in drop]
+
+
+def _longest_chains(accepted: list, ambiguous: dict, d: DimClasses) -> set:
     """A sum scaled by several constants in a row (a global mean normalised in steps, `psum(s
     / rows / hidden) / devices`) is normalised by their product: the longest chain read as a
     count stands, its last constant is read at the reduced count, and the constants before it
@@ -656,12 +678,24 @@ def _longest_chains(accepted: list, ambiguous: dict) -> set:
     chains) are dropped from `accepted` and `ambiguous`. Returns the uses the chains took
     ((id(op), operand))."""
     absorbed: set = set()
-    chains = sorted((a for a in accepted if a[0].chain), key=lambda a: -len(a[0].chain))
+    standing: set = set()  # the uses whose chains stand
+    _one_reading_per_use(accepted, d)
+    chains = sorted(
+        (a for a in accepted if a[0].chain),
+        key=lambda a: (-len(a[0].chain), -len({d.find(k) for k in a[0].keys})),
+    )
     for n, _, _ in chains:
-        uses = {(id(op), k) for op, k, _ in n.chain}
-        if (id(n.op), n.operand) not in absorbed and not uses & absorbed:
+        use, uses = (id(n.op), n.operand), {(id(op), k) for op, k, _ in n.chain}
+        if use not in absorbed and not uses & (absorbed | standing):
             absorbed |= uses
-    accepted[:] = [a for a in accepted if (id(a[0].op), a[0].operand) not in absorbed]
+            standing.add(use)
+    # a chain that does not stand is not read (its constants may be another's chain)
+    accepted[:] = [
+        a
+        for a in accepted
+        if (id(a[0].op), a[0].operand) not in absorbed
+        and (not a[0].chain or (id(a[0].op), a[0].operand) in standing)
+    ]
     for use in absorbed:
         ambiguous.pop(use, None)
     return absorbed

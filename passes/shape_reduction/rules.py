@@ -103,6 +103,10 @@ class Positions:
     scaled_sums: dict[int, tuple[tuple[Key, ...], tuple]] = field(default_factory=dict)
     # results of `x * c` / `x / c` with c a float constant: value id -> (op, operand of c)
     scaled: dict[int, tuple[Op, int]] = field(default_factory=dict)
+    # values scaled element by element by float constants in a row (`y / 4096`): value id ->
+    # those constants, as Normaliser.chain; and sums of such values: sum's id -> the same
+    scaled_values: dict[int, tuple] = field(default_factory=dict)
+    pre_scaled: dict[int, tuple] = field(default_factory=dict)
     # sizes that became values (a sum over values that read no input): (size, where)
     counts: list[tuple[int, object]] = field(default_factory=list)
     # values that are one element broadcast (splat constants, broadcasts of a scalar): value
@@ -226,6 +230,8 @@ class ShapeRules:
             self.pos.summed[b.id] = self.pos.summed[a.id]
         if a.id in self.pos.scaled_sums:
             self.pos.scaled_sums[b.id] = self.pos.scaled_sums[a.id]
+        if a.id in self.pos.pre_scaled:
+            self.pos.pre_scaled[b.id] = self.pos.pre_scaled[a.id]
         if a.id in self.pos.scaled:
             self.pos.scaled[b.id] = self.pos.scaled[a.id]
         if a.id in self.pos.floats:
@@ -356,6 +362,8 @@ class ShapeRules:
                 self.pos.summed[b.id] = self.pos.summed[a.id]
             if a.id in self.pos.scaled_sums:
                 self.pos.scaled_sums[b.id] = self.pos.scaled_sums[a.id]
+            if a.id in self.pos.pre_scaled:
+                self.pos.pre_scaled[b.id] = self.pos.pre_scaled[a.id]
             if a.id in self.pos.floats:
                 self.pos.floats[b.id] = -self.pos.floats[a.id]
         if name not in ("multiply", "divide") or len(op.operands) != 2:
@@ -372,10 +380,16 @@ class ShapeRules:
                 keys = self.pos.summed[other.id]
                 self.pos.normalisers.append(Normaliser(op, k, keys, c.id))
                 self.pos.scaled_sums[res.id] = (keys, use)
+                pre = self.pos.pre_scaled.get(other.id)
+                if pre:  # `sum(y / 4096) / 8`: the count may be split across the sum
+                    self.pos.normalisers.append(Normaliser(op, k, keys, c.id, pre))
             elif other.id in self.pos.scaled_sums:  # one more constant: counts with the rest
                 keys, before = self.pos.scaled_sums[other.id]
                 self.pos.normalisers.append(Normaliser(op, k, keys, c.id, before))
                 self.pos.scaled_sums[res.id] = (keys, before + use)
+            elif other.id not in self.pos.floats and other.type == res.type:
+                prior = self.pos.scaled_values.get(other.id, ())
+                self.pos.scaled_values[res.id] = prior + use
         for k, v in enumerate(op.operands):
             if v.id in self.pos.floats:
                 self.pos.float_uses.append((op, k, v.id))
@@ -650,6 +664,8 @@ class ShapeRules:
             kx = self.keys(op.operands[0])
             before = self.pos.summed.get(op.operands[0].id, ())
             self.pos.summed[op.results[0].id] = before + tuple(kx[a] for a in axes)
+            if not before and op.operands[0].id in self.pos.scaled_values:
+                self.pos.pre_scaled[op.results[0].id] = self.pos.scaled_values[op.operands[0].id]
         # a batch_norm's lane keeps 3 positions: at 2 it normalises to +-1 (NORMALISED_LANE)
         least = 3 if op.attrs.get(NORMALISED_LANE) else 2
         for x in op.operands[:n]:
