@@ -193,6 +193,18 @@ def test_the_symbols_of_a_large_value_poll_the_clock() -> None:
         T.symbol_array("x", (1024, 1024))
 
 
+def test_stops_by_polls_are_forgotten_once_no_watchdog_needs_them(monkeypatch) -> None:
+    """One entry per thread a poll stopped: threads come and go (each check's, a pool's),
+    so entries past the watchdog's refire interval are dropped at the next stop."""
+    now = time.perf_counter()
+    old = {-k: now - limits.ENFORCE_REFIRE_S - 1.0 for k in range(1, 1001)}
+    recent = {-2000: now}
+    monkeypatch.setattr(limits, "_polled_stops", {**old, **recent})
+    with limits.deadline(0.0), pytest.raises(limits.OutOfTime):
+        limits.check_time()
+    assert set(limits._polled_stops) == {-2000, threading.get_ident()}
+
+
 def test_a_stop_by_a_poll_keeps_its_report_through_slow_work_after_it(monkeypatch) -> None:
     """The proof stopped by a poll, then seconds of work before the report is made (freeing
     millions of terms did that): the watchdog does not stop that work again, which lost the

@@ -163,7 +163,8 @@ CHECK_EVERY = 15
 
 # when a poll last stopped each thread (thread id -> perf_counter): the watchdog counts it as
 # an interrupt of its own, so the work a stop leads to (the report of how far the proof got,
-# freeing its arrays) is not cut short by a second stop that loses the first one's report
+# freeing its arrays) is not cut short by a second stop that loses the first one's report;
+# a stop older than ENFORCE_REFIRE_S matters to no watchdog and is dropped at the next one
 _polled_stops: dict[int, float] = {}
 
 
@@ -174,6 +175,9 @@ def check_time() -> None:
     if end is not None:
         now = time.perf_counter()
         if now > end:
+            for thread, at in list(_polled_stops.items()):
+                if now - at > ENFORCE_REFIRE_S:  # threads long done (a pool's, a run's)
+                    _polled_stops.pop(thread, None)
             _polled_stops[threading.get_ident()] = now
             raise OutOfTime(time_limit_reason())
     check_memory()
