@@ -411,6 +411,8 @@ def step_mean_dp(x, w, form="steps"):
             return jax.lax.psum(jnp.sum(y / MW / MR), "data")  # BUG: not divided by the devices
         if form == "split":  # the count split across the sum
             return jax.lax.psum(jnp.sum(y / MW) / MR, "data") / devices
+        if form == "split-partial":  # a partial sum first, then the rest
+            return jax.lax.psum(jnp.sum(jnp.sum(y * (1 / MW), 1)) * (1 / MR), "data") / devices
         if form == "split-bug":
             return jax.lax.psum(jnp.sum(y / (MW // 2)) / MR, "data") / devices  # BUG: half
         return jax.lax.psum(s / MR / MW, "data")  # BUG: not divided by the devices
@@ -421,7 +423,9 @@ def step_mean_dp(x, w, form="steps"):
 STEP_ARGS = (f32(2 * MR, MW), f32(MW, MW))
 
 
-@pytest.mark.parametrize("form", ["steps", "powers", "elementwise", "elementwise-factors", "split"])
+@pytest.mark.parametrize(
+    "form", ["steps", "powers", "elementwise", "elementwise-factors", "split", "split-partial"]
+)
 def test_a_mean_normalised_in_steps_reads_the_product_as_its_count(form) -> None:
     reduced, _ = both(
         functools.partial(step_mean_dp, form=form),

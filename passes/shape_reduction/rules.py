@@ -664,8 +664,10 @@ class ShapeRules:
             kx = self.keys(op.operands[0])
             before = self.pos.summed.get(op.operands[0].id, ())
             self.pos.summed[op.results[0].id] = before + tuple(kx[a] for a in axes)
-            if not before and op.operands[0].id in self.pos.scaled_values:
-                self.pos.pre_scaled[op.results[0].id] = self.pos.scaled_values[op.operands[0].id]
+            x = op.operands[0].id
+            pre = self.pos.pre_scaled.get(x) if before else self.pos.scaled_values.get(x)
+            if pre:  # the scales before the first sum, carried through sums of it
+                self.pos.pre_scaled[op.results[0].id] = pre
         # a batch_norm's lane keeps 3 positions: at 2 it normalises to +-1 (NORMALISED_LANE)
         least = 3 if op.attrs.get(NORMALISED_LANE) else 2
         for x in op.operands[:n]:
