@@ -842,13 +842,11 @@ def _scale_chain(op, k: int, rules) -> tuple:
     element by element just before it (`(y / a) / b`: `/ a` for `/ b`), earliest first."""
     chain = []
     x = op.operands[1 - k]
-    shape = x.type.shape if isinstance(x.type, TensorType) else None
     while x.owner is not None and len(x.owner.operands) == 2:
         prev = x.owner
         j = next((j for j in (1, 0) if prev.operands[j].id in rules.pos.floats), None)
+        # element by element: the scaled value has the result's type (no broadcast between)
         if j is None or not _scales(prev, j, rules) or prev.operands[1 - j].type != x.type:
-            break
-        if not isinstance(x.type, TensorType) or x.type.shape != shape:
             break
         chain.append((prev, j, prev.operands[j].id))
         x = prev.operands[1 - j]
