@@ -816,7 +816,8 @@ def _elementwise_chains(rules, d: DimClasses, sizes: dict, shares, seeded, expla
     own (`Normaliser.chain`; those keep their values, its own is read at the reduced count).
     Read one at a time, each constant could be a class's size and kept it."""
     uses = [u for u in rules.pos.float_uses if _scales(u[0], u[1], rules)]
-    chains = {(id(op), k): _scale_chain(op, k, rules) for op, k, _ in uses}
+    before = rules.pos.scaled_values  # the constants that scaled each value in a row
+    chains = {(id(op), k): before.get(op.operands[1 - k].id, ()) for op, k, _ in uses}
     inner = {(id(op), k) for chain in chains.values() for op, k, _ in chain}
     out = []
     for op, k, vid in uses:
@@ -835,22 +836,6 @@ def _elementwise_chains(rules, d: DimClasses, sizes: dict, shares, seeded, expla
             n, power, _ = folded
             out.append((replace(n, chain=chain), power, c))
     return out
-
-
-def _scale_chain(op, k: int, rules) -> tuple:
-    """The (op, operand, value id) of the float constants that scaled operand `1 - k` of `op`
-    element by element just before it (`(y / a) / b`: `/ a` for `/ b`), earliest first."""
-    chain = []
-    x = op.operands[1 - k]
-    while x.owner is not None and len(x.owner.operands) == 2:
-        prev = x.owner
-        j = next((j for j in (1, 0) if prev.operands[j].id in rules.pos.floats), None)
-        # element by element: the scaled value has the result's type (no broadcast between)
-        if j is None or not _scales(prev, j, rules) or prev.operands[1 - j].type != x.type:
-            break
-        chain.append((prev, j, prev.operands[j].id))
-        x = prev.operands[1 - j]
-    return tuple(reversed(chain))
 
 
 def _key_subsets(keys: tuple, most: int = 6) -> list[tuple]:
