@@ -64,3 +64,54 @@ def test_per_device_values_keep_every_devices_own() -> None:
     assert held.scalars() == [0, 1, 2]
     uneven = PerDevice.of([np.arange(2) + p for p in range(4)])
     assert uneven.scalars() is None  # not one number per device: no offset
+
+
+# XLA's form: a device's offset looked up in a constant table at `partition_id`, then in a
+# second table at that coordinate (a start past the table's end is clamped, as the op says)
+TABLES = f"""
+module @m attributes {{mhlo.num_partitions = {DEVICES} : i32, mhlo.num_replicas = 1 : i32}} {{
+  func.func public @main(%arg0: tensor<64xf32>) -> tensor<16xf32> {{
+    %0 = stablehlo.partition_id : tensor<ui32>
+    %1 = stablehlo.constant dense<{[(p // 16) % 4 for p in range(DEVICES)]}>
+      : tensor<{DEVICES}xui32>
+    %2 = stablehlo.dynamic_slice %1, %0, sizes = [1]
+      : (tensor<{DEVICES}xui32>, tensor<ui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.constant dense<[0, 16, 32, 48, 64]> : tensor<5xi32>
+    %5 = stablehlo.constant dense<[[0, 1], [2, 3], [4, 5], [6, 7]]> : tensor<4x2xi32>
+    %6 = stablehlo.constant dense<3> : tensor<ui32>
+    %7 = stablehlo.add %3, %6 : tensor<ui32>
+    %8 = stablehlo.constant dense<0> : tensor<ui32>
+    %9 = stablehlo.dynamic_slice %5, %7, %8, sizes = [2, 2]
+      : (tensor<4x2xi32>, tensor<ui32>, tensor<ui32>) -> tensor<2x2xi32>
+    %10 = stablehlo.dynamic_slice %4, %3, sizes = [1]
+      : (tensor<5xi32>, tensor<ui32>) -> tensor<1xi32>
+    %11 = stablehlo.reshape %10 : (tensor<1xi32>) -> tensor<i32>
+    %12 = stablehlo.dynamic_slice %arg0, %11, sizes = [16]
+      : (tensor<64xf32>, tensor<i32>) -> tensor<16xf32>
+    return %12 : tensor<16xf32>
+  }}
+}}
+"""
+
+
+def test_table_lookups_fold_for_all_devices_at_once_as_each_device_would(monkeypatch) -> None:
+    module = prepare(TABLES, "impl")
+    calls = []
+    real = BlockEvaluator.evaluate_op
+    monkeypatch.setattr(
+        BlockEvaluator, "evaluate_op", lambda self, op: calls.append(op) or real(self, op)
+    )
+    rules = ShapeRules(DimClasses(), module, "impl", DEVICES, 1)
+    rules.run(module.main)
+    assert len(calls) < 50, len(calls)  # not a lookup per device
+    slices = [op for op in module.main.body.ops if op.name == "stablehlo.dynamic_slice"]
+    coordinate = [(p // 16) % 4 for p in range(DEVICES)]
+    offset = rules.pos.known[slices[-1].operands[1].id]
+    assert [int(offset[p]) for p in range(DEVICES)] == [16 * c for c in coordinate]
+    (block,) = [op for op in slices if op.results[0].type.shape == (2, 2)]
+    rows = rules.pos.known[block.results[0].id]  # the 2 x 2 block from row 3 + c, clamped
+    table = np.arange(8).reshape(4, 2)
+    for p in (0, 16, 33, 4095):
+        np.testing.assert_array_equal(rows[p], table[2:4])
+    assert len(rows.values) == 1

@@ -56,9 +56,15 @@ class PerDevice:
     def scalars(self) -> list[int] | None:
         """The distinct values as numbers when each is one number (a scalar, or a scalar
         broadcast), else None."""
+        arrays = [np.asarray(v) for v in self.values]
+        if arrays and len({a.shape for a in arrays}) == 1 and arrays[0].dtype != object:
+            flat = np.stack(arrays).reshape(len(arrays), -1)  # one check for all of them
+            if flat.shape[1] == 0 or np.any(flat != flat[:, :1]):
+                return None
+            return [int(x) for x in flat[:, 0].tolist()]
         out = []
-        for v in self.values:
-            flat = np.asarray(v).reshape(-1)
+        for v in arrays:
+            flat = v.reshape(-1)
             if flat.size == 0 or np.any(flat != flat[0]):
                 return None
             out.append(int(flat[0]))
@@ -106,6 +112,23 @@ def batched(
         np.stack([np.asarray(x.values[c[i]]) for c in combos]) for i, x in enumerate(operands)
     ]
     return stacked, lambda t: TensorType((m, *t.shape), t.dtype)
+
+
+def table_rows(
+    table: np.ndarray, starts: Sequence[PerDevice], combos: list[tuple[int, ...]], sizes
+) -> np.ndarray:
+    """`dynamic_slice(table, *starts)` for every combination at once (the table is the same
+    for all; `combos` index the table, then each start): one row per combination. Starts
+    are clamped into the table as the op's semantics clamp them."""
+    at = np.array(
+        [[int(np.asarray(x.values[c[1 + i]])) for i, x in enumerate(starts)] for c in combos]
+    )
+    at = np.clip(at, 0, np.array(table.shape) - np.array(sizes))
+    index = []
+    for i, n in enumerate(sizes):
+        shape = [len(combos)] + [n if j == i else 1 for j in range(len(sizes))]
+        index.append((at[:, i, None] + np.arange(n)).reshape(shape))
+    return table[tuple(index)]
 
 
 def _distinct(arrays: list[np.ndarray], which: np.ndarray) -> PerDevice:
