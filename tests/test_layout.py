@@ -159,6 +159,21 @@ def test_hlo_sharding_uneven_matches_xla_partitioner(case, order) -> None:
     check_placement(layout, arr, xla_result_placement(arr, f'mhlo.sharding = "{text}"', order))
 
 
+@settings(max_examples=60, **SETTINGS)
+@given(st.one_of(hlo_shardings(even=True), hlo_shardings(even=False)))
+def test_box_array_and_distinct_boxes_are_the_boxes(case) -> None:
+    # built from the tiling's own arrays (`_tiled`), or converted once per box object: the
+    # same boxes as the tuples, and the distinct ones in the order devices first hold them
+    text, shape = case
+    layout = Layout.from_hlo_sharding(text, shape, N)
+    want = np.asarray(layout.boxes, dtype=np.int64).reshape(N, len(shape), 2)
+    np.testing.assert_array_equal(layout.box_array, want)
+    assert layout.distinct_boxes == list(dict.fromkeys(layout.boxes))
+    again = Layout(layout.global_shape, N, layout.boxes, layout.tile_shape)  # no cache given
+    np.testing.assert_array_equal(again.box_array, want)
+    assert again.distinct_boxes == layout.distinct_boxes
+
+
 @pytest.mark.parametrize("device", [0, 3, 7])
 def test_maximal_matches_xla_partitioner(device: int) -> None:
     arr = np.arange(15, dtype=np.float32).reshape(3, 5)

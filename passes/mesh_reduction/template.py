@@ -441,7 +441,7 @@ def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
     if lay.unreduced or lay.manual or lay.maximal is not None or lay.num_devices != mesh.devices:
         return None
     rank = len(lay.global_shape)
-    boxes = np.asarray(lay.boxes, dtype=np.int64).reshape(mesh.devices, rank, 2)
+    boxes = lay.box_array.reshape(mesh.devices, rank, 2)
     dims: list[tuple[int, ...]] = []
     for i, (whole, tile) in enumerate(zip(lay.global_shape, lay.tile_shape, strict=True)):
         starts = boxes[:, i, 0]

@@ -917,7 +917,7 @@ def _tie_by_layout(d: DimClasses, s, i, lay, where: str) -> None:
     st, it = s.type, i.type
     if not isinstance(st, TensorType) or not isinstance(it, TensorType):
         return
-    boxes = dict.fromkeys(lay.boxes)  # devices share few boxes: each distinct one once
+    boxes = lay.distinct_boxes  # devices share few boxes: each distinct one once
     for a, n in enumerate(st.shape):
         ks = d.add((s.id, a), n, f"spec {where} dim {a}")
         ki = d.add((i.id, a), it.shape[a], f"impl {where} dim {a}")

@@ -197,9 +197,13 @@ def _fit(u: int, values: set[int], needs: dict[int, int]) -> tuple[int, Affine] 
     """(cost, the reduction) with unit u, or None when some value is not `a u + b` with a
     small b, nothing scales, or u cannot shrink."""
     probe = Affine(u, u)
-    parts = {v: probe.parts(v) for v in values}
-    big = max(abs(b) for _, b in parts.values())
-    if big > REMAINDER_LIMIT or 8 * big >= u or all(a == 0 for a, _ in parts.values()):
+    big, scales = 0, False
+    for v in values:  # most units fail on some value's remainder: stop there
+        a, b = probe.parts(v)
+        big, scales = max(big, abs(b)), scales or a != 0
+        if big > REMAINDER_LIMIT or 8 * big >= u:
+            return None
+    if not scales:
         return None
     reduced = 2 * big + 2  # order kept, every segment between offsets 2 positions or more
     for n, need in needs.items():

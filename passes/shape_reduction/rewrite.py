@@ -341,12 +341,14 @@ def scaled_layout(lay: Layout, factors: list) -> Layout:
     if all(k == 1 for k in factors):
         return lay
     maps = [k if callable(k) else (lambda n, k=k: n // k) for k in factors]
-    seen: dict = {}  # most devices share their box with others (8,192 devices, a few boxes)
+    # most devices share their box object with others (8,192 devices, a few boxes): each
+    # is mapped once, found by identity (hashing a box again per device costs more)
+    seen: dict[int, tuple] = {}
 
     def box(b):
-        out = seen.get(b)
+        out = seen.get(id(b))
         if out is None:
-            out = seen[b] = tuple((m(s), m(e)) for (s, e), m in zip(b, maps, strict=True))
+            out = seen[id(b)] = tuple((m(s), m(e)) for (s, e), m in zip(b, maps, strict=True))
         return out
 
     boxes = lay.boxes

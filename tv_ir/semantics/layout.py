@@ -231,6 +231,35 @@ class Layout:
         return arr[(*(slice(0, n) for n in shape), Ellipsis)]
 
     @cached_property
+    def box_array(self) -> np.ndarray:
+        """`boxes` as one int64 array (device, dimension, start / stop). Devices share few
+        box objects (a tile replicated over an axis), so each distinct one is converted once."""
+        rank = len(self.global_shape)
+        rows: dict[int, int] = {}
+        distinct: list[Box] = []
+        which = np.empty(len(self.boxes), dtype=np.intp)
+        for d, b in enumerate(self.boxes):
+            k = rows.get(id(b))
+            if k is None:
+                k = rows[id(b)] = len(distinct)
+                distinct.append(b)
+            which[d] = k
+        out = np.asarray(distinct, dtype=np.int64).reshape(len(distinct), rank, 2)
+        return out[which] if len(self.boxes) else out
+
+    @cached_property
+    def distinct_boxes(self) -> list[Box]:
+        """The distinct boxes, in the order of the first device holding each."""
+        n = len(self.boxes)
+        if not n or not self.global_shape:
+            return list(dict.fromkeys(self.boxes))
+        rows = self.box_array.reshape(n, -1)
+        radix = np.repeat(np.array(self.global_shape, dtype=np.int64) + 1, 2)
+        _, which = _distinct_rows(rows, radix)
+        _, first = np.unique(which, return_index=True)
+        return [self.boxes[d] for d in np.sort(first).tolist()]
+
+    @cached_property
     def _groups(self) -> dict[int, tuple[int, ...]]:
         return {d: g for g in self.unreduced for d in g}
 
@@ -254,7 +283,7 @@ def _build(
     if sorted(cells) != list(range(n)):
         raise BadInput(f"sharding {desc} does not place exactly devices 0..{n - 1}")
     at = np.array([cells[d][0] for d in range(n)], dtype=np.int64).reshape(n, len(tiles))
-    boxes, chunk = _boxes(shape, tiles, at)
+    boxes, chunk, _ = _boxes(shape, tiles, at)
     manual: dict[Hashable, list[int]] = {}
     groups: dict[Hashable, list[int]] = {}
     for d in range(n):
@@ -289,23 +318,41 @@ def _tiled(shape: Shape, n: int, tiles: tuple[int, ...], grid: np.ndarray, desc:
     index = np.indices(grid.shape, dtype=np.int64).reshape(grid.ndim, -1)[:rank]
     at = np.empty((n, rank), dtype=np.int64)
     at[flat] = index.T
-    boxes, chunk = _boxes(shape, tiles, at)
-    return Layout(shape, n, boxes, chunk, (), (), None, desc)
+    boxes, chunk, corners = _boxes(shape, tiles, at)
+    lay = Layout(shape, n, boxes, chunk, (), (), None, desc)
+    lay.__dict__["box_array"] = corners  # `box_array`'s cache: the boxes as built
+    return lay
 
 
-def _boxes(shape: Shape, tiles: tuple[int, ...], at: np.ndarray) -> tuple[tuple, Shape]:
-    """(each device's box, the tile shape) from each device's tile index (`at`, one row per
-    device) when each dimension is split into `tiles` chunks (the last one ragged)."""
+def _boxes(shape: Shape, tiles: tuple[int, ...], at: np.ndarray) -> tuple[tuple, Shape, np.ndarray]:
+    """(each device's box, the tile shape, the boxes as an array: `Layout.box_array`) from
+    each device's tile index (`at`, one row per device) when each dimension is split into
+    `tiles` chunks (the last one ragged)."""
     n, rank = at.shape
     chunk = tuple(-(-size // k) for size, k in zip(shape, tiles, strict=True))
     if not rank:
-        return ((),) * n, chunk
+        return ((),) * n, chunk, np.zeros((n, 0, 2), dtype=np.int64)
     size, step = np.array(shape, dtype=np.int64), np.array(chunk, dtype=np.int64)
     corners = np.stack([np.minimum(at * step, size), np.minimum((at + 1) * step, size)], -1)
     # devices share boxes (a tile replicated over an axis): each distinct box built once
-    distinct, which = np.unique(corners.reshape(n, -1), axis=0, return_inverse=True)
+    distinct, which = _distinct_rows(corners.reshape(n, -1), np.repeat(size + 1, 2))
     made = [tuple(map(tuple, row.reshape(rank, 2).tolist())) for row in distinct]
-    return tuple(made[i] for i in which.reshape(-1).tolist()), chunk
+    return tuple(made[i] for i in which.tolist()), chunk, corners
+
+
+def _distinct_rows(rows: np.ndarray, radix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct rows, which one each row is): `np.unique(rows, axis=0)`, through one
+    integer key per row when the rows' values (each below its column's `radix`) fit one."""
+    if (
+        math.prod(int(r) for r in radix) >= 2**62
+        or rows.size
+        and (rows.min() < 0 or (rows >= radix).any())
+    ):
+        distinct, which = np.unique(rows, axis=0, return_inverse=True)
+        return distinct, which.reshape(-1)
+    weights = np.cumprod(np.concatenate([[1], radix[:0:-1]]))[::-1].astype(np.int64)
+    _, first, which = np.unique(rows @ weights, return_index=True, return_inverse=True)
+    return rows[first], which.reshape(-1)
 
 
 def _whole(shape: Shape, n: int, desc: str, manual: bool = False, unreduced: bool = False):
