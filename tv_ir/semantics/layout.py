@@ -230,33 +230,38 @@ class Layout:
             raise ValueError(f"device {device} value has shape {arr.shape}, expected {shape}")
         return arr[(*(slice(0, n) for n in shape), Ellipsis)]
 
-    @cached_property
+    @property
     def box_array(self) -> np.ndarray:
-        """`boxes` as one int64 array (device, dimension, start / stop). Devices share few
-        box objects (a tile replicated over an axis), so each distinct one is converted once."""
+        """`boxes` as one int64 array (device, dimension, start / stop)."""
+        rows, which = self._box_rows
+        return rows[which]
+
+    @cached_property
+    def _box_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, which): device d's box is `rows[which[d]]`, as an array. Devices share few
+        box objects (a tile replicated over an axis): each is converted once. A layout built
+        from a tiling is given its own (`_tiled`)."""
         rank = len(self.global_shape)
-        rows: dict[int, int] = {}
+        seen: dict[int, int] = {}
         distinct: list[Box] = []
         which = np.empty(len(self.boxes), dtype=np.intp)
         for d, b in enumerate(self.boxes):
-            k = rows.get(id(b))
+            k = seen.get(id(b))
             if k is None:
-                k = rows[id(b)] = len(distinct)
+                k = seen[id(b)] = len(distinct)
                 distinct.append(b)
             which[d] = k
-        out = np.asarray(distinct, dtype=np.int64).reshape(len(distinct), rank, 2)
-        return out[which] if len(self.boxes) else out
+        return np.asarray(distinct, dtype=np.int64).reshape(len(distinct), rank, 2), which
 
     @cached_property
     def distinct_boxes(self) -> list[Box]:
         """The distinct boxes, in the order of the first device holding each."""
-        n = len(self.boxes)
-        if not n or not self.global_shape:
+        if not self.boxes or not self.global_shape:
             return list(dict.fromkeys(self.boxes))
-        rows = self.box_array.reshape(n, -1)
+        rows, which = self._box_rows
         radix = np.repeat(np.array(self.global_shape, dtype=np.int64) + 1, 2)
-        _, which = _distinct_rows(rows, radix)
-        _, first = np.unique(which, return_index=True)
+        _, same = _distinct_rows(rows.reshape(len(rows), -1), radix)
+        _, first = np.unique(same[which], return_index=True)
         return [self.boxes[d] for d in np.sort(first).tolist()]
 
     @cached_property
@@ -318,26 +323,26 @@ def _tiled(shape: Shape, n: int, tiles: tuple[int, ...], grid: np.ndarray, desc:
     index = np.indices(grid.shape, dtype=np.int64).reshape(grid.ndim, -1)[:rank]
     at = np.empty((n, rank), dtype=np.int64)
     at[flat] = index.T
-    boxes, chunk, corners = _boxes(shape, tiles, at)
+    boxes, chunk, rows = _boxes(shape, tiles, at)
     lay = Layout(shape, n, boxes, chunk, (), (), None, desc)
-    lay.__dict__["box_array"] = corners  # `box_array`'s cache: the boxes as built
+    lay.__dict__["_box_rows"] = rows  # the cache of `Layout._box_rows`: the boxes as built
     return lay
 
 
-def _boxes(shape: Shape, tiles: tuple[int, ...], at: np.ndarray) -> tuple[tuple, Shape, np.ndarray]:
-    """(each device's box, the tile shape, the boxes as an array: `Layout.box_array`) from
-    each device's tile index (`at`, one row per device) when each dimension is split into
-    `tiles` chunks (the last one ragged)."""
+def _boxes(shape: Shape, tiles: tuple[int, ...], at: np.ndarray) -> tuple[tuple, Shape, tuple]:
+    """(each device's box, the tile shape, the distinct boxes as an array and which one each
+    device holds: `Layout._box_rows`) from each device's tile index (`at`, one row per
+    device) when each dimension is split into `tiles` chunks (the last one ragged)."""
     n, rank = at.shape
     chunk = tuple(-(-size // k) for size, k in zip(shape, tiles, strict=True))
     if not rank:
-        return ((),) * n, chunk, np.zeros((n, 0, 2), dtype=np.int64)
+        return ((),) * n, chunk, (np.zeros((1, 0, 2), dtype=np.int64), np.zeros(n, np.intp))
     size, step = np.array(shape, dtype=np.int64), np.array(chunk, dtype=np.int64)
     corners = np.stack([np.minimum(at * step, size), np.minimum((at + 1) * step, size)], -1)
     # devices share boxes (a tile replicated over an axis): each distinct box built once
     distinct, which = _distinct_rows(corners.reshape(n, -1), np.repeat(size + 1, 2))
     made = [tuple(map(tuple, row.reshape(rank, 2).tolist())) for row in distinct]
-    return tuple(made[i] for i in which.tolist()), chunk, corners
+    return tuple(made[i] for i in which.tolist()), chunk, (distinct.reshape(-1, rank, 2), which)
 
 
 def _distinct_rows(rows: np.ndarray, radix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
