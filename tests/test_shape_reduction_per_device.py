@@ -64,6 +64,14 @@ def test_per_device_values_keep_every_devices_own() -> None:
     assert held.scalars() == [0, 1, 2]
     uneven = PerDevice.of([np.arange(2) + p for p in range(4)])
     assert uneven.scalars() is None  # not one number per device: no offset
+    # a scalar broadcast to a mask's shape (8192 x 8192 in the 405B-shaped step) is one number,
+    # read without comparing its elements; a partly broadcast one is compared
+    wide = PerDevice.same(np.broadcast_to(np.int32(7), (8192, 8192)), 4)
+    assert wide.scalars() == [7]
+    rows = np.broadcast_to(np.arange(3, dtype=np.int32)[:, None], (3, 5))
+    assert PerDevice.same(rows, 4).scalars() is None
+    assert PerDevice.same(np.broadcast_to(np.int32(2), (3, 5)).copy(), 4).scalars() == [2]
+    assert PerDevice.same(np.zeros((0, 3), np.int32), 4).scalars() is None
 
 
 # XLA's form: a device's offset looked up in a constant table at `partition_id`, then in a

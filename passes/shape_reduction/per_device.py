@@ -57,17 +57,17 @@ class PerDevice:
         """The distinct values as numbers when each is one number (a scalar, or a scalar
         broadcast), else None."""
         arrays = [np.asarray(v) for v in self.values]
-        if arrays and len({a.shape for a in arrays}) == 1 and arrays[0].dtype != object:
-            flat = np.stack(arrays).reshape(len(arrays), -1)  # one check for all of them
-            if flat.shape[1] == 0 or np.any(flat != flat[:, :1]):
-                return None
-            return [int(x) for x in flat[:, 0].tolist()]
+        if arrays and all(a.ndim == 0 and a.dtype != object for a in arrays):
+            return [int(x) for x in np.array(arrays).tolist()]  # one per device: read at once
         out = []
-        for v in arrays:
-            flat = v.reshape(-1)
-            if flat.size == 0 or np.any(flat != flat[0]):
+        for a in arrays:
+            if a.size == 0:
                 return None
-            out.append(int(flat[0]))
+            first = a.flat[0]
+            # a broadcast scalar (strides 0) holds one number without comparing its elements
+            if any(a.strides) and np.any(a != first):
+                return None
+            out.append(int(first))
         return out
 
 
