@@ -34,8 +34,9 @@ module @m attributes {{mhlo.num_partitions = {DEVICES} : i32, mhlo.num_replicas 
 """
 
 
-def test_offsets_fold_per_distinct_value_on_every_device(monkeypatch) -> None:
-    module = prepare(PROGRAM, "impl")
+def _folded(text: str, monkeypatch) -> tuple:
+    """(module, its shape rules run on every device, the single-op evaluations made)."""
+    module = prepare(text, "impl")
     calls = []
     real = BlockEvaluator.evaluate_op
     monkeypatch.setattr(
@@ -43,6 +44,11 @@ def test_offsets_fold_per_distinct_value_on_every_device(monkeypatch) -> None:
     )
     rules = ShapeRules(DimClasses(), module, "impl", DEVICES, 1)
     rules.run(module.main)
+    return module, rules, calls
+
+
+def test_offsets_fold_per_distinct_value_on_every_device(monkeypatch) -> None:
+    module, rules, calls = _folded(PROGRAM, monkeypatch)
     # one device at a time, the 5 folded ops cost 5 x 4,096 evaluations
     assert len(calls) < 50, len(calls)
     offset = module.main.body.ops[-1].operands[1]
@@ -104,14 +110,7 @@ module @m attributes {{mhlo.num_partitions = {DEVICES} : i32, mhlo.num_replicas 
 
 
 def test_table_lookups_fold_for_all_devices_at_once_as_each_device_would(monkeypatch) -> None:
-    module = prepare(TABLES, "impl")
-    calls = []
-    real = BlockEvaluator.evaluate_op
-    monkeypatch.setattr(
-        BlockEvaluator, "evaluate_op", lambda self, op: calls.append(op) or real(self, op)
-    )
-    rules = ShapeRules(DimClasses(), module, "impl", DEVICES, 1)
-    rules.run(module.main)
+    module, rules, calls = _folded(TABLES, monkeypatch)
     assert len(calls) < 50, len(calls)  # not a lookup per device
     slices = [op for op in module.main.body.ops if op.name == "stablehlo.dynamic_slice"]
     coordinate = [(p // 16) % 4 for p in range(DEVICES)]
