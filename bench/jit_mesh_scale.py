@@ -22,7 +22,10 @@ XLA's SPMD partitioner makes the per-device program for the real mesh (on as man
 devices, so each row runs in a fresh child with its device count), and tv proves it against
 the single-device step, on a smaller mesh where XLA's program is a template of its mesh
 (docs/equivalence.md, "Mesh reduction": XLA's programs); "reduced" is the mesh the proof
-ran on, and the line under a row says what kept an axis. "xla s" is XLA's compile of the
+ran on, and the line under a row says what kept an axis. "tv s" is the wall time of
+`verify` (JAX's tracing and lowering included); "cpu s" is the CPU time of that process's
+threads over the same span (not its children's), steadier than wall time on a shared
+machine. "xla s" is XLA's compile of the
 same jit step for that mesh; jaxlib's CPU backend compiles for at most 2,048 devices, so
 8,192 has no row.
 """
@@ -176,7 +179,7 @@ def worker_verify(
 
     axes = mesh_of(step_name, mesh)
     step, args, ins, outs = STEPS[step_name](axes)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     report = verify(
         step,
         *args,
@@ -198,6 +201,7 @@ def worker_verify(
         else math.prod(axes.values()),
         "kept": "; ".join(f"{a['name']}: {a['kept']}" for a in kept) or note,
         "seconds": time.perf_counter() - t0,
+        "cpu": time.process_time() - c0,
         "stages": report.stats.stages,
         "reason": report.reason,
         "phases": {k: round(v, 2) for k, v in report.stats.seconds.items()},
@@ -252,7 +256,8 @@ def main() -> None:
         return
 
     header = (
-        f"{'mesh':>8} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'prove s':>7} "
+        f"{'mesh':>8} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'cpu s':>6} "
+        f"{'prove s':>7} "
         f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
     )
     whole_note = "; every device simulated" if a.whole_mesh else ""
@@ -277,7 +282,7 @@ def main() -> None:
             xla = (run_worker(script, ["xla", a.step, mesh], 1800, env).result or {}).get("xla_s")
         print(
             f"{mesh:>8} {devices:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
-            f"{res.get('seconds', float('nan')):>7.1f} "
+            f"{res.get('seconds', float('nan')):>7.1f} {res.get('cpu', float('nan')):>6.1f} "
             f"{res.get('phases', {}).get('prove', float('nan')):>7.1f} "
             f"{res.get('stages', 0):>6} {child.peak_mb:>7.0f} "
             f"{xla if xla is not None else float('nan'):>6.1f}",
