@@ -119,11 +119,20 @@ def table_rows(
 ) -> np.ndarray:
     """`dynamic_slice(table, *starts)` for every combination at once (the table is the same
     for all; `combos` index the table, then each start): one row per combination. Starts
-    are clamped into the table as the op's semantics clamp them."""
+    are clamped into the table as the op clamps them (`start_indices`)."""
+    from tv_ir.semantics.ops.shape import start_indices
+
     at = np.array(
-        [[int(np.asarray(x.values[c[1 + i]])) for i, x in enumerate(starts)] for c in combos]
+        [
+            start_indices(
+                table.shape,
+                sizes,
+                [int(np.asarray(x.values[c[1 + i]])) for i, x in enumerate(starts)],
+            )
+            for c in combos
+        ],
+        dtype=np.int64,
     )
-    at = np.clip(at, 0, np.array(table.shape) - np.array(sizes))
     index = []
     for i, n in enumerate(sizes):
         shape = [len(combos)] + [n if j == i else 1 for j in range(len(sizes))]
