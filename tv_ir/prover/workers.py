@@ -461,17 +461,21 @@ class ChecksBeside:
 
     def _make_unbegun(self) -> None:
         """The checks no child has begun, made here, the last first (every child waiting
-        for the one before it goes on: this process is done with the proof)."""
-        for checks in self._children:
-            if checks.done is not None:
-                checks.done.set()
+        for the one before it goes on: this process is done with the proof). The last is
+        claimed before a waiting child is let go, so that child cannot take it first."""
+        waiting = [c.done for c in self._children if c.done is not None]
         for checks in reversed(self._children):
             if checks.results is not None:
                 continue
             for key in reversed([k for k in self.jobs if k in checks.taken]):
                 if checks.claims.take(key):
                     checks.taken.discard(key)  # the child now skips it
+                    for done in waiting:
+                        done.set()
+                    waiting = []
                     self._here[key] = _attempt(lambda _, f=self.jobs[key]: f(), 0)
+        for done in waiting:  # nothing left to claim here
+            done.set()
 
 
 @dataclass
