@@ -471,3 +471,55 @@ def test_a_chain_of_tables_onto_the_wrong_axis_is_refuted(fsdp_parted) -> None:
     r = _mutant(fsdp_parted, FSDP_OF_POSITION, wrong)
     assert r.verdict == "not_equivalent", str(r)
     assert set(r.counterexample.mesh_coords) == {"data", "fsdp", "model"}
+
+
+# a jit step on more devices than XLA's CPU client numbers in one process (2,048)
+LARGE_MESH = """
+import jax, jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+{before}
+from tv_ir.frontends.jax import verify
+
+def step(w, x):
+    return jnp.tanh(x @ w).sum(0) / x.shape[0]
+
+w = jax.ShapeDtypeStruct((32, 16), jnp.float32)
+x = jax.ShapeDtypeStruct((1024, 32), jnp.float32)
+try:
+    r = verify(step, w, x, spec=step, mesh={{"data": 512, "model": 8}},
+               in_shardings=(P(None, "model"), P("data")), out_shardings=P("model"))
+    print(r.verdict, r.mesh_reduction["devices"] if r.mesh_reduction else None, r.reason)
+except Exception as e:
+    print(type(e).__name__, e)
+"""
+
+
+def _large_mesh(before: str = "") -> str:
+    import os
+    import subprocess
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4096")
+    r = subprocess.run(
+        [sys.executable, "-c", LARGE_MESH.format(before=before)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_xla_partitions_a_jit_step_for_4096_devices() -> None:
+    """XLA's CPU client refuses a device assignment past 2,048 devices ("Multiprocess
+    computations aren't implemented") unless it has CPU collectives: tv gives it gloo's
+    over a distributed runtime of its one process, and the step is proved on a smaller
+    mesh."""
+    assert _large_mesh() == "equivalent [4096, 4]"
+
+
+def test_too_late_for_collectives_says_how_to_ask_for_them() -> None:
+    # JAX's CPU backend made before tv is imported: no collectives, a one-line reason
+    line = _large_mesh("jax.devices()")
+    assert line.startswith("BadInput XLA could not partition the module"), line
+    assert "ensure_host_devices(4096)" in line, line

@@ -5,6 +5,7 @@ take 4 values fold a few values, and every device still reads its own offset."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from tv_ir.passes.shape_reduction.classes import DimClasses
 from tv_ir.passes.shape_reduction.per_device import PerDevice
 from tv_ir.passes.shape_reduction.rules import ShapeRules
@@ -34,7 +35,7 @@ module @m attributes {{mhlo.num_partitions = {DEVICES} : i32, mhlo.num_replicas 
 """
 
 
-def _folded(text: str, monkeypatch) -> tuple:
+def _folded(text: str, monkeypatch, devices: int = DEVICES) -> tuple:
     """(module, its shape rules run on every device, the single-op evaluations made)."""
     module = prepare(text, "impl")
     calls = []
@@ -42,7 +43,7 @@ def _folded(text: str, monkeypatch) -> tuple:
     monkeypatch.setattr(
         BlockEvaluator, "evaluate_op", lambda self, op: calls.append(op) or real(self, op)
     )
-    rules = ShapeRules(DimClasses(), module, "impl", DEVICES, 1)
+    rules = ShapeRules(DimClasses(), module, "impl", devices, 1)
     rules.run(module.main)
     return module, rules, calls
 
@@ -82,14 +83,15 @@ def test_per_device_values_keep_every_devices_own() -> None:
 
 # XLA's form: a device's offset looked up in a constant table at `partition_id`, then in a
 # second table at that coordinate (a start past the table's end is clamped, as the op says)
-TABLES = f"""
-module @m attributes {{mhlo.num_partitions = {DEVICES} : i32, mhlo.num_replicas = 1 : i32}} {{
+def _tables(devices: int) -> str:
+    return f"""
+module @m attributes {{mhlo.num_partitions = {devices} : i32, mhlo.num_replicas = 1 : i32}} {{
   func.func public @main(%arg0: tensor<64xf32>) -> tensor<16xf32> {{
     %0 = stablehlo.partition_id : tensor<ui32>
-    %1 = stablehlo.constant dense<{[(p // 16) % 4 for p in range(DEVICES)]}>
-      : tensor<{DEVICES}xui32>
+    %1 = stablehlo.constant dense<{[(p // 16) % 4 for p in range(devices)]}>
+      : tensor<{devices}xui32>
     %2 = stablehlo.dynamic_slice %1, %0, sizes = [1]
-      : (tensor<{DEVICES}xui32>, tensor<ui32>) -> tensor<1xui32>
+      : (tensor<{devices}xui32>, tensor<ui32>) -> tensor<1xui32>
     %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
     %4 = stablehlo.constant dense<[0, 16, 32, 48, 64]> : tensor<5xi32>
     %5 = stablehlo.constant dense<[[0, 1], [2, 3], [4, 5], [6, 7]]> : tensor<4x2xi32>
@@ -109,16 +111,21 @@ module @m attributes {{mhlo.num_partitions = {DEVICES} : i32, mhlo.num_replicas 
 """
 
 
-def test_table_lookups_fold_for_all_devices_at_once_as_each_device_would(monkeypatch) -> None:
-    module, rules, calls = _folded(TABLES, monkeypatch)
+@pytest.mark.parametrize("devices", [DEVICES, 8192])
+def test_table_lookups_fold_for_all_devices_at_once_as_each_device_would(
+    devices, monkeypatch
+) -> None:
+    # on 8,192 devices XLA's table has 8,192 entries: more than a folded value may hold,
+    # but a constant is one array for all devices, and is read
+    module, rules, calls = _folded(_tables(devices), monkeypatch, devices)
     assert len(calls) < 50, len(calls)  # not a lookup per device
     slices = [op for op in module.main.body.ops if op.name == "stablehlo.dynamic_slice"]
-    coordinate = [(p // 16) % 4 for p in range(DEVICES)]
+    coordinate = [(p // 16) % 4 for p in range(devices)]
     offset = rules.pos.known[slices[-1].operands[1].id]
-    assert [int(offset[p]) for p in range(DEVICES)] == [16 * c for c in coordinate]
+    assert [int(offset[p]) for p in range(devices)] == [16 * c for c in coordinate]
     (block,) = [op for op in slices if op.results[0].type.shape == (2, 2)]
     rows = rules.pos.known[block.results[0].id]  # the 2 x 2 block from row 3 + c, clamped
     table = np.arange(8).reshape(4, 2)
-    for p in (0, 16, 33, 4095):
+    for p in (0, 16, 33, devices - 1):
         np.testing.assert_array_equal(rows[p], table[2:4])
     assert len(rows.values) == 1

@@ -55,6 +55,9 @@ PASS_THROUGH = {
 # custom calls that only move a value between sharded and manual views
 SHARDING_CALLS = {"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"}
 FOLD_LIMIT = 4096  # known integer tensors are folded up to this many elements per device
+# an integer constant is one array for every device: known up to this many elements, so
+# that XLA's per-device tables (one entry per device: 8,192 on 8,192 devices) are read
+TABLE_LIMIT = 1 << 20
 
 
 @dataclass
@@ -518,7 +521,7 @@ class ShapeRules:
         elif r.type.is_float and value.size:
             self.pos.floats[r.id] = float(value.reshape(-1)[0])
         if isinstance(r.type, TensorType) and not r.type.is_float:
-            if value.size <= FOLD_LIMIT:
+            if value.size <= TABLE_LIMIT:
                 self.pos.known[r.id] = PerDevice.same(value, self.num_devices)
             elif splat:
                 flat = np.asarray(value.reshape(-1)[:1]).reshape(())

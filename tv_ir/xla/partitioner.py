@@ -5,7 +5,7 @@ annotations, e.g. `jax.jit(f, in_shardings=...).lower(...)`). XLA compiles it fo
 devices; the HLO module right after the `spmd-partitioning` pass is the per-device program
 tv verifies, and the executable's parameter/output shardings give the layouts of its
 arguments and results. XLA needs N host devices: `ensure_host_devices(N)` must run before
-jax is first imported.
+JAX creates its CPU backend (past 2,048 devices it also gives XLA CPU collectives).
 """
 
 from __future__ import annotations
@@ -23,12 +23,54 @@ from tv_ir.errors import BadInput
 DEFAULT_HOST_DEVICES = 8
 
 
+# XLA's CPU client numbers a process's devices below this bound; a device assignment
+# reaching past it is refused ("Multiprocess computations aren't implemented on the CPU
+# backend") unless the client has CPU collectives
+CPU_DEVICES_PER_PROCESS = 2048
+
+
 def ensure_host_devices(n: int = DEFAULT_HOST_DEVICES) -> None:
-    """Ask XLA for `n` CPU devices (effective only before jax is imported)."""
+    """Ask XLA for `n` CPU devices (effective only before JAX creates its CPU backend).
+
+    More than `CPU_DEVICES_PER_PROCESS` devices (asked here or in `XLA_FLAGS`) also get a
+    one-process distributed runtime with gloo collectives, so that XLA compiles, and
+    partitions, for all of them."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # keep XLA's C++ logging off stderr
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    if host_device_count() > CPU_DEVICES_PER_PROCESS:
+        _cpu_collectives()
+
+
+def host_device_count() -> int:
+    """The CPU device count `XLA_FLAGS` asks for (1 when it asks for none)."""
+    found = re.findall(
+        r"xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", "")
+    )
+    return int(found[-1]) if found else 1
+
+
+def _cpu_collectives() -> None:
+    """Gloo collectives over a distributed runtime of this one process, before JAX's CPU
+    backend exists (afterwards it is too late, and `partition` says so)."""
+    import socket
+
+    import jax
+    from jax._src import distributed, xla_bridge
+
+    if xla_bridge.backends_are_initialized() or distributed.global_state.client is not None:
+        return
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"localhost:{port}",
+        num_processes=1,
+        process_id=0,
+        cluster_detection_method="deactivate",
+    )
 
 
 @dataclass
@@ -128,6 +170,13 @@ def partition(
         seconds = time.perf_counter() - t0
         files = sorted(glob.glob(os.path.join(dump, "*after_spmd-partitioning*.txt")))
         if failure is not None and (pass_dumps or not files):
+            if "Multiprocess" in failure and n > CPU_DEVICES_PER_PROCESS:
+                failure += (
+                    f" (XLA's CPU backend compiles for more than {CPU_DEVICES_PER_PROCESS} "
+                    "devices only with CPU collectives: call tv_ir.xla.partitioner."
+                    f"ensure_host_devices({n}), or import tv_ir.frontends.jax with XLA_FLAGS "
+                    "set, before JAX's first computation)"
+                )
             raise BadInput(f"XLA could not partition the module: {failure}")
         if not files and not pass_dumps:
             raise BadInput("XLA ran no SPMD partitioning on this module (no shardings?)")
