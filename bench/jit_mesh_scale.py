@@ -3,7 +3,7 @@
     python bench/jit_mesh_scale.py                          # the Llama step on 8, 32, 64, 512
     python bench/jit_mesh_scale.py --step mlp --meshes 2x4,8x8,32x16,64x32
     python bench/jit_mesh_scale.py --meshes 2x4,8x4 --no-xla
-    python bench/jit_mesh_scale.py --step llama-fsdp        # data x fsdp x model: 8 ... 2,048
+    python bench/jit_mesh_scale.py --step llama-fsdp        # data x fsdp x model: 8 ... 8,192
 
 Steps (`--step`):
 - `llama`: the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py (optax AdamW;
@@ -23,11 +23,13 @@ devices, so each row runs in a fresh child with its device count), and tv proves
 the single-device step, on a smaller mesh where XLA's program is a template of its mesh
 (docs/equivalence.md, "Mesh reduction": XLA's programs); "reduced" is the mesh the proof
 ran on, and the line under a row says what kept an axis. "tv s" is the wall time of
-`verify` (JAX's tracing and lowering included); "cpu s" is the CPU time of that process's
-threads over the same span (not its children's), steadier than wall time on a shared
-machine. "xla s" is XLA's compile of the
-same jit step for that mesh; jaxlib's CPU backend compiles for at most 2,048 devices, so
-8,192 has no row.
+`verify` (JAX's tracing and lowering and XLA's partitioning included); "cpu s" is the CPU
+time of that process's threads over the same span (not its children's), steadier than wall
+time on a shared machine. "devices s" is JAX making the row's host CPU devices, before
+`verify` (it grows as the square of their count: 0.2 s for 2,048, 2 s for 8,192; a TPU
+user's devices exist already). "xla s" is XLA's compile of the same jit step for that mesh.
+Past 2,048 devices XLA's CPU client compiles only with CPU collectives, which importing
+`tv_ir.frontends.jax` sets up (docs/jax.md).
 """
 
 from __future__ import annotations
@@ -160,7 +162,7 @@ STEPS = {
     "mlp": _mlp_step,
 }
 AXES = {"llama-fsdp": ("data", "fsdp", "model")}  # the others: ("data", "model")
-DEFAULT_MESHES = {"llama-fsdp": ["2x2x2", "4x4x4", "8x8x8", "16x16x8"]}
+DEFAULT_MESHES = {"llama-fsdp": ["2x2x2", "4x4x4", "8x8x8", "16x16x8", "64x16x8"]}
 
 
 def mesh_of(step_name: str, mesh: str) -> dict[str, int]:
@@ -177,8 +179,13 @@ def worker_verify(
 ) -> dict:
     from tv_ir.frontends.jax import verify
 
+    import jax
+
     axes = mesh_of(step_name, mesh)
     step, args, ins, outs = STEPS[step_name](axes)
+    t0 = time.perf_counter()
+    jax.devices()  # JAX makes its host devices: not verification (see the docstring)
+    devices_s = time.perf_counter() - t0
     t0, c0 = time.perf_counter(), time.process_time()
     report = verify(
         step,
@@ -202,6 +209,7 @@ def worker_verify(
         "kept": "; ".join(f"{a['name']}: {a['kept']}" for a in kept) or note,
         "seconds": time.perf_counter() - t0,
         "cpu": time.process_time() - c0,
+        "devices_s": devices_s,
         "stages": report.stats.stages,
         "reason": report.reason,
         "phases": {k: round(v, 2) for k, v in report.stats.seconds.items()},
@@ -257,7 +265,7 @@ def main() -> None:
 
     header = (
         f"{'mesh':>8} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'cpu s':>6} "
-        f"{'prove s':>7} "
+        f"{'prove s':>7} {'devices s':>9} "
         f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
     )
     whole_note = "; every device simulated" if a.whole_mesh else ""
@@ -284,6 +292,7 @@ def main() -> None:
             f"{mesh:>8} {devices:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
             f"{res.get('seconds', float('nan')):>7.1f} {res.get('cpu', float('nan')):>6.1f} "
             f"{res.get('phases', {}).get('prove', float('nan')):>7.1f} "
+            f"{res.get('devices_s', float('nan')):>9.1f} "
             f"{res.get('stages', 0):>6} {child.peak_mb:>7.0f} "
             f"{xla if xla is not None else float('nan'):>6.1f}",
             flush=True,

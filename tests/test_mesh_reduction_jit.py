@@ -457,6 +457,26 @@ def test_the_jit_fsdp_llama_step_on_16_devices_is_proved_on_8(fsdp_parted) -> No
     assert "checked concretely on every device of the real mesh too" in str(r)
 
 
+def test_the_real_sizes_are_confirmed_on_the_reduced_mesh_when_only_that_fits(
+    fsdp_parted, monkeypatch
+) -> None:
+    """Whether a proof at reduced shapes is confirmed at the real sizes or on witnesses
+    depends on the pair that confirmation runs: with the mesh reduced, the real sizes on
+    the reduced mesh (half the batch here), not the real mesh's. (8,192 devices: 58 million
+    elements on the real mesh, 1.4 million on the reduced one.)"""
+    import tv_ir.prover.real_size as real_size
+    from tv_ir.ir.program import elements
+
+    pre, p = fsdp_parted
+    impl, placement = _per_device(pre, p, p.per_device_hlo)
+    real = elements(prepare(pre, "spec")) + elements(impl)
+    monkeypatch.setattr(real_size, "REPLAY_LIMIT", real - 1)  # the real mesh's pair: too large
+    r = tv_ir.check(pre, impl, placement=placement)
+    assert r.verdict == "equivalent", str(r)
+    assert axes_of(r) == {"data": (2, 2), "fsdp": (4, 2), "model": (2, 2)}
+    assert "checked concretely at the real sizes too" in str(r), str(r)
+
+
 def test_a_wrong_entry_in_a_chain_of_tables_keeps_its_axes_and_is_refuted(fsdp_parted) -> None:
     r = _mutant(fsdp_parted, FSDP_OF_POSITION, FSDP_OF_POSITION.replace("3, 3})", "3, 2})"))
     assert r.verdict == "not_equivalent", str(r)

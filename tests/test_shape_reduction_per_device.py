@@ -129,3 +129,18 @@ def test_table_lookups_fold_for_all_devices_at_once_as_each_device_would(
     for p in (0, 16, 33, devices - 1):
         np.testing.assert_array_equal(rows[p], table[2:4])
     assert len(rows.values) == 1
+
+
+def test_per_device_values_are_told_apart_byte_for_byte_in_either_path() -> None:
+    # arrays of one shape are compared in one numpy step; mixed shapes one at a time: the
+    # same distinct values (-0.0 and 0.0 differ in their bytes), in order of first holder
+    one = [np.array([1.0, -0.0]), np.array([1.0, 0.0]), np.array([1.0, -0.0]), np.array([2.0, 0])]
+    x = PerDevice.of(one)
+    assert len(x.values) == 3 and x.which.tolist() == [0, 1, 0, 2]
+    assert [v.tolist() for v in x.values] == [[1.0, -0.0], [1.0, 0.0], [2.0, 0.0]]
+    mixed = [*one, np.array(5)]
+    y = PerDevice.of(mixed)
+    assert y.which.tolist() == [0, 1, 0, 2, 3]
+    assert all(np.array_equal(y[d], a) for d, a in enumerate(mixed))
+    ints = PerDevice.of([np.array(k % 3, np.int32) for k in range(5000)])
+    assert ints.which.tolist() == [k % 3 for k in range(5000)]

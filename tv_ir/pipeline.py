@@ -747,6 +747,8 @@ def _reduce_and_prove(
             if reduction is not None and reduction.reduced:
                 reduction.spec, reduction.impl, reduction.placement = small
                 _witnesses_on_reduced_mesh(reduction, mesh)
+                # what confirms the proof at the real sizes is the real pair on this mesh
+                reduction.run_elements = elements(mesh.spec) + elements(mesh.impl)
         elif _simulated(mesh.spec, mesh.impl, mesh.reduced_mesh.devices) < _simulated(
             spec_m, impl_m, placement.num_devices
         ):

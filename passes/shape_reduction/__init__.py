@@ -75,6 +75,9 @@ class Reduction:
     placement: object = None
     real_elements: int = 0
     reduced_elements: int = 0
+    # elements of the real-size pair a confirmation runs, when not the pair reduced here
+    # (the real sizes on a reduced mesh: the pipeline sets it); see `replay_elements`
+    run_elements: int | None = None
     # the pair again with one class larger, to check concretely before trusting a proof
     witnesses: list = field(default_factory=list)
     failed: str | None = None  # why the pair could not be reduced after all
@@ -100,6 +103,12 @@ class Reduction:
     @property
     def reduced(self) -> bool:
         return self.spec is not None
+
+    @property
+    def replay_elements(self) -> int:
+        """Elements of the real-size pair that confirmations and replays run (both programs):
+        the real pair, or the real sizes on a reduced mesh (`run_elements`)."""
+        return self.real_elements if self.run_elements is None else self.run_elements
 
     @property
     def generalised(self) -> bool:

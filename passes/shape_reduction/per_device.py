@@ -87,8 +87,8 @@ def combinations(operands: Sequence[PerDevice]) -> tuple[list[tuple[int, ...]], 
     order = np.argsort(first, kind="stable")
     rank = np.empty(len(order), dtype=np.intp)
     rank[order] = np.arange(len(order))
-    combos = [tuple(int(x.which[first[k]]) for x in operands) for k in order]
-    return combos, rank[inverse.reshape(-1)]
+    held = np.stack([x.which for x in operands], axis=1)[first[order]]
+    return list(map(tuple, held.tolist())), rank[inverse.reshape(-1)]
 
 
 def results(per_combination: list[list[np.ndarray]], which: np.ndarray) -> list[PerDevice]:
@@ -122,35 +122,22 @@ def table_rows(
     are clamped into the table as the op clamps them (`start_indices`)."""
     from tv_ir.semantics.ops.shape import start_indices
 
-    at = np.array(
-        [
-            start_indices(
-                table.shape,
-                sizes,
-                [int(np.asarray(x.values[c[1 + i]])) for i, x in enumerate(starts)],
-            )
-            for c in combos
-        ],
-        dtype=np.int64,
-    )
+    picks = np.array(combos, dtype=np.intp).reshape(len(combos), 1 + len(starts))
+    wanted = [  # each start operand's value in each combination
+        np.array([int(np.asarray(v)) for v in x.values], dtype=np.int64)[picks[:, 1 + i]]
+        for i, x in enumerate(starts)
+    ]
+    at = start_indices(table.shape, sizes, wanted)
     index = []
     for i, n in enumerate(sizes):
         shape = [len(combos)] + [n if j == i else 1 for j in range(len(sizes))]
-        index.append((at[:, i, None] + np.arange(n)).reshape(shape))
+        index.append((at[i][:, None] + np.arange(n)).reshape(shape))
     return table[tuple(index)]
 
 
 def _distinct(arrays: list[np.ndarray], which: np.ndarray) -> PerDevice:
-    """`arrays[which[d]]` on device d, equal arrays held once."""
-    label: dict[bytes, int] = {}
-    values: list[np.ndarray] = []
-    relabel = np.empty(len(arrays), dtype=np.intp)
-    for k, a in enumerate(arrays):
-        key = a.dtype.str.encode() + a.tobytes()
-        if key not in label:
-            label[key] = len(values)
-            values.append(a)
-        relabel[k] = label[key]
+    """`arrays[which[d]]` on device d, equal arrays (byte for byte) held once."""
+    values, relabel = _labelled(arrays)
     which = relabel[which]
     if len(values) > 1:  # renumber in the order of the first device holding each
         _, first = np.unique(which, return_index=True)
@@ -160,3 +147,32 @@ def _distinct(arrays: list[np.ndarray], which: np.ndarray) -> PerDevice:
         values = [values[i] for i in order]
         which = rank[which]
     return PerDevice(values, which)
+
+
+# elements stacked at once to compare arrays (broadcast views are materialised there)
+STACK_LIMIT = 1 << 22
+
+
+def _labelled(arrays: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+    """(the distinct arrays, byte for byte, in order of first appearance; each array's
+    index among them). Arrays of one shape and dtype are compared in one numpy step."""
+    one_kind = len(arrays) > 1 and len({(a.dtype.str, a.shape) for a in arrays}) == 1
+    if one_kind and len(arrays) * arrays[0].size <= STACK_LIMIT:
+        rows = np.ascontiguousarray(np.stack(arrays).reshape(len(arrays), -1))
+        if rows.shape[1] and rows.dtype != object:
+            keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
+            _, first, inverse = np.unique(keys.reshape(-1), return_index=True, return_inverse=True)
+            order = np.argsort(first, kind="stable")
+            rank = np.empty(len(order), dtype=np.intp)
+            rank[order] = np.arange(len(order))
+            return [arrays[i] for i in first[order]], rank[inverse.reshape(-1)]
+    label: dict[bytes, int] = {}
+    values: list[np.ndarray] = []
+    relabel = np.empty(len(arrays), dtype=np.intp)
+    for k, a in enumerate(arrays):
+        key = a.dtype.str.encode() + a.tobytes()
+        if key not in label:
+            label[key] = len(values)
+            values.append(a)
+        relabel[k] = label[key]
+    return values, relabel

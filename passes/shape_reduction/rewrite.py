@@ -341,27 +341,20 @@ def scaled_layout(lay: Layout, factors: list) -> Layout:
     if all(k == 1 for k in factors):
         return lay
     maps = [k if callable(k) else (lambda n, k=k: n // k) for k in factors]
-    # most devices share their box object with others (8,192 devices, a few boxes): each
-    # is mapped once, found by identity (hashing a box again per device costs more)
-    seen: dict[int, tuple] = {}
-
-    def box(b):
-        out = seen.get(id(b))
-        if out is None:
-            out = seen[id(b)] = tuple((m(s), m(e)) for (s, e), m in zip(b, maps, strict=True))
-        return out
-
-    boxes = lay.boxes
-    if boxes and boxes.count(boxes[0]) == len(boxes):  # one box on every device (whole)
-        boxes = (box(boxes[0]),) * len(boxes)
-    else:
-        boxes = tuple(box(b) for b in boxes)
-    return dataclasses.replace(
+    # most devices share a box with others (8,192 devices, a few boxes): each distinct box
+    # is mapped once, and the devices take theirs by index (`Layout._box_rows`)
+    rows, which = lay._box_rows
+    distinct = [
+        tuple((m(a), m(e)) for (a, e), m in zip(r, maps, strict=True)) for r in rows.tolist()
+    ]
+    out = dataclasses.replace(
         lay,
         global_shape=tuple(m(n) for n, m in zip(lay.global_shape, maps, strict=True)),
-        boxes=boxes,
+        boxes=tuple(map(distinct.__getitem__, which.tolist())),
         tile_shape=tuple(m(n) for n, m in zip(lay.tile_shape, maps, strict=True)),
     )
+    out.__dict__["_box_rows"] = (np.array(distinct, dtype=np.int64).reshape(rows.shape), which)
+    return out
 
 
 def inconsistent(m: Module) -> str | None:

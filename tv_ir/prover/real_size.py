@@ -35,7 +35,7 @@ def replay_at_real_size(
     ce = report.counterexample
     if ce is None:
         return True
-    if reduction.real_elements > REPLAY_LIMIT:
+    if reduction.replay_elements > REPLAY_LIMIT:
         why = _differs_at_witnesses(report, reduction, seed)
         if why is not None:
             return why
@@ -54,7 +54,7 @@ def replay_at_real_size(
             )
         report.notes.append(
             "the counterexample is of the reduced programs (same ops and source lines); the "
-            f"real programs ({reduction.real_elements:,} elements) are too large to replay "
+            f"real programs ({reduction.replay_elements:,} elements) are too large to replay "
             f"it on; it also differs with each shrunk class a prime times larger{at_real}"
         )
         return True
@@ -245,7 +245,7 @@ def agreement_parts(reduction, spec, impl, placement, seed: int = 0) -> list[Cal
     sizes, or one per witness. They do not depend on the proof, so they are computed beside
     it, shared between the processes there (`workers.ChecksBeside`); `agreement_of` gives
     the note of their outcomes."""
-    if reduction.real_elements <= REPLAY_LIMIT:
+    if reduction.replay_elements <= REPLAY_LIMIT:
         return [partial(_run_agrees, spec, impl, placement, seed, k) for k in range(RUNS)]
     return [partial(_witness_outcome, w, seed) for w in reduction.witnesses]
 
@@ -255,7 +255,7 @@ def agreement_of(reduction, outcomes: list[tuple[int, int, bool]]) -> str | None
     None when one differed (then `confirm_proof` itself says what follows)."""
     if any(differed for _, _, differed in outcomes):
         return None
-    if reduction.real_elements <= REPLAY_LIMIT:
+    if reduction.replay_elements <= REPLAY_LIMIT:
         return REAL_SIZES_AGREE
     checked = sum(c for c, _, _ in outcomes)
     return _witnesses_note(reduction, checked, sum(s for _, s, _ in outcomes))
@@ -306,7 +306,7 @@ def confirm_proof(
     if agreed is not None:
         report.notes.append(agreed)
         return report
-    if reduction.real_elements <= REPLAY_LIMIT:
+    if reduction.replay_elements <= REPLAY_LIMIT:
         found = _differs(spec, impl, placement, seed)
         if found is None:
             report.notes.append(REAL_SIZES_AGREE)

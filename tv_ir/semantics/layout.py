@@ -288,7 +288,7 @@ def _build(
     if sorted(cells) != list(range(n)):
         raise BadInput(f"sharding {desc} does not place exactly devices 0..{n - 1}")
     at = np.array([cells[d][0] for d in range(n)], dtype=np.int64).reshape(n, len(tiles))
-    boxes, chunk, _ = _boxes(shape, tiles, at)
+    boxes, chunk, rows = _boxes(shape, tiles, at)
     manual: dict[Hashable, list[int]] = {}
     groups: dict[Hashable, list[int]] = {}
     for d in range(n):
@@ -297,7 +297,7 @@ def _build(
             manual.setdefault(mkey, []).append(d)
         if rkey is not None:
             groups.setdefault((mkey, tile, rkey), []).append(d)
-    return Layout(
+    lay = Layout(
         shape,
         n,
         boxes,
@@ -307,6 +307,8 @@ def _build(
         None,
         desc,
     )
+    lay.__dict__["_box_rows"] = rows  # the cache of `Layout._box_rows`: the boxes as built
+    return lay
 
 
 def _tiled(shape: Shape, n: int, tiles: tuple[int, ...], grid: np.ndarray, desc: str) -> Layout:
@@ -367,7 +369,10 @@ def _whole(shape: Shape, n: int, desc: str, manual: bool = False, unreduced: boo
     alone = tuple((d,) for d in range(n))
     together = (tuple(range(n)),) if n else ()
     groups = (alone if manual else together) if unreduced else ()
-    return Layout(shape, n, (whole,) * n, tuple(shape), groups, alone if manual else (), None, desc)
+    lay = Layout(shape, n, (whole,) * n, tuple(shape), groups, alone if manual else (), None, desc)
+    rows = np.array(whole, dtype=np.int64).reshape(1, len(shape), 2)
+    lay.__dict__["_box_rows"] = (rows, np.zeros(n, dtype=np.intp))  # `Layout._box_rows`
+    return lay
 
 
 def _maximal(shape: Shape, n: int, device: int, desc: str) -> Layout:

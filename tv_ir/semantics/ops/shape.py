@@ -19,9 +19,13 @@ def filled(shape, value) -> np.ndarray:
     return out
 
 
-def start_indices(operand_shape, sizes, starts: list[int]) -> list[int]:
-    """dynamic_slice / dynamic_update_slice offsets: clamped into range (spec semantics)."""
-    return [min(max(s, 0), n - k) for s, n, k in zip(starts, operand_shape, sizes, strict=True)]
+def start_indices(operand_shape, sizes, starts: list) -> list:
+    """dynamic_slice / dynamic_update_slice offsets: clamped into range (spec semantics).
+    A start may be an integer array (one start per case: `np.clip` of each)."""
+    return [
+        np.clip(s, 0, n - k) if isinstance(s, np.ndarray) else min(max(s, 0), n - k)
+        for s, n, k in zip(starts, operand_shape, sizes, strict=True)
+    ]
 
 
 # a constant that stands for any table of its shape: shape reduction marks a float table it
