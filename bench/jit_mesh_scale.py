@@ -177,9 +177,8 @@ def mesh_of(step_name: str, mesh: str) -> dict[str, int]:
 def worker_verify(
     step_name: str, mesh: str, time_limit: float, memory: float, whole: bool = False
 ) -> dict:
-    from tv_ir.frontends.jax import verify
-
     import jax
+    from tv_ir.frontends.jax import verify
 
     axes = mesh_of(step_name, mesh)
     step, args, ins, outs = STEPS[step_name](axes)
