@@ -216,6 +216,9 @@ def worker_verify(
 
 
 def worker_xla(step_name: str, mesh: str) -> dict:
+    from tv_ir.xla.partitioner import ensure_host_devices
+
+    ensure_host_devices()  # past 2,048 devices XLA compiles only with CPU collectives
     import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding

@@ -151,6 +151,10 @@ def partition(
                 # shardings, read from it when the CPU backend cannot compile the program
                 # without it XLA prints constants of more than a few elements as `{...}`
                 "xla_dump_large_constants": True,
+                # what tv reads is the module after partitioning and the shardings; the
+                # CPU code XLA then generates is never run fast: not optimised (the same
+                # partitioned module, a quarter of a second less per compile)
+                "xla_backend_optimization_level": 0,
                 **({} if propagate else {"xla_disable_hlo_passes": "sharding-propagation"}),
                 **(
                     {"xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": True}
