@@ -25,7 +25,8 @@ the single-device step, on a smaller mesh where XLA's program is a template of i
 ran on, and the line under a row says what kept an axis. "tv s" is the wall time of
 `verify` (JAX's tracing and lowering and XLA's partitioning included); "cpu s" is the CPU
 time of that process's threads over the same span (not its children's), steadier than wall
-time on a shared machine. "devices s" is JAX making the row's host CPU devices, before
+time on a shared machine. "partition s" is XLA's partitioning inside `verify` (its compile
+of the annotated step, part of "tv s"). "devices s" is JAX making the row's host CPU devices, before
 `verify` (it grows as the square of their count: 0.2 s for 2,048, 2 s for 8,192; a TPU
 user's devices exist already). "xla s" is XLA's compile of the same jit step for that mesh.
 Past 2,048 devices XLA's CPU client compiles only with CPU collectives, which importing
@@ -39,6 +40,7 @@ import functools
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -252,6 +254,9 @@ def main() -> None:
     )
     ap.add_argument("--time-limit", type=float, default=600.0)
     ap.add_argument("--memory", type=float, default=3500.0, help="tv's memory_limit (MB)")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="passes over the meshes; rows give medians"
+    )
     ap.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -267,7 +272,7 @@ def main() -> None:
 
     header = (
         f"{'mesh':>8} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'cpu s':>6} "
-        f"{'prove s':>7} {'devices s':>9} "
+        f"{'prove s':>7} {'partition s':>11} {'devices s':>9} "
         f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
     )
     whole_note = "; every device simulated" if a.whole_mesh else ""
@@ -279,29 +284,66 @@ def main() -> None:
     print("-" * len(header), flush=True)
     script = str(Path(__file__).resolve())
     meshes = a.meshes.split(",") if a.meshes else DEFAULT_MESHES.get(a.step, MESHES)
-    for mesh in meshes:
-        devices = math.prod(mesh_of(a.step, mesh).values())
-        env = dict(os.environ)
-        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-        whole = "whole" if a.whole_mesh else "reduce"
-        args = ["verify", a.step, mesh, str(a.time_limit), str(a.memory), whole]
-        child = run_worker(script, args, a.time_limit + 120, env)
-        res = child.result or {"verdict": "killed", "reason": child.killed or child.tail()}
-        xla = None
-        if not a.no_xla:
-            xla = (run_worker(script, ["xla", a.step, mesh], 1800, env).result or {}).get("xla_s")
-        print(
-            f"{mesh:>8} {devices:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
-            f"{res.get('seconds', float('nan')):>7.1f} {res.get('cpu', float('nan')):>6.1f} "
-            f"{res.get('phases', {}).get('prove', float('nan')):>7.1f} "
-            f"{res.get('devices_s', float('nan')):>9.1f} "
-            f"{res.get('stages', 0):>6} {child.peak_mb:>7.0f} "
-            f"{xla if xla is not None else float('nan'):>6.1f}",
-            flush=True,
-        )
-        for what in ("reason", "kept"):
-            if res.get(what):
-                print(f"  {what}: {res[what][:400]}", flush=True)
+    runs: dict[str, list[dict]] = {mesh: [] for mesh in meshes}
+    for _ in range(a.repeat):  # passes over all meshes, so that a slow minute hits each
+        for mesh in meshes:
+            devices = math.prod(mesh_of(a.step, mesh).values())
+            env = dict(os.environ)
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+            whole = "whole" if a.whole_mesh else "reduce"
+            args = ["verify", a.step, mesh, str(a.time_limit), str(a.memory), whole]
+            child = run_worker(script, args, a.time_limit + 120, env)
+            res = child.result or {"verdict": "killed", "reason": child.killed or child.tail()}
+            res["peak_mb"] = child.peak_mb
+            if not a.no_xla:
+                xla = run_worker(script, ["xla", a.step, mesh], 1800, env).result or {}
+                res["xla_s"] = xla.get("xla_s")
+            runs[mesh].append(res)
+            if a.repeat == 1:
+                _row(a.step, mesh, [res])
+    if a.repeat > 1:
+        print(f"medians of {a.repeat} passes ('tv s' also its range)")
+        for mesh in meshes:
+            _row(a.step, mesh, runs[mesh])
+        first = meshes[0]
+        base = statistics.median(r.get("seconds", math.nan) for r in runs[first])
+        for mesh in meshes[1:]:
+            ratios = [
+                r.get("seconds", math.nan) / f.get("seconds", math.nan)
+                for r, f in zip(runs[mesh], runs[first], strict=True)
+            ]
+            tv = statistics.median(r.get("seconds", math.nan) for r in runs[mesh])
+            print(
+                f"  {mesh} / {first}: {tv / base:.2f}x of the medians; per pass "
+                + " / ".join(f"{x:.2f}" for x in ratios)
+            )
+
+
+def _row(step: str, mesh: str, runs: list[dict]) -> None:
+    """One table row: the run's figures, or the medians of several runs of the mesh."""
+
+    def mid(key, phase: bool = False) -> float:
+        got = [(r.get("phases", {}) if phase else r).get(key) for r in runs]
+        got = [x for x in got if x is not None]
+        return statistics.median(got) if got else math.nan
+
+    res = runs[-1]
+    devices = math.prod(mesh_of(step, mesh).values())
+    tv = mid("seconds")
+    spread = ""
+    if len(runs) > 1:
+        times = [r.get("seconds", math.nan) for r in runs]
+        spread = f"  (tv s {min(times):.1f}-{max(times):.1f})"
+    print(
+        f"{mesh:>8} {devices:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
+        f"{tv:>7.1f} {mid('cpu'):>6.1f} {mid('prove', True):>7.1f} "
+        f"{mid('xla partition', True):>11.1f} {mid('devices_s'):>9.1f} "
+        f"{res.get('stages', 0):>6} {mid('peak_mb'):>7.0f} {mid('xla_s'):>6.1f}{spread}",
+        flush=True,
+    )
+    for what in ("reason", "kept"):
+        if res.get(what):
+            print(f"  {what}: {res[what][:400]}", flush=True)
 
 
 if __name__ == "__main__":

@@ -214,6 +214,21 @@ def _check(
                 spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts,
                 induction, reduce_mesh, own,
             )  # fmt: skip
+    xla: dict[str, float] = {}
+    report = _check_pair(
+        spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts, induction,
+        reduce_mesh, aside, xla,
+    )  # fmt: skip
+    report.stats.seconds.update(xla)
+    return report
+
+
+def _check_pair(
+    spec, impl, timeout, seed, progress, placement, reduce_shapes, layouts, induction,
+    reduce_mesh, aside, xla: dict,
+) -> Report:  # fmt: skip
+    """`_check` with its `aside`; `xla` gets the seconds of XLA's partitioning, when XLA
+    partitioned the pair here (part of the import phase, shown on its own)."""
     t0 = time.perf_counter()
     spec_m = prepare(spec, "spec", unroll=False)
     impl_m = prepare(impl, "impl", unroll=False)
@@ -221,7 +236,7 @@ def _check(
         # an annotated module (jit with shardings, torch_xla mark_sharding): what runs is
         # XLA's partitioning of it, so that is what is verified
         meshes = impl_m.attrs.get("sdy.meshes")
-        impl_m, placement = _partitioned(impl, spec_m, unroll=False)
+        impl_m, placement, xla["xla partition"] = _partitioned(impl, spec_m, unroll=False)
         _name_mesh(impl_m, meshes)
     lifted = None
     if placement is None:
@@ -1069,7 +1084,7 @@ def _partitioned(impl, spec_m: Module, unroll: bool = True):
     placement = Placement.from_shardings(
         spec_m.main, parted.arg_shardings, parted.out_shardings, parted.num_partitions
     )
-    return impl_m, placement
+    return impl_m, placement, parted.compile_seconds
 
 
 # the options users pass through the front ends' `verify`: `partition_and_check`'s (a
@@ -1141,6 +1156,7 @@ def _partition_and_check(
     )  # fmt: skip
     report.spec_name = name
     report.impl_name = f"XLA's SPMD partitioning of {name} ({parted.num_partitions} devices)"
+    report.stats.seconds["xla partition"] = parted.compile_seconds
     return report
 
 
