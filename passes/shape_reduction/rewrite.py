@@ -344,16 +344,20 @@ def scaled_layout(lay: Layout, factors: list) -> Layout:
     # most devices share a box with others (8,192 devices, a few boxes): each distinct box
     # is mapped once, and the devices take theirs by index (`Layout._box_rows`)
     rows, which = lay._box_rows
-    distinct = [
-        tuple((m(a), m(e)) for (a, e), m in zip(r, maps, strict=True)) for r in rows.tolist()
-    ]
+    mapped = rows.copy()
+    for a, m in enumerate(maps):  # each dimension's starts and stops: each value mapped once
+        values, at = np.unique(rows[:, a, :], return_inverse=True)
+        mapped[:, a, :] = np.array([m(v) for v in values.tolist()], dtype=np.int64)[
+            at.reshape(-1, 2)
+        ]
+    distinct = [tuple(map(tuple, r)) for r in mapped.tolist()]
     out = dataclasses.replace(
         lay,
         global_shape=tuple(m(n) for n, m in zip(lay.global_shape, maps, strict=True)),
         boxes=tuple(map(distinct.__getitem__, which.tolist())),
         tile_shape=tuple(m(n) for n, m in zip(lay.tile_shape, maps, strict=True)),
     )
-    out.__dict__["_box_rows"] = (np.array(distinct, dtype=np.int64).reshape(rows.shape), which)
+    out.__dict__["_box_rows"] = (mapped, which)
     return out
 
 

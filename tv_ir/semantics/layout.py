@@ -343,8 +343,9 @@ def _boxes(shape: Shape, tiles: tuple[int, ...], at: np.ndarray) -> tuple[tuple,
     corners = np.stack([np.minimum(at * step, size), np.minimum((at + 1) * step, size)], -1)
     # devices share boxes (a tile replicated over an axis): each distinct box built once
     distinct, which = _distinct_rows(corners.reshape(n, -1), np.repeat(size + 1, 2))
-    made = [tuple(map(tuple, row.reshape(rank, 2).tolist())) for row in distinct]
-    return tuple(made[i] for i in which.tolist()), chunk, (distinct.reshape(-1, rank, 2), which)
+    made = [tuple(map(tuple, row)) for row in distinct.reshape(-1, rank, 2).tolist()]
+    boxes = tuple(map(made.__getitem__, which.tolist()))
+    return boxes, chunk, (distinct.reshape(-1, rank, 2), which)
 
 
 def _distinct_rows(rows: np.ndarray, radix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -366,10 +367,10 @@ def _whole(shape: Shape, n: int, desc: str, manual: bool = False, unreduced: boo
     """Every device holds the whole tensor; each its own instance if `manual`. (What `_build`
     makes of one tile per device, built directly: one box shared by all n devices.)"""
     whole = tuple((0, size) for size in shape)
-    alone = tuple((d,) for d in range(n))
+    alone = tuple(zip(range(n))) if manual else ()  # (d,) for each device d
     together = (tuple(range(n)),) if n else ()
     groups = (alone if manual else together) if unreduced else ()
-    lay = Layout(shape, n, (whole,) * n, tuple(shape), groups, alone if manual else (), None, desc)
+    lay = Layout(shape, n, (whole,) * n, tuple(shape), groups, alone, None, desc)
     rows = np.array(whole, dtype=np.int64).reshape(1, len(shape), 2)
     lay.__dict__["_box_rows"] = (rows, np.zeros(n, dtype=np.intp))  # `Layout._box_rows`
     return lay
