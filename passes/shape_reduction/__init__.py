@@ -926,18 +926,19 @@ def _tie_by_layout(d: DimClasses, s, i, lay, where: str) -> None:
     st, it = s.type, i.type
     if not isinstance(st, TensorType) or not isinstance(it, TensorType):
         return
-    boxes = lay.distinct_boxes  # devices share few boxes: each distinct one once
+    rows = lay.box_rows[0]  # devices share few boxes: each distinct one once
     for a, n in enumerate(st.shape):
         ks = d.add((s.id, a), n, f"spec {where} dim {a}")
         ki = d.add((i.id, a), it.shape[a], f"impl {where} dim {a}")
         d.tie(ks, ki)
         tile = lay.tile_shape[a] if a < len(lay.tile_shape) else n
-        for box in boxes:
-            start, stop = box[a]
-            if stop - start not in (tile, 0) or n % max(tile, 1):
-                d.split_unevenly(ks, f"{where} is sharded unevenly along dim {a}")
-            d.divides(ks, start)
-            d.divides(ks, stop)
+        if not len(rows):
+            continue
+        ends = rows[:, a, :]  # each box's (start, stop) along a
+        sizes = ends[:, 1] - ends[:, 0]
+        if ((sizes != tile) & (sizes != 0)).any() or n % max(tile, 1):
+            d.split_unevenly(ks, f"{where} is sharded unevenly along dim {a}")
+        d.divides_each(ks, ends.reshape(-1).tolist())
 
 
 def _scaled_placement(d: DimClasses, factor: dict, affine: dict, spec: Module, placement):

@@ -74,6 +74,10 @@ class DimClasses:
         if ratio_only:
             self.ratio_only.add((key, o))
 
+    def divides_each(self, key: Key, offsets: list[int]) -> None:
+        """`divides` for each of `offsets` (8,192 devices' offsets: one update)."""
+        self.offsets[key].update(dict.fromkeys(abs(int(o)) for o in offsets))
+
     def keep(self, key: Key, why: str) -> None:
         self.kept.setdefault(key, why)
 

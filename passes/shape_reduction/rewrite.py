@@ -342,8 +342,8 @@ def scaled_layout(lay: Layout, factors: list) -> Layout:
         return lay
     maps = [k if callable(k) else (lambda n, k=k: n // k) for k in factors]
     # most devices share a box with others (8,192 devices, a few boxes): each distinct box
-    # is mapped once, and the devices take theirs by index (`Layout._box_rows`)
-    rows, which = lay._box_rows
+    # is mapped once, and the devices take theirs by index (`Layout.box_rows`)
+    rows, which = lay.box_rows
     mapped = rows.copy()
     for a, m in enumerate(maps):  # each dimension's starts and stops: each value mapped once
         values, at = np.unique(rows[:, a, :], return_inverse=True)
@@ -357,7 +357,7 @@ def scaled_layout(lay: Layout, factors: list) -> Layout:
         boxes=tuple(map(distinct.__getitem__, which.tolist())),
         tile_shape=tuple(m(n) for n, m in zip(lay.tile_shape, maps, strict=True)),
     )
-    out.__dict__["_box_rows"] = (mapped, which)
+    out.__dict__["box_rows"] = (mapped, which)
     return out
 
 

@@ -353,8 +353,7 @@ class ShapeRules:
         if scalars is None:
             self.d.keep(key, f"{op.short_name} at {op.loc} offsets positions unevenly")
             return False
-        for x in scalars:
-            self.d.divides(key, x + bias)
+        self.d.divides_each(key, [x + bias for x in scalars])
         if any(scalars):
             self.pos.rescales.append(Rescale(op, operand, key, scalars, bias, vals.which))
         return True

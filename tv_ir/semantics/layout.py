@@ -233,14 +233,15 @@ class Layout:
     @property
     def box_array(self) -> np.ndarray:
         """`boxes` as one int64 array (device, dimension, start / stop)."""
-        rows, which = self._box_rows
+        rows, which = self.box_rows
         return rows[which]
 
     @cached_property
-    def _box_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, which): device d's box is `rows[which[d]]`, as an array. Devices share few
-        box objects (a tile replicated over an axis): each is converted once. A layout built
-        from a tiling is given its own (`_tiled`)."""
+    def box_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, which): device d's box is `rows[which[d]]`, an int64 array (box, dimension,
+        start / stop). Devices share few box objects (a tile replicated over an axis): each
+        is one row (two rows may still be equal boxes). A layout built from a tiling, or
+        rescaled, is given its own (`_tiled`, `_build`, `_whole`, `scaled_layout`)."""
         rank = len(self.global_shape)
         seen: dict[int, int] = {}
         distinct: list[Box] = []
@@ -258,7 +259,7 @@ class Layout:
         """The distinct boxes, in the order of the first device holding each."""
         if not self.boxes or not self.global_shape:
             return list(dict.fromkeys(self.boxes))
-        rows, which = self._box_rows
+        rows, which = self.box_rows
         radix = np.repeat(np.array(self.global_shape, dtype=np.int64) + 1, 2)
         _, same = _distinct_rows(rows.reshape(len(rows), -1), radix)
         _, first = np.unique(same[which], return_index=True)
@@ -307,7 +308,7 @@ def _build(
         None,
         desc,
     )
-    lay.__dict__["_box_rows"] = rows  # the cache of `Layout._box_rows`: the boxes as built
+    lay.__dict__["box_rows"] = rows  # the cache of `Layout.box_rows`: the boxes as built
     return lay
 
 
@@ -327,13 +328,13 @@ def _tiled(shape: Shape, n: int, tiles: tuple[int, ...], grid: np.ndarray, desc:
     at[flat] = index.T
     boxes, chunk, rows = _boxes(shape, tiles, at)
     lay = Layout(shape, n, boxes, chunk, (), (), None, desc)
-    lay.__dict__["_box_rows"] = rows  # the cache of `Layout._box_rows`: the boxes as built
+    lay.__dict__["box_rows"] = rows  # the cache of `Layout.box_rows`: the boxes as built
     return lay
 
 
 def _boxes(shape: Shape, tiles: tuple[int, ...], at: np.ndarray) -> tuple[tuple, Shape, tuple]:
     """(each device's box, the tile shape, the distinct boxes as an array and which one each
-    device holds: `Layout._box_rows`) from each device's tile index (`at`, one row per
+    device holds: `Layout.box_rows`) from each device's tile index (`at`, one row per
     device) when each dimension is split into `tiles` chunks (the last one ragged)."""
     n, rank = at.shape
     chunk = tuple(-(-size // k) for size, k in zip(shape, tiles, strict=True))
@@ -372,7 +373,7 @@ def _whole(shape: Shape, n: int, desc: str, manual: bool = False, unreduced: boo
     groups = (alone if manual else together) if unreduced else ()
     lay = Layout(shape, n, (whole,) * n, tuple(shape), groups, alone, None, desc)
     rows = np.array(whole, dtype=np.int64).reshape(1, len(shape), 2)
-    lay.__dict__["_box_rows"] = (rows, np.zeros(n, dtype=np.intp))  # `Layout._box_rows`
+    lay.__dict__["box_rows"] = (rows, np.zeros(n, dtype=np.intp))  # `Layout.box_rows`
     return lay
 
 
