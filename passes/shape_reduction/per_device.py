@@ -97,6 +97,11 @@ def results(per_combination: list[list[np.ndarray]], which: np.ndarray) -> list[
     return [_distinct([out[k] for out in per_combination], which) for k in range(count)]
 
 
+def stacked_results(outs: Sequence[np.ndarray], which: np.ndarray) -> list[PerDevice]:
+    """`results` of results stacked along a leading dimension, one row per combination."""
+    return [_distinct(x, which) for x in outs]
+
+
 def batched(
     types: Sequence[TensorType], operands: Sequence[PerDevice], combos: list[tuple[int, ...]]
 ) -> tuple[list[np.ndarray], Callable[[TensorType], TensorType]] | None:
@@ -108,8 +113,9 @@ def batched(
     if len(shapes) != 1 or not all(isinstance(t, TensorType) for t in types):
         return None
     m = len(combos)
-    stacked = [
-        np.stack([np.asarray(x.values[c[i]]) for c in combos]) for i, x in enumerate(operands)
+    picks = np.array(combos, dtype=np.intp).reshape(m, len(operands))
+    stacked = [  # each distinct value once, then one row per combination
+        np.stack([np.asarray(v) for v in x.values])[picks[:, i]] for i, x in enumerate(operands)
     ]
     return stacked, lambda t: TensorType((m, *t.shape), t.dtype)
 
@@ -135,8 +141,9 @@ def table_rows(
     return table[tuple(index)]
 
 
-def _distinct(arrays: list[np.ndarray], which: np.ndarray) -> PerDevice:
-    """`arrays[which[d]]` on device d, equal arrays (byte for byte) held once."""
+def _distinct(arrays: list[np.ndarray] | np.ndarray, which: np.ndarray) -> PerDevice:
+    """`arrays[which[d]]` on device d, equal arrays (byte for byte) held once (`arrays`: a
+    list, or one array whose rows they are)."""
     values, relabel = _labelled(arrays)
     which = relabel[which]
     if len(values) > 1:  # renumber in the order of the first device holding each
@@ -153,12 +160,17 @@ def _distinct(arrays: list[np.ndarray], which: np.ndarray) -> PerDevice:
 STACK_LIMIT = 1 << 22
 
 
-def _labelled(arrays: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+def _labelled(arrays: list[np.ndarray] | np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
     """(the distinct arrays, byte for byte, in order of first appearance; each array's
-    index among them). Arrays of one shape and dtype are compared in one numpy step."""
-    one_kind = len(arrays) > 1 and len({(a.dtype.str, a.shape) for a in arrays}) == 1
-    if one_kind and len(arrays) * arrays[0].size <= STACK_LIMIT:
-        rows = np.ascontiguousarray(np.stack(arrays).reshape(len(arrays), -1))
+    index among them). Arrays of one shape and dtype (or rows of one array) are compared
+    in one numpy step."""
+    if isinstance(arrays, np.ndarray):
+        one_kind, stack = len(arrays) > 1, (lambda: arrays)
+    else:
+        one_kind = len(arrays) > 1 and len({(a.dtype.str, a.shape) for a in arrays}) == 1
+        stack = lambda: np.stack(arrays)  # noqa: E731
+    if one_kind and arrays[0].size * len(arrays) <= STACK_LIMIT:
+        rows = np.ascontiguousarray(stack().reshape(len(arrays), -1))
         if rows.shape[1] and rows.dtype != object:
             keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
             _, first, inverse = np.unique(keys.reshape(-1), return_index=True, return_inverse=True)

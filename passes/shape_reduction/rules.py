@@ -28,7 +28,7 @@ from .aggregation import spread_dims
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
-from .per_device import PerDevice, batched, combinations, results, table_rows
+from .per_device import PerDevice, batched, combinations, results, stacked_results, table_rows
 from .sorts import sort_rule
 
 ELEMENTWISE = {
@@ -298,13 +298,13 @@ class ShapeRules:
                 outs.append(np.asarray(x).astype(r.type.numpy_dtype))
                 if outs[-1].shape != (len(combos), *r.type.shape):
                     raise ValueError(f"{op.name} folded to shape {outs[-1].shape}")
-            return results([[x[k] for x in outs] for k in range(len(combos))], which)
+            return stacked_results(outs, which)
         if op.name == "stablehlo.dynamic_slice" and len(operands[0].values) == 1:
             # a lookup in one table at each device's start (XLA's `table[partition_id]`)
             table = np.asarray(operands[0].values[0])
             if table.dtype != object and len(combos) > 1:
                 rows = table_rows(table, operands[1:], combos, op.attrs["slice_sizes"])
-                return results([[row] for row in rows], which)
+                return stacked_results([rows], which)
         per_combo = []
         for c in combos:
             for v, x, i in zip(op.operands, operands, c, strict=True):
