@@ -3,6 +3,7 @@ planted partitioning bugs refuted with the device and the collective at fault.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -108,6 +109,44 @@ def test_tv_partition_command(megatron, tmp_path) -> None:
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.startswith("EQUIVALENT")
+
+
+# a jit step annotated for 512 x 8 devices (lowered on an AbstractMesh)
+PRE_4096 = """
+module @jit_step attributes {mhlo.num_partitions = 4096 : i32, mhlo.num_replicas = 1 : i32} {
+  sdy.mesh @mesh = <["data"=512, "model"=8]>
+  func.func public @main(
+      %arg0: tensor<32x16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"model"}]>},
+      %arg1: tensor<1024x32xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>})
+      -> (tensor<16xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"model"}]>}) {
+    %0 = stablehlo.dot_general %arg1, %arg0, contracting_dims = [1] x [0]
+      : (tensor<1024x32xf32>, tensor<32x16xf32>) -> tensor<1024x16xf32>
+    %1 = stablehlo.tanh %0 : tensor<1024x16xf32>
+    %cst = stablehlo.constant dense<0.000000e+00> : tensor<f32>
+    %2 = stablehlo.reduce(%1 init: %cst) applies stablehlo.add across dimensions = [0]
+      : (tensor<1024x16xf32>, tensor<f32>) -> tensor<16xf32>
+    return %2 : tensor<16xf32>
+  }
+}
+"""
+
+
+def test_tv_partition_asks_xla_for_the_modules_devices(tmp_path) -> None:
+    # no XLA_FLAGS: the command reads the partition count (4,096: past what XLA's CPU
+    # client compiles for without collectives, which tv gives it)
+    (tmp_path / "pre.mlir").write_text(PRE_4096)
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    r = subprocess.run(
+        [sys.executable, "-m", "tv_ir.cli", "partition", "pre.mlir"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.startswith("EQUIVALENT"), r.stdout
+    assert "(4096 devices)" in r.stdout and "mesh reduction: 4,096 ->" in r.stdout, r.stdout
 
 
 def test_large_constants_survive_partitioning() -> None:

@@ -448,11 +448,30 @@ def _demo(args) -> int:
     return worst
 
 
-def main(argv: list[str] | None = None) -> int:
-    from tv_ir.xla.partitioner import ensure_host_devices
+def _partitions_asked(args) -> int:
+    """The `mhlo.num_partitions` of the module `tv partition` or `tv check` is given to
+    partition (1 when none is readable: XLA's partitioning then says what is missing)."""
+    from tv_ir.xla.partitioner import num_partitions_of
 
-    ensure_host_devices()  # before jax is imported: XLA gets 8 CPU devices
+    path = getattr(args, "module", None) if args.command == "partition" else None
+    if args.command == "check":
+        path = getattr(args, "impl", None)
+    if not isinstance(path, str) or not path.endswith(".mlir"):
+        return 1
+    try:
+        with open(path, encoding="utf-8") as f:
+            return num_partitions_of(f.read())
+    except (OSError, UnicodeDecodeError):
+        return 1  # the command reports the file itself
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tv_ir.xla.partitioner import DEFAULT_HOST_DEVICES, ensure_host_devices
+
     args = _parser().parse_args(argv)
+    # before jax is imported: XLA gets 8 CPU devices, or as many as the module to partition
+    # asks for (`tv partition` of a 4,096-device module needs no XLA_FLAGS)
+    ensure_host_devices(max(DEFAULT_HOST_DEVICES, _partitions_asked(args)))
     if args.command is None:
         _parser().print_help(sys.stderr)
         return EXIT_BAD_INPUT
