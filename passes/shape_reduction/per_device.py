@@ -84,9 +84,7 @@ def combinations(operands: Sequence[PerDevice]) -> tuple[list[tuple[int, ...]], 
     for x in operands:  # mixed radix over the operands' value counts
         key = key * len(x.values) + x.which
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(len(order), dtype=np.intp)
-    rank[order] = np.arange(len(order))
+    order, rank = _by_first(first)
     held = np.stack([x.which for x in operands], axis=1)[first[order]]
     return list(map(tuple, held.tolist())), rank[inverse.reshape(-1)]
 
@@ -148,9 +146,7 @@ def _distinct(arrays: list[np.ndarray] | np.ndarray, which: np.ndarray) -> PerDe
     which = relabel[which]
     if len(values) > 1:  # renumber in the order of the first device holding each
         _, first = np.unique(which, return_index=True)
-        order = np.argsort(first, kind="stable")
-        rank = np.empty(len(values), dtype=np.intp)
-        rank[order] = np.arange(len(values))
+        order, rank = _by_first(first)
         values = [values[i] for i in order]
         which = rank[which]
     return PerDevice(values, which)
@@ -174,9 +170,7 @@ def _labelled(arrays: list[np.ndarray] | np.ndarray) -> tuple[list[np.ndarray], 
         if rows.shape[1] and rows.dtype != object:
             keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
             _, first, inverse = np.unique(keys.reshape(-1), return_index=True, return_inverse=True)
-            order = np.argsort(first, kind="stable")
-            rank = np.empty(len(order), dtype=np.intp)
-            rank[order] = np.arange(len(order))
+            order, rank = _by_first(first)
             return [arrays[i] for i in first[order]], rank[inverse.reshape(-1)]
     label: dict[bytes, int] = {}
     values: list[np.ndarray] = []
@@ -188,3 +182,12 @@ def _labelled(arrays: list[np.ndarray] | np.ndarray) -> tuple[list[np.ndarray], 
             values.append(a)
         relabel[k] = label[key]
     return values, relabel
+
+
+def _by_first(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, rank) of distinct items given where each first appears: `order` lists them
+    by first appearance, `rank[i]` is item i's place in that order."""
+    order = np.argsort(first, kind="stable")
+    rank = np.empty(len(order), dtype=np.intp)
+    rank[order] = np.arange(len(order))
+    return order, rank
