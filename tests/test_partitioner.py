@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -55,3 +56,34 @@ def test_entry_shardings_read_from_the_module_before_partitioning(tmp_path) -> N
     (before,) = tmp_path.glob("*before_spmd-partitioning*.txt")
     assert entry_shardings(before.read_text()) == (p.arg_shardings, p.out_shardings)
     assert len(p.out_shardings) == 3
+
+
+def test_cheap_codegen_leaves_the_partitioned_program_and_its_shardings(monkeypatch) -> None:
+    # tv reads XLA's module right after partitioning and the executable's shardings; the
+    # CPU code generated afterwards is made the cheap way (partitioner.CHEAP_CODEGEN), which
+    # must change neither (checked on the whole XLA SPMD corpus when it was introduced)
+    from tv_ir.xla import partitioner
+
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("data", "fsdp", "model"))
+
+    def s(*spec):
+        return NamedSharding(mesh, P(*spec))
+
+    def step(x, w1, w2):
+        h = jax.nn.gelu(x @ w1)
+        loss = jnp.mean((h @ w2) ** 2)
+        return loss, jnp.tanh(h).sum(axis=0)
+
+    f = jax.jit(
+        step,
+        in_shardings=(s(("data", "fsdp"), None), s("fsdp", "model"), s("model", "fsdp")),
+        out_shardings=(s(), s("model")),
+    )
+    args = [np.ones(sh, np.float32) for sh in [(8, 16), (16, 32), (32, 16)]]
+    text = f.lower(*args).as_text()
+    cheap = partition(text)
+    monkeypatch.setattr(partitioner, "CHEAP_CODEGEN", {})
+    full = partition(text)
+    assert partitioner.CHEAP_CODEGEN == {} and cheap.per_device_hlo == full.per_device_hlo
+    assert (cheap.arg_shardings, cheap.out_shardings) == (full.arg_shardings, full.out_shardings)
+    assert "all-reduce" in cheap.per_device_hlo
