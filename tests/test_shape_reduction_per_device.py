@@ -144,3 +144,82 @@ def test_per_device_values_are_told_apart_byte_for_byte_in_either_path() -> None
     assert all(np.array_equal(y[d], a) for d, a in enumerate(mixed))
     ints = PerDevice.of([np.array(k % 3, np.int32) for k in range(5000)])
     assert ints.which.tolist() == [k % 3 for k in range(5000)]
+
+
+# XLA's offset table with a different entry on each device (a shard's start along a merged
+# axis): looked up, reshaped to a scalar and scaled, for 8,192 distinct values at once
+def _own_offsets(devices: int) -> str:
+    return f"""
+module @m attributes {{mhlo.num_partitions = {devices} : i32, mhlo.num_replicas = 1 : i32}} {{
+  func.func public @main(%arg0: tensor<{devices * 2}xf32>) -> tensor<2xf32> {{
+    %0 = stablehlo.partition_id : tensor<ui32>
+    %1 = stablehlo.constant dense<{[(p * 5) % devices for p in range(devices)]}>
+      : tensor<{devices}xui32>
+    %2 = stablehlo.dynamic_slice %1, %0, sizes = [1]
+      : (tensor<{devices}xui32>, tensor<ui32>) -> tensor<1xui32>
+    %3 = stablehlo.reshape %2 : (tensor<1xui32>) -> tensor<ui32>
+    %4 = stablehlo.constant dense<2> : tensor<ui32>
+    %5 = stablehlo.multiply %3, %4 : tensor<ui32>
+    %6 = stablehlo.dynamic_slice %arg0, %5, sizes = [2]
+      : (tensor<{devices * 2}xf32>, tensor<ui32>) -> tensor<2xf32>
+    return %6 : tensor<2xf32>
+  }}
+}}
+"""
+
+
+def test_a_distinct_offset_on_each_of_8192_devices_is_folded_at_once(monkeypatch) -> None:
+    # the lookup, the reshape to a scalar and the scaling each fold all 8,192 values in one
+    # numpy step (the reshape, one device's value at a time, cost 8,192 evaluations)
+    devices = 8192
+    module, rules, calls = _folded(_own_offsets(devices), monkeypatch, devices)
+    assert len(calls) < 50, len(calls)
+    offset = rules.pos.known[module.main.body.ops[-1].operands[1].id]
+    assert offset.count == devices
+    assert [int(offset[p]) for p in range(devices)] == [
+        (p * 5) % devices * 2 for p in range(devices)
+    ]
+    (rescale,) = [r for r in rules.pos.rescales if r.op is module.main.body.ops[-1]]
+    assert [rescale.values[i] for i in rescale.which] == [
+        (p * 5) % devices * 2 for p in range(devices)
+    ]
+
+
+@pytest.mark.parametrize("counts", [(3, 4), (2, 1, 5), (100, 100, 100)])
+def test_combinations_are_numbered_by_their_first_device(counts) -> None:
+    # operands' values combine into the distinct combinations devices hold, numbered in the
+    # order of the first device holding each: through a table of every key when the value
+    # counts multiply to a few per device, by sorting the keys when they do not (100^3)
+    from tv_ir.passes.shape_reduction.per_device import combinations
+
+    rng = np.random.default_rng(len(counts))
+    devices = 1000
+    operands = []
+    for n in counts:
+        which = rng.integers(0, n, devices)
+        _, first = np.unique(which, return_index=True)
+        order = np.argsort(first)  # renumbered by first holder, as PerDevice's are
+        rank = np.empty(n, dtype=np.intp)
+        rank[which[np.sort(first)]] = np.arange(len(order))
+        held = PerDevice([np.asarray(k) for k in range(len(order))], rank[which])
+        operands.append(held)
+    combos, which = combinations(operands)
+    want: dict[tuple, int] = {}
+    for d in range(devices):
+        want.setdefault(tuple(int(x.which[d]) for x in operands), len(want))
+    assert combos == list(want)
+    assert which.tolist() == [
+        want[tuple(int(x.which[d]) for x in operands)] for d in range(devices)
+    ]
+
+
+def test_values_folded_together_are_held_as_one_array() -> None:
+    # 8,192 distinct values stay the rows of one array: read as numbers without a list
+    rows = np.arange(8192, dtype=np.int32) * 3
+    held = PerDevice(rows, np.arange(8192)[::-1].copy())
+    assert held.count == 8192 and held.scalars() == (rows.astype(int)).tolist()
+    assert int(held[0]) == 3 * 8191 and len(held.values) == 8192
+    flat = PerDevice(np.array([[2, 2], [3, 4]], np.int32), np.array([0, 1]))
+    assert flat.scalars() is None  # the second value is not one number
+    assert PerDevice(np.array([[2, 2], [3, 3]]), np.array([1, 0])).scalars() == [2, 3]
+    assert PerDevice(np.zeros((2, 0), np.int32), np.array([0, 1])).scalars() is None

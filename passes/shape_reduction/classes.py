@@ -13,6 +13,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+import numpy as np
+
 Key = tuple[int, int]  # (value id, axis)
 
 
@@ -76,7 +78,8 @@ class DimClasses:
 
     def divides_each(self, key: Key, offsets: list[int]) -> None:
         """`divides` for each of `offsets` (8,192 devices' offsets: one update)."""
-        self.offsets[key].update(dict.fromkeys(abs(int(o)) for o in offsets))
+        values, first = np.unique(np.abs(np.asarray(offsets, dtype=np.int64)), return_index=True)
+        self.offsets[key].update(dict.fromkeys(values[np.argsort(first)].tolist()))
 
     def keep(self, key: Key, why: str) -> None:
         self.kept.setdefault(key, why)

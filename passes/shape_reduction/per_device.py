@@ -12,6 +12,7 @@ number of distinct values, not the number of devices: 8,192 devices whose coordi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -21,13 +22,26 @@ from tv_ir.ir.program import TensorType
 
 class PerDevice:
     """Device d holds `values[which[d]]`; `values` are distinct, in the order of the first
-    device holding each."""
+    device holding each. Values folded together are held as the rows of one array (`rows`),
+    read as a list only when asked (8,192 devices can hold 8,192 distinct offsets)."""
 
-    __slots__ = ("values", "which")
+    __slots__ = ("_values", "rows", "which")
 
-    def __init__(self, values: Sequence[np.ndarray], which: np.ndarray):
-        self.values = list(values)
+    def __init__(self, values: Sequence[np.ndarray] | np.ndarray, which: np.ndarray):
+        self.rows = values if isinstance(values, np.ndarray) else None
+        self._values = None if self.rows is not None else list(values)
         self.which = which
+
+    @property
+    def values(self) -> list[np.ndarray]:
+        if self._values is None:
+            self._values = list(self.rows)
+        return self._values
+
+    @property
+    def count(self) -> int:
+        """How many distinct values devices hold."""
+        return len(self.rows) if self.rows is not None else len(self._values)
 
     @classmethod
     def same(cls, value: np.ndarray, devices: int) -> PerDevice:
@@ -43,6 +57,8 @@ class PerDevice:
         return len(self.which)
 
     def __getitem__(self, device: int) -> np.ndarray:
+        if self.rows is not None:
+            return self.rows[self.which[device]]
         return self.values[self.which[device]]
 
     def per_device(self) -> list[np.ndarray]:
@@ -53,9 +69,20 @@ class PerDevice:
         """fn applied to each distinct value (fn must be injective: a broadcast view)."""
         return PerDevice([fn(v) for v in self.values], self.which)
 
+    def stacked(self) -> np.ndarray:
+        """The distinct values as the rows of one array (they have one shape and dtype)."""
+        if self.rows is None:
+            self.rows = np.stack([np.asarray(v) for v in self._values])
+        return self.rows
+
     def scalars(self) -> list[int] | None:
         """The distinct values as numbers when each is one number (a scalar, or a scalar
         broadcast), else None."""
+        if self.rows is not None and self.rows.dtype != object:
+            flat = self.rows.reshape(len(self.rows), -1)
+            if flat.shape[1] == 0 or (flat.shape[1] > 1 and (flat != flat[:, :1]).any()):
+                return None
+            return [int(x) for x in flat[:, 0].tolist()]
         arrays = [np.asarray(v) for v in self.values]
         if arrays and all(a.ndim == 0 and a.dtype != object for a in arrays):
             return [int(x) for x in np.array(arrays).tolist()]  # one per device: read at once
@@ -79,14 +106,31 @@ def combinations(operands: Sequence[PerDevice]) -> tuple[list[tuple[int, ...]], 
     if not operands:
         return [()], np.zeros(devices, dtype=np.intp)
     if len(operands) == 1:
-        return [(i,) for i in range(len(operands[0].values))], operands[0].which
+        return [(i,) for i in range(operands[0].count)], operands[0].which
     key = np.zeros(devices, dtype=np.int64)
     for x in operands:  # mixed radix over the operands' value counts
-        key = key * len(x.values) + x.which
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    order, rank = _by_first(first)
-    held = np.stack([x.which for x in operands], axis=1)[first[order]]
-    return list(map(tuple, held.tolist())), rank[inverse.reshape(-1)]
+        key = key * x.count + x.which
+    first, which = first_seen(key, math.prod(x.count for x in operands))
+    held = np.stack([x.which for x in operands], axis=1)[first]
+    return list(map(tuple, held.tolist())), which
+
+
+def first_seen(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """(where each distinct key first appears, in the order they first appear; each
+    element's rank in that order), for keys in [0, bound): through a table of `bound`
+    entries when that is not much larger than the keys, else by sorting them."""
+    n = len(key)
+    if bound > 4 * n + 1024:
+        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        order, rank = _by_first(first)
+        return first[order], rank[inverse.reshape(-1)]
+    seen = np.full(bound, n, dtype=np.intp)
+    np.minimum.at(seen, key, np.arange(n, dtype=np.intp))
+    present = np.flatnonzero(seen < n)
+    order = np.argsort(seen[present], kind="stable")
+    rank = np.empty(bound, dtype=np.intp)
+    rank[present[order]] = np.arange(len(present), dtype=np.intp)
+    return seen[present[order]], rank[key]
 
 
 def results(per_combination: list[list[np.ndarray]], which: np.ndarray) -> list[PerDevice]:
@@ -101,20 +145,22 @@ def stacked_results(outs: Sequence[np.ndarray], which: np.ndarray) -> list[PerDe
 
 
 def batched(
-    types: Sequence[TensorType], operands: Sequence[PerDevice], combos: list[tuple[int, ...]]
+    types: Sequence[TensorType],
+    operands: Sequence[PerDevice],
+    combos: list[tuple[int, ...]],
+    elementwise: bool = True,
 ) -> tuple[list[np.ndarray], Callable[[TensorType], TensorType]] | None:
-    """Operands stacked along a new leading dimension, one row per combination, for an
-    elementwise op whose operands and results all have one shape (a scalar operand beside a
-    tensor, as `select` and `clamp` allow, is not stacked: None); and the map from a type to
-    its stacked type."""
-    shapes = {tuple(t.shape) for t in types if isinstance(t, TensorType)}
-    if len(shapes) != 1 or not all(isinstance(t, TensorType) for t in types):
+    """Operands stacked along a new leading dimension, one row per combination, for an op
+    that maps rows to rows (an elementwise op only when its operands and results all have
+    one shape: a scalar operand beside a tensor, as `select` and `clamp` allow, is not
+    stacked: None); and the map from a type to its stacked type."""
+    if not all(isinstance(t, TensorType) for t in types):
+        return None
+    if elementwise and len({tuple(t.shape) for t in types}) != 1:
         return None
     m = len(combos)
     picks = np.array(combos, dtype=np.intp).reshape(m, len(operands))
-    stacked = [  # each distinct value once, then one row per combination
-        np.stack([np.asarray(v) for v in x.values])[picks[:, i]] for i, x in enumerate(operands)
-    ]
+    stacked = [x.stacked()[picks[:, i]] for i, x in enumerate(operands)]
     return stacked, lambda t: TensorType((m, *t.shape), t.dtype)
 
 
@@ -128,8 +174,7 @@ def table_rows(
 
     picks = np.array(combos, dtype=np.intp).reshape(len(combos), 1 + len(starts))
     wanted = [  # each start operand's value in each combination
-        np.array([int(np.asarray(v)) for v in x.values], dtype=np.int64)[picks[:, 1 + i]]
-        for i, x in enumerate(starts)
+        x.stacked().reshape(-1).astype(np.int64)[picks[:, 1 + i]] for i, x in enumerate(starts)
     ]
     at = start_indices(table.shape, sizes, wanted)
     index = []
@@ -141,25 +186,23 @@ def table_rows(
 
 def _distinct(arrays: list[np.ndarray] | np.ndarray, which: np.ndarray) -> PerDevice:
     """`arrays[which[d]]` on device d, equal arrays (byte for byte) held once (`arrays`: a
-    list, or one array whose rows they are)."""
+    list, or one array whose rows they are). `which` numbers the arrays in the order of the
+    first device holding each (as `combinations` does), so the distinct ones, numbered in
+    the order they first appear among the arrays, are in that order too."""
     values, relabel = _labelled(arrays)
-    which = relabel[which]
-    if len(values) > 1:  # renumber in the order of the first device holding each
-        _, first = np.unique(which, return_index=True)
-        order, rank = _by_first(first)
-        values = [values[i] for i in order]
-        which = rank[which]
-    return PerDevice(values, which)
+    return PerDevice(values, relabel[which])
 
 
 # elements stacked at once to compare arrays (broadcast views are materialised there)
 STACK_LIMIT = 1 << 22
 
 
-def _labelled(arrays: list[np.ndarray] | np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-    """(the distinct arrays, byte for byte, in order of first appearance; each array's
-    index among them). Arrays of one shape and dtype (or rows of one array) are compared
-    in one numpy step."""
+def _labelled(
+    arrays: list[np.ndarray] | np.ndarray,
+) -> tuple[list[np.ndarray] | np.ndarray, np.ndarray]:
+    """(the distinct arrays, byte for byte, in order of first appearance (the rows of one
+    array when `arrays` is one); each array's index among them). Arrays of one shape and
+    dtype (or rows of one array) are compared in one numpy step."""
     if isinstance(arrays, np.ndarray):
         one_kind, stack = len(arrays) > 1, (lambda: arrays)
     else:
@@ -171,7 +214,9 @@ def _labelled(arrays: list[np.ndarray] | np.ndarray) -> tuple[list[np.ndarray], 
             keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
             _, first, inverse = np.unique(keys.reshape(-1), return_index=True, return_inverse=True)
             order, rank = _by_first(first)
-            return [arrays[i] for i in first[order]], rank[inverse.reshape(-1)]
+            firsts = first[order]
+            kept = arrays[firsts] if isinstance(arrays, np.ndarray) else [arrays[i] for i in firsts]
+            return kept, rank[inverse.reshape(-1)]
     label: dict[bytes, int] = {}
     values: list[np.ndarray] = []
     relabel = np.empty(len(arrays), dtype=np.intp)

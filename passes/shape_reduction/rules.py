@@ -42,6 +42,9 @@ ELEMENTWISE = {
         "erf erf_inv lgamma digamma acos asin atan acosh asinh atanh sinh cosh"
     ).split()
 } | {"chlo.erf", "chlo.erf_inv", "chlo.lgamma", "chlo.digamma", "mhlo.erf"}
+# ops that map each row of a stacked operand to the same row of their result (the result
+# type given the stacked dimension): folded for all combinations at once, as elementwise ops
+ROW_WISE = {"stablehlo.reshape"}
 # ops whose results are their operands, dimension by dimension
 PASS_THROUGH = {
     "stablehlo.optimization_barrier",
@@ -284,7 +287,9 @@ class ShapeRules:
         combos, which = combinations(operands)
         ev = self._evaluator(int(np.argmax(which == 0)) if len(which) else 0)
         types = [v.type for v in (*op.operands, *op.results)]
-        stack = batched(types, operands, combos) if op.name in ELEMENTWISE else None
+        stack = None
+        if op.name in ELEMENTWISE or op.name in ROW_WISE:
+            stack = batched(types, operands, combos, op.name in ELEMENTWISE)
         if stack is not None and len(combos) > 1:
             arrays, wide = stack
             refuse_complex(op)
@@ -299,7 +304,7 @@ class ShapeRules:
                 if outs[-1].shape != (len(combos), *r.type.shape):
                     raise ValueError(f"{op.name} folded to shape {outs[-1].shape}")
             return stacked_results(outs, which)
-        if op.name == "stablehlo.dynamic_slice" and len(operands[0].values) == 1:
+        if op.name == "stablehlo.dynamic_slice" and operands[0].count == 1:
             # a lookup in one table at each device's start (XLA's `table[partition_id]`)
             table = np.asarray(operands[0].values[0])
             if table.dtype != object and len(combos) > 1:
