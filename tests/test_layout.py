@@ -555,3 +555,16 @@ def test_malformed_sdy_and_unsupported() -> None:
         Layout.from_sdy(SdySharding("mesh", ((SdyAxis("a"),),)), mesh, (4, 4))
     with pytest.raises(Unsupported):
         Layout.from_hlo_sharding("{unknown}", (4,), N)
+
+
+def test_a_sharding_is_read_once_per_shape_and_device_count() -> None:
+    # a per-device program's arguments share a few shardings: each layout is built once
+    # (8,192 devices' boxes), and a different shape or device count is its own layout
+    text = "{devices=[64,16,8]<=[8192]}"
+    a = Layout.from_hlo_sharding(text, (128, 32, 16))
+    assert Layout.from_hlo_sharding(text, (128, 32, 16)) is a
+    assert a.box(8191) == ((126, 128), (30, 32), (14, 16))
+    other = Layout.from_hlo_sharding(text, (64, 16, 8))
+    assert other is not a and other.box(8191) == ((63, 64), (15, 16), (7, 8))
+    pair = Layout.from_hlo_sharding("{{replicated}, {maximal device=3}}", [(2,), (4,)], 8)
+    assert isinstance(pair, list) and pair[1].maximal == 3

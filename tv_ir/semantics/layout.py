@@ -23,7 +23,7 @@ import operator
 import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -67,14 +67,9 @@ class Layout:
         `num_devices` defaults to the tile assignment's device count (needed for
         replicated, manual, unreduced and maximal shardings).
         """
-        _check_hlo_text(text, num_devices)
-        from jax._src.lib import xla_client as xc
-
-        try:
-            h = xc.HloSharding.from_string(text)
-        except Exception as e:
-            raise BadInput(f"malformed sharding {text!r}: {_first_line(e)}") from None
-        return _from_hlo(h, global_shape, num_devices, xc)
+        if _is_shape_list(global_shape):
+            return _parsed_hlo_layout(text, global_shape, num_devices)
+        return _hlo_layout(text, _shape(global_shape), num_devices)
 
     @classmethod
     def from_sdy(
@@ -444,6 +439,24 @@ def _shape(x: Any) -> Shape:
         return tuple(int(d) for d in x)
     except TypeError:
         raise ValueError(f"not a shape: {x!r}") from None
+
+
+@lru_cache(maxsize=4096)
+def _hlo_layout(text: str, shape: Shape, n: int | None) -> Layout:
+    """One layout per sharding, shape and device count: the arguments and results of a
+    per-device program share a few shardings, each built once for all its devices."""
+    return _parsed_hlo_layout(text, shape, n)
+
+
+def _parsed_hlo_layout(text: str, global_shape: Any, n: int | None) -> Layout | list[Layout]:
+    _check_hlo_text(text, n)
+    from jax._src.lib import xla_client as xc
+
+    try:
+        h = xc.HloSharding.from_string(text)
+    except Exception as e:
+        raise BadInput(f"malformed sharding {text!r}: {_first_line(e)}") from None
+    return _from_hlo(h, global_shape, n, xc)
 
 
 def _from_hlo(h: Any, global_shape: Any, n: int | None, xc: Any) -> Layout | list[Layout]:
