@@ -437,7 +437,17 @@ def _read_on(t: Template, impl: Module, placement, mesh: Mesh) -> Template:
 def layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
     """For each dimension of a layout, the mesh axes splitting it (major first), or None when
     the layout is not a sharding over whole axes of `mesh` (partial sums, padding, another
-    device order): each device's box must be the one `axes_layout` gives it."""
+    device order): each device's box must be the one `axes_layout` gives it. Read once per
+    layout and mesh (a program's arguments share a few layouts, each of 8,192 boxes)."""
+    read = lay.__dict__.setdefault("_axes_on", {})  # the layout's cache, as `box_rows`
+    key = (mesh.names, mesh.sizes)
+    if key not in read:
+        read[key] = _layout_axes(lay, mesh)
+    axes = read[key]
+    return None if axes is None else list(axes)
+
+
+def _layout_axes(lay, mesh: Mesh) -> list[tuple[int, ...]] | None:
     if lay.unreduced or lay.manual or lay.maximal is not None or lay.num_devices != mesh.devices:
         return None
     rank = len(lay.global_shape)

@@ -953,13 +953,20 @@ def _scaled_placement(d: DimClasses, factor: dict, affine: dict, spec: Module, p
                 out[a] = aff.at
         return out
 
-    args = [
-        scaled_layout(lay, factors(v))
-        for lay, v in zip(placement.args, spec.main.args, strict=True)
-    ]
+    made: dict = {}  # arguments and results share layouts: each scaled once by its factors
+
+    def scaled(lay, v):
+        fs = factors(v)
+        if any(callable(f) for f in fs):
+            return scaled_layout(lay, fs)
+        key = (id(lay), tuple(fs))
+        if key not in made:
+            made[key] = scaled_layout(lay, fs)
+        return made[key]
+
+    args = [scaled(lay, v) for lay, v in zip(placement.args, spec.main.args, strict=True)]
     results = [
-        scaled_layout(lay, factors(v))
-        for lay, v in zip(placement.results, spec.main.body.results, strict=True)
+        scaled(lay, v) for lay, v in zip(placement.results, spec.main.body.results, strict=True)
     ]
     return dataclasses.replace(placement, args=args, results=results)
 

@@ -919,7 +919,7 @@ def _dense_groups(m: re.Match) -> str:
     order = [d for d in range(len(shape)) if d not in grouped] + grouped
     per_group = int(np.prod([shape[d] for d in grouped], dtype=np.int64))
     flat = devices.reshape(shape).transpose(order).reshape(-1, per_group)
-    return "{" + ",".join("{" + ",".join(str(int(d)) for d in g) + "}" for g in flat) + "}"
+    return "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in flat.tolist()) + "}"
 
 
 def _device_order(ids: str | None, n: int) -> np.ndarray:
