@@ -22,15 +22,17 @@ XLA's SPMD partitioner makes the per-device program for the real mesh (on as man
 devices, so each row runs in a fresh child with its device count), and tv proves it against
 the single-device step, on a smaller mesh where XLA's program is a template of its mesh
 (docs/equivalence.md, "Mesh reduction": XLA's programs); "reduced" is the mesh the proof
-ran on, and the line under a row says what kept an axis. "tv s" is the wall time of
-`verify` (JAX's tracing and lowering and XLA's partitioning included); "cpu s" is the CPU
-time of that process's threads over the same span (not its children's), steadier than wall
-time on a shared machine. "partition s" is XLA's partitioning inside `verify` (its compile
-of the annotated step, part of "tv s"). "devices s" is JAX making the row's host CPU devices, before
-`verify` (it grows as the square of their count: 0.2 s for 2,048, 2 s for 8,192; a TPU
-user's devices exist already). "xla s" is XLA's compile of the same jit step for that mesh.
-Past 2,048 devices XLA's CPU client compiles only with CPU collectives, which importing
-`tv_ir.frontends.jax` sets up (docs/jax.md).
+ran on, and the line under a row says what kept an axis. "tv s" is the wall time of `verify`
+(JAX's tracing and lowering and XLA's partitioning included); "cpu s" is the CPU time of
+that process's threads over the same span (not its children's), steadier than wall time on a
+shared machine. "partition s" is XLA's partitioning inside `verify` (its compile of the
+annotated step, part of "tv s"). "own s" is tv's own part of "tv s": less JAX's tracing and
+lowering (the report's `jax lowering` seconds) and XLA's partitioning, the two that are the
+frameworks' (both grow with the device count). "devices s" is JAX making the row's host CPU
+devices, before `verify` (it grows as the square of their count: 0.2 s for 2,048, 2 s for
+8,192; a TPU user's devices exist already). "xla s" is XLA's compile of the same jit step
+for that mesh. Past 2,048 devices XLA's CPU client compiles only with CPU collectives, which
+importing `tv_ir.frontends.jax` sets up (docs/jax.md).
 """
 
 from __future__ import annotations
@@ -214,6 +216,11 @@ def worker_verify(
         "stages": report.stats.stages,
         "reason": report.reason,
         "phases": {k: round(v, 2) for k, v in report.stats.seconds.items()},
+        # tv's own part: verify's wall time less JAX's lowering and XLA's partitioning
+        "own": time.perf_counter()
+        - t0
+        - report.stats.seconds.get("jax lowering", 0.0)
+        - report.stats.seconds.get("xla partition", 0.0),
     }
 
 
@@ -272,7 +279,7 @@ def main() -> None:
 
     header = (
         f"{'mesh':>8} {'devices':>7} {'reduced':>7} {'verdict':>11} {'tv s':>7} {'cpu s':>6} "
-        f"{'prove s':>7} {'partition s':>11} {'devices s':>9} "
+        f"{'prove s':>7} {'partition s':>11} {'own s':>5} {'devices s':>9} "
         f"{'stages':>6} {'peak MB':>7} {'xla s':>6}"
     )
     whole_note = "; every device simulated" if a.whole_mesh else ""
@@ -306,17 +313,18 @@ def main() -> None:
         for mesh in meshes:
             _row(a.step, mesh, runs[mesh])
         first = meshes[0]
-        base = statistics.median(r.get("seconds", math.nan) for r in runs[first])
-        for mesh in meshes[1:]:
-            ratios = [
-                r.get("seconds", math.nan) / f.get("seconds", math.nan)
-                for r, f in zip(runs[mesh], runs[first], strict=True)
-            ]
-            tv = statistics.median(r.get("seconds", math.nan) for r in runs[mesh])
-            print(
-                f"  {mesh} / {first}: {tv / base:.2f}x of the medians; per pass "
-                + " / ".join(f"{x:.2f}" for x in ratios)
-            )
+        for key, what in (("seconds", "tv s"), ("own", "own s")):
+            base = statistics.median(r.get(key, math.nan) for r in runs[first])
+            for mesh in meshes[1:]:
+                ratios = [
+                    r.get(key, math.nan) / f.get(key, math.nan)
+                    for r, f in zip(runs[mesh], runs[first], strict=True)
+                ]
+                tv = statistics.median(r.get(key, math.nan) for r in runs[mesh])
+                print(
+                    f"  {what}, {mesh} / {first}: {tv / base:.2f}x of the medians; per pass "
+                    + " / ".join(f"{x:.2f}" for x in ratios)
+                )
 
 
 def _row(step: str, mesh: str, runs: list[dict]) -> None:
@@ -337,7 +345,7 @@ def _row(step: str, mesh: str, runs: list[dict]) -> None:
     print(
         f"{mesh:>8} {devices:>7} {res.get('reduced') or '?':>7} {res['verdict']:>11} "
         f"{tv:>7.1f} {mid('cpu'):>6.1f} {mid('prove', True):>7.1f} "
-        f"{mid('xla partition', True):>11.1f} {mid('devices_s'):>9.1f} "
+        f"{mid('xla partition', True):>11.1f} {mid('own'):>5.1f} {mid('devices_s'):>9.1f} "
         f"{res.get('stages', 0):>6} {mid('peak_mb'):>7.0f} {mid('xla_s'):>6.1f}{spread}",
         flush=True,
     )

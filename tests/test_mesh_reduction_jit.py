@@ -72,6 +72,8 @@ def test_the_jit_step_on_16_devices_is_proved_on_4() -> None:
     assert "mesh reduction: 16 -> 4 devices" in str(r)
     # XLA's partitioning is part of the import phase, and shown on its own
     assert 0 < r.stats.seconds["xla partition"] < r.stats.seconds["import"]
+    # JAX's tracing and lowering of both functions, before the check: shown on its own too
+    assert 0 < r.stats.seconds["jax lowering"]
     assert "checked concretely on every device of the real mesh too" in str(r)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tv_ir.errors import BadInput
@@ -43,6 +44,7 @@ def verify(
     if unknown:
         raise BadInput(f"verify: unknown option(s) {', '.join(unknown)}")
     mesh = resolve_mesh(mesh)
+    t0 = time.perf_counter()
     impl = lower(
         fn,
         args,
@@ -51,6 +53,7 @@ def verify(
         in_shardings=named(in_shardings, mesh),
         out_shardings=named(out_shardings, mesh),
     )
+    lowering = time.perf_counter() - t0
     if spec is None:
         if impl.num_partitions <= 1:
             raise BadInput(
@@ -58,9 +61,12 @@ def verify(
                 "(or in_shardings/out_shardings and mesh)"
             )
         report = partition_and_check(impl.text, **options)
+        report.stats.seconds["jax lowering"] = lowering
         _name(report, impl, impl, partitioned=True)
         return report
+    t0 = time.perf_counter()
     ref = lower(spec, args, role="spec", mesh=mesh)
+    lowering += time.perf_counter() - t0
     if ref.out_tree != impl.out_tree:
         raise BadInput(
             f"fn and spec return different structures: {impl.out_tree} vs {ref.out_tree}"
@@ -69,6 +75,9 @@ def verify(
     if impl.manual:
         impl_program = prepare(impl.text, "impl", unroll=False)  # check() reads the loops
     report = check(ref.text, impl_program, **options)
+    # JAX's tracing and lowering of both functions, before tv's check (as `xla partition`
+    # is XLA's part of it): what the report's other phases do not count
+    report.stats.seconds["jax lowering"] = lowering
     _name(report, ref, impl, partitioned=impl.num_partitions > 1 and not impl.manual)
     return report
 
