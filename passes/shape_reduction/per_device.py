@@ -121,9 +121,7 @@ def first_seen(key: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     entries when that is not much larger than the keys, else by sorting them."""
     n = len(key)
     if bound > 4 * n + 1024:
-        _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-        order, rank = _by_first(first)
-        return first[order], rank[inverse.reshape(-1)]
+        return _first_seen_sorting(key)
     seen = np.full(bound, n, dtype=np.intp)
     np.minimum.at(seen, key, np.arange(n, dtype=np.intp))
     present = np.flatnonzero(seen < n)
@@ -212,11 +210,9 @@ def _labelled(
         rows = np.ascontiguousarray(stack().reshape(len(arrays), -1))
         if rows.shape[1] and rows.dtype != object:
             keys = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1])))
-            _, first, inverse = np.unique(keys.reshape(-1), return_index=True, return_inverse=True)
-            order, rank = _by_first(first)
-            firsts = first[order]
+            firsts, labels = _first_seen_sorting(keys.reshape(-1))
             kept = arrays[firsts] if isinstance(arrays, np.ndarray) else [arrays[i] for i in firsts]
-            return kept, rank[inverse.reshape(-1)]
+            return kept, labels
     label: dict[bytes, int] = {}
     values: list[np.ndarray] = []
     relabel = np.empty(len(arrays), dtype=np.intp)
@@ -229,10 +225,10 @@ def _labelled(
     return values, relabel
 
 
-def _by_first(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(order, rank) of distinct items given where each first appears: `order` lists them
-    by first appearance, `rank[i]` is item i's place in that order."""
-    order = np.argsort(first, kind="stable")
+def _first_seen_sorting(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`first_seen` for keys of any range (or byte strings), by sorting them."""
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # the distinct keys by first appearance
     rank = np.empty(len(order), dtype=np.intp)
     rank[order] = np.arange(len(order))
-    return order, rank
+    return first[order], rank[inverse.reshape(-1)]
