@@ -186,3 +186,72 @@ def test_collectives_on_stacked_values_match_device_by_device_and_jax(mesh, monk
             np.testing.assert_array_equal(outs[d][k], ref[d][k])
     for k in range(4):
         np.testing.assert_allclose(outs[0][k], np.asarray(expected[k]), rtol=1e-5, atol=1e-5)
+
+
+def test_groups_of_eight_reduce_as_each_group_alone():
+    """All groups reduced at once (`collectives.group_values`) add in the order one group
+    alone does, to the bit: eight members (numpy sums eight or more pairwise), scalars and
+    tensors, float32 values of very different magnitudes."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+
+    def body(v, s):
+        return (
+            jax.lax.psum(v, "x"),
+            jax.lax.psum(s, "x"),
+            jax.lax.psum_scatter(v, "x", scatter_dimension=1, tiled=True),
+        )
+
+    impl = jax.shard_map(
+        body, mesh=mesh, in_specs=(P("x"), P("x")), out_specs=(P(), P(), P(None, "x")),
+        check_vma=False,
+    )  # fmt: skip
+    rng = np.random.default_rng(3)
+    v = (rng.standard_normal((8, 16)) * 10.0 ** rng.integers(-6, 7, (8, 16))).astype(np.float32)
+    s = (rng.standard_normal(8) * 10.0 ** rng.integers(-6, 7, 8)).astype(np.float32)
+    module = prepare(jax.jit(impl).lower(v, s).as_text(), "impl")
+
+    def outputs(batched: bool):
+        token = DEVICE_BATCH.set(batched)
+        try:
+            interp = SpmdInterpreter(module, NumpyAlgebra())
+            return interp.run([[v, s] for _ in range(interp.num_devices)])
+        finally:
+            DEVICE_BATCH.reset(token)
+
+    outs, ref = outputs(True), outputs(False)
+    for d in range(8):
+        for k in range(3):
+            np.testing.assert_array_equal(outs[d][k], ref[d][k])
+
+
+def test_a_hook_that_only_reads_leaves_the_values_stacked(mesh):
+    """A hook that only records the devices' values (a traced run) sees what each device
+    computes, and the values it returns unchanged stay held once for all devices: none is
+    written device by device."""
+    impl = stack_step(mesh)
+    x, ws = args()
+    module = prepare(jax.jit(impl).lower(x, ws).as_text(), "impl")
+
+    def recorder(seen):
+        def hook(op, results):
+            for k, v in enumerate(op.results):
+                seen[v.id] = [r[k] for r in results]
+            return results
+
+        return hook
+
+    seen, seen_plain = {}, {}
+    batched, outs = run(module, True, recorder(seen))
+    _, ref = run(module, False, recorder(seen_plain))
+    (shard_map,) = [op for op in module.main.body.ops if op.name == "sdy.manual_computation"]
+    moved = {"stablehlo.transpose", "stablehlo.pad", "stablehlo.concatenate"}
+    ordinary = [op.results[0].id for op in shard_map.regions[0].block.ops if op.name in moved]
+    assert len(ordinary) >= 3 and set(ordinary) <= set(seen)
+    assert not set(ordinary) & batched.batch.store.own  # none written device by device
+    assert seen.keys() == seen_plain.keys()
+    for vid, values in seen.items():
+        for a, b in zip(values, seen_plain[vid], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    for d in range(8):
+        for k in range(2):
+            np.testing.assert_allclose(outs[d][k], ref[d][k], rtol=1e-12, atol=1e-12)

@@ -37,7 +37,7 @@ import numpy as np
 from tv_ir.ir.program import Op, TensorType
 from tv_ir.semantics.interpreters.evaluator import InterpreterError
 from tv_ir.semantics.ops import OpContext, lookup
-from tv_ir.semantics.ops.collectives import member_values
+from tv_ir.semantics.ops.collectives import group_values, member_values
 from tv_ir.semantics.ops.reduction import reducer_kind
 from tv_ir.semantics.ops.registry import ELEMENTWISE
 
@@ -212,9 +212,28 @@ class DeviceBatch:
     def per_device(self, op: Op, out: Stacked) -> list:
         """`out` as `[device][result]` (for a hook: it sees what device-by-device gives)."""
         self.put(op, out)
-        value = self.store.device_value
-        per = [[value(v.id, d) for d in range(self.n)] for v in op.results]
-        return [[values[d] for values in per] for d in range(self.n)]
+        per = [self._columns(v.id) for v in op.results]
+        return [list(row) for row in zip(*per, strict=True)]
+
+    def _columns(self, vid: int):
+        """Each device's value of `vid` from its stack (the views `per_device` hands out)."""
+        r = self.store.stacks[vid]
+        return [r.value] * self.n if type(r) is One else self.store.device_values(vid, r)
+
+    def holds(self, op: Op, per_device: list) -> bool:
+        """Are these `op`'s results as `per_device` gave them (a hook that only read them)?
+        The devices then read them from the stack: nothing is written device by device."""
+        for k, v in enumerate(op.results):
+            r = self.store.stacks.get(v.id)
+            if r is None:
+                return False
+            given = (row[k] for row in per_device)
+            if type(r) is One:
+                if not all(x is r.value for x in given):
+                    return False
+            elif not all(map(operator.is_, given, self.store.device_values(v.id, r))):
+                return False
+        return True
 
     def entry(self, vid: int):
         """The devices' values of `vid`: a stacked array, `One`, or None (not arrays, or of
@@ -343,6 +362,14 @@ class DeviceBatch:
         x = self.stacked(op.operands[0].id)
         if x is None:
             return None
+        if len({len(g) for g in groups}) == 1:  # groups of one size: all at once
+            order = [d.device_id for g in groups for d in g]
+            got = group_values(ctx, x[order].reshape(len(groups), len(groups[0]), *x.shape[1:]))
+            if got is not None:
+                out = np.empty((self.n, *got.shape[2:]), dtype=got.dtype)
+                out[order] = got.reshape(self.n, *got.shape[2:])
+                self.batched += 1
+                return Stacked([_checked(out, _batched_type(op.results[0].type, self.n))])
         out = None
         for group in groups:
             members = [d.device_id for d in group]

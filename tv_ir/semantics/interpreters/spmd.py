@@ -190,8 +190,10 @@ class SpmdInterpreter:
                 if hook is None:  # held stacked: each device reads its slice when it needs it
                     self.batch.put(op, results)
                     continue
-                results = self.batch.per_device(op, results)
-            if hook is not None:
+                results = hook(op, self.batch.per_device(op, results))
+                if self.batch.holds(op, results):  # the hook only read them: held stacked
+                    continue
+            elif hook is not None:
                 results = hook(op, results)
             _write(envs, op, results)
         if fixed:

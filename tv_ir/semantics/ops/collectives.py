@@ -114,6 +114,32 @@ def member_values(ctx: OpContext, values: list, i: int = 0) -> list:
     return [reduced] * len(values)
 
 
+def group_values(ctx: OpContext, stacked: np.ndarray) -> np.ndarray | None:
+    """`member_values` of operand 0 for many groups of one size at once: `stacked` holds
+    each group's members' values (groups, members, ...), the result what each member gets,
+    shaped alike. None where only the group-by-group form applies (a reducer that is not
+    one algebra call, an operand converted to the reducer's type, an uneven scatter)."""
+    name = ctx.name.split(".", 1)[-1]
+    groups, members, rest = stacked.shape[0], stacked.shape[1], stacked.shape[2:]
+    if name == "all_gather":  # the members' values concatenated along the gather dimension
+        d = ctx.attr("all_gather_dim")
+        whole = np.moveaxis(stacked, 1, 1 + d).reshape(
+            groups, *rest[:d], members * rest[d], *rest[d + 1 :]
+        )
+        return np.broadcast_to(whole[:, None], (groups, members, *whole.shape[1:]))
+    kind = reducer_kind(ctx)
+    if kind is None or ctx.operand_types[0].dtype != ctx.regions[0].block.args[0].type.dtype:
+        return None
+    reduced = np.asarray(getattr(ctx.alg, kind[0])(stacked, (1,)))
+    if name == "reduce_scatter":  # member k gets the k-th of equal parts
+        s = ctx.attr("scatter_dimension")
+        if rest[s] % members:
+            return None
+        parts = reduced.reshape(groups, *rest[:s], members, rest[s] // members, *rest[s + 1 :])
+        return np.moveaxis(parts, 1 + s, 1)
+    return np.broadcast_to(reduced[:, None], (groups, members, *reduced.shape[1:]))
+
+
 def _by_group(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
     """Every device's results of a collective whose groups each combine their members'
     operands (`member_values`, operand by operand)."""
