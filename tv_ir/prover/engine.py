@@ -39,7 +39,7 @@ from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
 from . import smt, workers
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import outputs_agree, refutation
-from .mirrored_ops import mirrored_cut
+from .mirrored_ops import mirrored_cut, terms_key
 from .mirrored_ops import same_term as _same
 from .mirrored_ops import same_terms as _same_terms
 from .obligation_cache import ObligationCache, renaming_classes
@@ -747,12 +747,15 @@ class StageProver:
         whose value is no spec tile (an idle stage's work) keeps its value. `cuts[d]` is set
         to device d's (spec value, box) when it is cut."""
         out = list(per_device)
-        cut: list[tuple[np.ndarray, int]] = []  # the distinct values met, and their device
+        # the distinct values met and their device, by `terms_key` (a pipeline's
+        # devices' values are mostly distinct: each is compared with a few, not all)
+        cut: dict = {}
         for d, a in enumerate(per_device):
             terms = np.asarray(a)
             same = None
             if self.cache is not None:  # proofs reused (Options.reuse_proofs)
-                same = next((e for b, e in cut if _same_terms(terms, b)), None)
+                met = cut.setdefault(terms_key(terms), [])
+                same = next((e for b, e in met if _same_terms(terms, b)), None)
             if same is not None:
                 # the same terms as a device already cut (a value replicated over a tensor
                 # axis): the same obligation, so the same replacement, proved (or not) alike
@@ -762,7 +765,8 @@ class StageProver:
                     self.stats.stages += 1
                     self.stats.cache_hits += 1
                 continue
-            cut.append((terms, d))
+            if self.cache is not None:
+                met.append((terms, d))
             if all(not np.any(np.asarray(r)) for r in runs[d]):
                 # all zeros in every run (an idle pipeline stage computing on zeros): zero
                 # tiles of any spec value "match", and expanding one costs without bound

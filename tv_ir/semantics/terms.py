@@ -269,7 +269,10 @@ class Poly:
         return self._syms
 
     def is_const(self) -> bool:
-        return not self.inf and all(not m for m in self.terms)
+        # no term but the constant one (at most one key is the empty monomial): asked of
+        # every divisor twice (`inverse`), at once rather than by a walk over the terms
+        terms = self.terms
+        return not self.inf and (not terms or (len(terms) == 1 and () in terms))
 
     def const_value(self) -> Num:
         return self.terms.get((), 0)
