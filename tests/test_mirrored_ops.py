@@ -134,3 +134,24 @@ def test_a_dot_on_other_terms_is_refuted():
     report = tv_ir.check(lowered_dense(dense), lowered_dense(by_rows(reversed_rows)))
     assert report.verdict == "not_equivalent"
     assert report.location.line == line_of(reversed_rows, "# BUG: rows reversed")
+
+
+def test_arrays_the_same_terms_share_a_key():
+    """`terms_key` files arrays for the per-device search of an equal earlier device: any
+    two `same_terms` calls equal share a key (a number and its constant term alike), so
+    filing by it never loses a match; arrays whose first elements differ do not."""
+    from tv_ir.prover.mirrored_ops import same_terms, terms_key
+    from tv_ir.semantics import terms as T
+
+    x, y = T.symbol("x"), T.symbol("y")
+    a = np.array([T.add(x, y), T.const(2)], dtype=object)
+    b = np.array([T.add(y, x), 2], dtype=object)  # equal terms, a plain number
+    c = np.array([T.mul(x, y), T.const(2)], dtype=object)
+    bools = np.array([T.compare("GT", x, T.ZERO)], dtype=object)
+    for p, q in ((a, b), (bools, np.array([T.compare("GT", x, T.ZERO)], dtype=object))):
+        assert same_terms(p, q)
+        assert terms_key(p) == terms_key(q) and hash(terms_key(p)) == hash(terms_key(q))
+    assert terms_key(a) != terms_key(c)
+    assert terms_key(a) != terms_key(a.reshape(1, 2))
+    empty = np.empty((0, 3), dtype=object)
+    assert terms_key(empty) == terms_key(np.empty((0, 3), dtype=object))
