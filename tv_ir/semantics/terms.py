@@ -224,6 +224,16 @@ def _norm(c: Num) -> Num:
     return c
 
 
+def _reciprocal(c: Num) -> Num:
+    """1/c exactly (an int when it is one) of a non-zero coefficient. Most are 1 or -1
+    (a monomial's coefficient inverted), which need no Fraction."""
+    if type(c) is int:
+        return c if c in (1, -1) else Fraction(1, c)
+    if type(c) is Fraction:
+        return _norm(Fraction(c.denominator, c.numerator))
+    return _norm(Fraction(1) / c)
+
+
 class Poly:
     """sum of coeff * monomial; immutable. `inf` is +1/-1 for the constants +inf/-inf.
     `dom` says where the value is what the terms say (elsewhere: some non-finite float);
@@ -686,15 +696,16 @@ def inverse(p: Poly) -> Poly:
         return UNDEFINED  # 1/0 is inf (and x * (1/0) NaN where x = 0)
     if len(p.terms) == 1:
         ((m, c),) = p.terms.items()
-        out = Poly({tuple((a, -e) for a, e in m): _norm(Fraction(1) / c)})
+        out = Poly({tuple((a, -e) for a, e in m): _reciprocal(c)})
         return out if not m else with_dom(out, _nonzero(p), _cmp("==", p))
     g = _common_factor(p)
     if g:  # 1/(g * q) = g^-1 * 1/q: a factor every term shares leaves the inv atom
         q = Poly({_mono_mul(m, tuple((a, -e) for a, e in g)): c for m, c in p.terms.items()})
         return mul(inverse(Poly({g: 1})), inverse(q))
     m, c = leading(p)
-    unit = scale(p, _norm(Fraction(1) / c))
-    out = scale(atom_poly(Atom("inv", (unit,))), _norm(Fraction(1) / c))
+    r = _reciprocal(c)
+    unit = scale(p, r)
+    out = scale(atom_poly(Atom("inv", (unit,))), r)
     return with_dom(out, _nonzero(p), _cmp("==", p))
 
 
@@ -1005,7 +1016,7 @@ def _unit(p: Poly) -> tuple[Poly, Num]:
     """p scaled so its leading coefficient is +-1; returns (unit, |scale|)."""
     _, c = leading(p)
     a = abs(c)
-    return scale(p, _norm(Fraction(1) / a)), a
+    return scale(p, _reciprocal(a)), a
 
 
 def compare(direction: str, x, y, total_order: bool = False) -> Bool:
