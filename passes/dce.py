@@ -27,32 +27,36 @@ name = "dce"
 
 def run(module: Module) -> Module:
     for fn in module.functions.values():
-        while _drop_dead(fn.body):
-            pass
+        _drop_dead(fn.body)
     return module
 
 
-def _drop_dead(body: Block) -> bool:
-    """One sweep over `body` and its nested blocks; whether anything was dropped."""
-    read = {v.id for v in body.results}
-    for op in walk(body):
-        read.update(v.id for v in op.operands)
+def _drop_dead(body: Block) -> None:
+    """Drop from `body` and its nested blocks every pure op whose results nothing live
+    reads, in one backward sweep: each op is met after every op that reads it (later ops
+    of its block and the ops nested in them), so a dead chain goes at once, however long."""
+    reads: dict[int, int] = {}
+    for v in body.results:
+        reads[v.id] = reads.get(v.id, 0) + 1
+    ops = list(walk(body))
+    for op in ops:
+        for v in op.operands:
+            reads[v.id] = reads.get(v.id, 0) + 1
         for region in op.regions:
-            read.update(v.id for v in region.block.results)
-    dropped = False
-    for block in _blocks(body):
-        kept = [
-            op
-            for op in block.ops
-            if op.regions
-            or op.name in KEEP
-            or not op.results
-            or any(r.id in read for r in op.results)
-        ]
-        if len(kept) != len(block.ops):
-            block.ops = kept
-            dropped = True
-    return dropped
+            for v in region.block.results:
+                reads[v.id] = reads.get(v.id, 0) + 1
+    dead: set[int] = set()
+    for op in reversed(ops):
+        if op.regions or op.name in KEEP or not op.results:
+            continue
+        if any(reads.get(r.id, 0) for r in op.results):
+            continue
+        dead.add(id(op))
+        for v in op.operands:
+            reads[v.id] -= 1
+    if dead:
+        for block in _blocks(body):
+            block.ops = [op for op in block.ops if id(op) not in dead]
 
 
 def _blocks(body: Block):
