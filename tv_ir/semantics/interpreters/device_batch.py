@@ -13,7 +13,10 @@ held once, stacked, and the next batched op reads it as it is; a device's enviro
 collective, control flow, a hook, an op not batched), so everything else sees what
 device-by-device evaluation gives. Writing a device's own value drops the stack; a stack
 put for a value drops the devices' own older copies (a loop body's values, once per
-iteration).
+iteration). A hook that only reads an op's results (a traced run records every value) gets
+each device's view and leaves the stack as it is: nothing is written device by device
+(`holds`). all_reduce, reduce_scatter and all_gather combine every group of one size in one
+call (`collectives.group_values`), adding in the order a group alone does.
 
 Only ops whose batched form is the same function on each device slice are batched:
 element-wise ops with operands of the result's shape, the data-movement ops, `dot_general`,
