@@ -345,3 +345,40 @@ def test_near_equal_tiles_of_tiny_and_large_values_are_all_found(seed) -> None:
             }
             found = index._matches(tuple(np.shape(arrays[0])), arrays)  # (tile_matches
             assert {m[0] for m in found} == slow  # then drops a TINY value's floor matches)
+
+
+def test_spec_values_of_one_shape_are_tiled_together_as_each_alone():
+    """The tile index cuts the spec values of one shape and dtype together
+    (`_tiles_projected`): each value's tiles, projections and peaks are what cutting it
+    alone gives, to the bit (inf and NaN elements, integers, several tile shapes, several
+    runs, chunks smaller than the values)."""
+    from tv_ir.prover import correspond as C
+
+    rng = np.random.default_rng(5)
+    values_of = []
+    for vid in range(7):
+        shape = (4, 6) if vid % 3 else (2, 6)
+        runs = [rng.standard_normal(shape) * 10.0 ** rng.integers(-3, 4) for _ in range(2)]
+        if vid == 2:
+            runs[1][0, 0], runs[0][1, 3] = np.inf, np.nan
+        values_of.append((vid, shape, runs))
+    values_of.append((7, (4, 6), [np.arange(24).reshape(4, 6)] * 2))
+    local = (2, 3)
+    r = np.random.default_rng(1).standard_normal(6)
+    for stack_bytes in (C.STACK_BYTES, 200):  # one stack per shape, or a value at a time
+        old = C.STACK_BYTES
+        C.STACK_BYTES = stack_bytes
+        try:
+            together = C._tiles_projected(values_of, local, True, r)
+        finally:
+            C.STACK_BYTES = old
+        for vid, shape, runs in values_of:
+            for tile in C.tile_shapes(shape, local, True):
+                alone = [C.tile_rows(v, tile) for v in runs]
+                key, peak, nonfinite = C._projected(alone, r)
+                got = together[(vid, tile)]
+                np.testing.assert_array_equal(got[0], key)
+                np.testing.assert_array_equal(got[1], peak)
+                np.testing.assert_array_equal(got[2], nonfinite)
+                for a, b in zip(got[3], alone, strict=True):
+                    np.testing.assert_array_equal(a, b)

@@ -260,19 +260,21 @@ class TileIndex:
         idx = self._by_local.get(local)
         if idx is None:
             r, _ = self._direction(local)
-            parts: list[tuple] = []
-            tiles_seen: list[tuple] = []
+            values_of = []
             for vid, shape in self.shapes.items():
-                check_time()  # an index over every spec value of a large program takes a while
                 if vid not in self.traces[0].values:
                     continue
                 values = [np.asarray(tr.values[vid]) for tr in self.traces]
                 if any(v.dtype.kind not in "fiub" or v.shape != tuple(shape) for v in values):
                     continue  # no projection (as `_project`)
+                values_of.append((vid, tuple(shape), values))
+            cut = _tiles_projected(values_of, local, self.loose_rank, r)
+            parts: list[tuple] = []
+            tiles_seen: list[tuple] = []
+            for vid, shape, _ in values_of:  # in the spec's order (ties in the index keep it)
+                check_time()  # an index over every spec value of a large program takes a while
                 for tile in tile_shapes(shape, local, self.loose_rank):
-                    # every tile at once: its projection (as `_project`) and its contents
-                    rows = [tile_rows(v, tile) for v in values]
-                    key, peak, nonfinite = _projected(rows, r)
+                    key, peak, nonfinite, rows = cut[(vid, tile)]
                     groups = _equal_rows(rows)
                     tiles_seen.append(tile)
                     first = groups.first
@@ -701,6 +703,40 @@ def _peaks(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     finite magnitudes within RTOL x max(1, either) of each other."""
     _, peak, nonfinite = _projected(rows, None)
     return peak, nonfinite
+
+
+# spec values of one shape stacked to be cut into tiles together, up to this many bytes
+STACK_BYTES = 32 << 20
+
+
+def _tiles_projected(values_of: list[tuple], local: tuple, loose: bool, r: np.ndarray) -> dict:
+    """(spec value, tile shape) -> (each tile's projection on `r`, `_peaks` of each tile,
+    its rows in every run: `tile_rows`) for each spec value (vid, shape, arrays per run) and
+    tile shape of `local`. Values of one shape and dtypes are stacked and cut, projected and
+    measured in one numpy call per tile shape: a large program's index met thousands of
+    values, one call each."""
+    alike: dict[tuple, list] = {}
+    for vid, shape, values in values_of:
+        alike.setdefault((shape, tuple(v.dtype for v in values)), []).append((vid, values))
+    out: dict[tuple, tuple] = {}
+    for (shape, _), members in alike.items():
+        tiles_here = tile_shapes(shape, local, loose)
+        if not tiles_here:
+            continue
+        size = sum(v.nbytes for v in members[0][1]) or 1
+        step = max(1, STACK_BYTES // size)
+        for at in range(0, len(members), step):
+            check_time()
+            chunk = members[at : at + step]
+            runs = [np.stack([values[i] for _, values in chunk]) for i in range(len(chunk[0][1]))]
+            for tile in tiles_here:
+                rows = [tile_rows(x, (1, *tile)) for x in runs]
+                per = len(rows[0]) // len(chunk)  # tiles of each value
+                key, peak, nonfinite = _projected(rows, r)
+                for k, (vid, _) in enumerate(chunk):
+                    own = slice(k * per, (k + 1) * per)
+                    out[(vid, tile)] = (key[own], peak[own], nonfinite[own], [x[own] for x in rows])
+    return out
 
 
 def _projected(rows: list[np.ndarray], r: np.ndarray | None) -> tuple:
