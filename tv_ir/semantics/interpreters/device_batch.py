@@ -368,11 +368,10 @@ class DeviceBatch:
         if len({len(g) for g in groups}) == 1:  # groups of one size: all at once
             order = [d.device_id for g in groups for d in g]
             got = group_values(ctx, x[order].reshape(len(groups), len(groups[0]), *x.shape[1:]))
-            if got is not None:
-                out = np.empty((self.n, *got.shape[2:]), dtype=got.dtype)
-                out[order] = got.reshape(self.n, *got.shape[2:])
-                self.batched += 1
-                return Stacked([_checked(out, _batched_type(op.results[0].type, self.n))])
+            out = np.empty((self.n, *got.shape[2:]), dtype=got.dtype)
+            out[order] = got.reshape(self.n, *got.shape[2:])
+            self.batched += 1
+            return Stacked([_checked(out, _batched_type(op.results[0].type, self.n))])
         out = None
         for group in groups:
             members = [d.device_id for d in group]

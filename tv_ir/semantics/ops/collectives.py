@@ -100,44 +100,28 @@ def _all_reduce_one(ctx, values: list, i: int) -> np.ndarray:
 # -- the collectives ------------------------------------------------------------------------------
 
 
-def member_values(ctx: OpContext, values: list, i: int = 0) -> list:
+def member_values(ctx: OpContext, values: list, i: int = 0, lead: int = 0) -> list:
     """What each member of a group gets from an all_reduce, all_gather or reduce_scatter of
     operand `i`, given the members' values in group order (a list, or one array stacking
     them along a first axis). One place for their meaning: device by device here, on the
-    devices' stacked values in `device_batch`."""
+    devices' stacked values in `device_batch` (`group_values`: `lead` dimensions ahead of
+    the op's own in every value)."""
     name = ctx.name.split(".", 1)[-1]
     if name == "all_gather":
-        return [np.concatenate(values, axis=ctx.attr("all_gather_dim"))] * len(values)
+        gathered = np.concatenate(values, axis=lead + ctx.attr("all_gather_dim"))
+        return [gathered] * len(values)
     reduced = _all_reduce_one(ctx, values, i)
     if name == "reduce_scatter":
-        return np.split(reduced, len(values), axis=ctx.attr("scatter_dimension"))
+        return np.split(reduced, len(values), axis=lead + ctx.attr("scatter_dimension"))
     return [reduced] * len(values)
 
 
-def group_values(ctx: OpContext, stacked: np.ndarray) -> np.ndarray | None:
+def group_values(ctx: OpContext, stacked: np.ndarray) -> np.ndarray:
     """`member_values` of operand 0 for many groups of one size at once: `stacked` holds
     each group's members' values (groups, members, ...), the result what each member gets,
-    shaped alike. None where only the group-by-group form applies (a reducer that is not
-    one algebra call, an operand converted to the reducer's type, an uneven scatter)."""
-    name = ctx.name.split(".", 1)[-1]
-    groups, members, rest = stacked.shape[0], stacked.shape[1], stacked.shape[2:]
-    if name == "all_gather":  # the members' values concatenated along the gather dimension
-        d = ctx.attr("all_gather_dim")
-        whole = np.moveaxis(stacked, 1, 1 + d).reshape(
-            groups, *rest[:d], members * rest[d], *rest[d + 1 :]
-        )
-        return np.broadcast_to(whole[:, None], (groups, members, *whole.shape[1:]))
-    kind = reducer_kind(ctx)
-    if kind is None or ctx.operand_types[0].dtype != ctx.regions[0].block.args[0].type.dtype:
-        return None
-    reduced = np.asarray(getattr(ctx.alg, kind[0])(stacked, (1,)))
-    if name == "reduce_scatter":  # member k gets the k-th of equal parts
-        s = ctx.attr("scatter_dimension")
-        if rest[s] % members:
-            return None
-        parts = reduced.reshape(groups, *rest[:s], members, rest[s] // members, *rest[s + 1 :])
-        return np.moveaxis(parts, 1 + s, 1)
-    return np.broadcast_to(reduced[:, None], (groups, members, *reduced.shape[1:]))
+    shaped alike (each group's values reduced in the order a group alone reduces them)."""
+    got = member_values(ctx, np.moveaxis(stacked, 1, 0), lead=1)
+    return np.stack(got, axis=1)
 
 
 def _by_group(ctx: OpContext, grid: ProcessGrid, operands: PerDevice) -> PerDevice:
