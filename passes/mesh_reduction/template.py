@@ -1050,8 +1050,12 @@ def relabel_order(mesh: Mesh, pairs: np.ndarray) -> tuple[tuple[int, ...], bool]
         src, dst = (pairs[:, 1], pairs[:, 0]) if inverse else (pairs[:, 0], pairs[:, 1])
         target = np.empty(mesh.devices, dtype=np.int64)
         target[src] = dst
-        # where a step along each axis lands: the axes in the new order, major first
-        step = {a: int(target[mesh.stride(a)] - target[0]) for a in range(len(mesh.sizes))}
+        # where a step along each axis lands: the axes in the new order, major first (an
+        # axis of size 1 has no step, and its stride may be the device count)
+        step = {
+            a: int(target[mesh.stride(a)] - target[0]) if n > 1 else 0
+            for a, n in enumerate(mesh.sizes)
+        }
         order = tuple(sorted(range(len(mesh.sizes)), key=lambda a: -step[a]))
         if _same_pairs(relabel_pairs(mesh, order, inverse), pairs):
             return order, inverse
