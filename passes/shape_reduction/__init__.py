@@ -695,6 +695,14 @@ def _longest_chains(accepted: list, ambiguous: dict, d: DimClasses) -> set:
     )
     for n, _, _ in chains:
         use, uses = (id(n.op), n.operand), {(id(op), k) for op, k, _ in n.chain}
+        counted = frozenset(d.find(k) for k in n.keys)
+        if any(_counts_others(ambiguous.get(u), counted, d) for u in uses):
+            # a constant before the last may count classes the chain does not (`mean /
+            # micro`: 8 the micro-batch's tokens, or a vocabulary of 8; 16 the vocabulary
+            # and the rows): the chain is one reading among several, not guessed (the
+            # constant stays ambiguous). One that counts a part of the chain's classes
+            # either way (16 the rows or the width, 256 both) does not stop it.
+            continue
         if use not in absorbed and not uses & (absorbed | standing):
             absorbed |= uses
             standing.add(use)
@@ -708,6 +716,14 @@ def _longest_chains(accepted: list, ambiguous: dict, d: DimClasses) -> set:
     for use in absorbed:
         ambiguous.pop(use, None)
     return absorbed
+
+
+def _counts_others(entry, counted: frozenset, d: DimClasses) -> bool:
+    """Does an ambiguous constant (`_normalisers`' `ambiguous` entry, or None) have a
+    reading that counts a class outside `counted`?"""
+    if entry is None:
+        return False
+    return any(frozenset(d.find(k) for k in keys) - counted for keys, _ in entry[2].values())
 
 
 def _ambiguous_count(d: DimClasses, n, c: float, found: dict, accepted: list) -> None:
