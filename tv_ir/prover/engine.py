@@ -174,6 +174,7 @@ class StageProver:
         self.repeats = RepeatedStages(self.spec_graph) if self.opt.reuse_proofs else None
         # implementation value id -> per device, the (spec value, box) it was proved equal to
         self.cut_of: dict[int, tuple] = {}
+        self._loose: TileIndex | None = None  # `_loose_index`
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -651,26 +652,50 @@ class StageProver:
                 out = self._cut_as_predicted(v, per_device, predicted, runs, index)
                 if out is not None:
                     return out
+        out, found = self._search_cut(v, per_device, runs, index, form)
+        if found or 1 not in v.type.shape:
+            return out
+        # a value with unit dimensions its spec value lacks (a vmapped stage's [1, ...] slice
+        # of a state stacked over stages, one stage per device): its elements, in order, are
+        # a tile of a spec value up to those dimensions, and its cut is that tile reshaped
+        loose = self._loose_index(index)
+        loose.forget()
+        return self._search_cut(v, per_device, runs, loose, form, record=False)[0]
+
+    def _search_cut(
+        self, v, per_device: list, runs: list, index: TileIndex, form, record: bool = True
+    ) -> tuple[list, bool]:
+        """(v's values, cut where proved equal to tiles `index` finds; whether any was).
+        `record`: name the tiles in `cut_of` (tiles of v's own shape only: mirrored ops and
+        repeated stages read their boxes as v's shape)."""
         for c in index.candidates(runs):
             view = self.spec_view(c.spec_value)
             c = _likeliest_boxes(c, per_device, [view, self._definition_of(c.spec_value)])
             pairs = []
             for d, a in enumerate(per_device):
-                pairs += _element_pairs(a, c.block(view, d))
+                pairs += _element_pairs(a, _shaped(c.block(view, d), a))
             self._now_proving(v.owner, c.spec_value)
             outcome = self._prove_pairs(pairs, STAGE_LEVELS, final=False)
             if outcome.status == "proved":
                 self.stats.stages += 1
                 syms = self._cut_symbols(c.spec_value)
-                self._cut_found(v, form, tuple((c.spec_value, b) for b in c.boxes))
-                return [c.block(syms, d) for d in range(len(per_device))]
+                if record:
+                    self._cut_found(v, form, tuple((c.spec_value, b) for b in c.boxes))
+                return [_shaped(c.block(syms, d), a) for d, a in enumerate(per_device)], True
         if len(per_device) > 1:
             cuts: list = [None] * len(per_device)
             out = self._cut_per_device(per_device, runs, index, cuts)
-            if any(c is not None for c in cuts):
+            found = any(c is not None for c in cuts)
+            if found and record:
                 self._cut_found(v, form, tuple(cuts))
-            return out
-        return per_device
+            return out, found
+        return per_device, False
+
+    def _loose_index(self, index: TileIndex) -> TileIndex:
+        """`index`'s spec values tiled up to unit dimensions (built once per proof)."""
+        if self._loose is None or self._loose.traces is not index.traces:
+            self._loose = TileIndex(index.traces, index.shapes, index.order, loose_rank=True)
+        return self._loose
 
     def _block_of(self, arr) -> tuple | None:
         """(spec value, box) when `arr` is exactly that box of the value's symbols (a shard
@@ -777,12 +802,12 @@ class StageProver:
                     self.stats.proved_by_normal_form += 1
                     outcome = _Outcome("proved", "normal_form")
                 else:
-                    block = np.asarray(self.spec_view(vid))[box_index(box)]
+                    block = _shaped(np.asarray(self.spec_view(vid))[box_index(box)], a)
                     pairs = _element_pairs(a, block)
                     outcome = self._prove_pairs(pairs, STAGE_LEVELS, final=False)
                 if outcome.status == "proved":
                     self.stats.stages += 1
-                    out[d] = np.asarray(self._cut_symbols(vid))[box_index(box)]
+                    out[d] = _shaped(np.asarray(self._cut_symbols(vid))[box_index(box)], a)
                     cuts[d] = (vid, box)
                     break
         return out
@@ -790,7 +815,9 @@ class StageProver:
     def _is_definition(self, terms: np.ndarray, vid: int, box) -> bool:
         """Are these terms spec value `vid`'s one-op definition at `box` (the same op on the
         same cut operands)? Then they equal its symbols there: what expanding them shows."""
-        return _same_terms(terms, np.asarray(self._definition_of(vid))[box_index(box)])
+        return _same_terms(
+            terms, _shaped(np.asarray(self._definition_of(vid))[box_index(box)], terms)
+        )
 
     def _definition_of(self, vid: int):
         """Spec value `vid` one op deep: its definition when it is a cut-point, its elements
@@ -1186,7 +1213,7 @@ def _likeliest_boxes(c, per_device: list, views: list):
 
         def agreeing(box, piece=piece):
             blocks = [np.asarray(v)[box_index(box)] for v in views]
-            if any(b.shape != piece.shape for b in blocks):
+            if any(b.size != piece.size for b in blocks):
                 return -1
             return sum(any(_same(a, b.flat[k]) for b in blocks) for k, a in enumerate(piece.flat))
 
@@ -1264,6 +1291,15 @@ def _element_pairs(a, b) -> list:
     if a.shape != b.shape:
         raise Unsupported(f"cannot compare a {a.shape} piece with a {b.shape} block")
     return [(a[idx], b[idx]) for idx in np.ndindex(*a.shape)]
+
+
+def _shaped(block: np.ndarray, like) -> np.ndarray:
+    """A spec tile as the implementation value it was matched with: the same elements in
+    the same order, with the value's unit dimensions (the identity when the shapes agree)."""
+    shape = np.shape(like)
+    if block.shape == shape or block.size != np.size(like):
+        return block  # (a block of another size: the comparison refuses it)
+    return block.reshape(shape)
 
 
 def _block(array, box):
