@@ -174,7 +174,7 @@ class StageProver:
         self.repeats = RepeatedStages(self.spec_graph) if self.opt.reuse_proofs else None
         # implementation value id -> per device, the (spec value, box) it was proved equal to
         self.cut_of: dict[int, tuple] = {}
-        self._loose: TileIndex | None = None  # `_loose_index`
+        self._loose: dict[int, TileIndex] = {}  # `_loose_index`, by rank
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> Report:
@@ -657,8 +657,9 @@ class StageProver:
             return out
         # a value with unit dimensions its spec value lacks (a vmapped stage's [1, ...] slice
         # of a state stacked over stages, one stage per device): its elements, in order, are
-        # a tile of a spec value up to those dimensions, and its cut is that tile reshaped
-        loose = self._loose_index(index)
+        # a tile of a spec value of lower rank up to those dimensions, and its cut is that
+        # tile reshaped
+        loose = self._loose_index(index, len(v.type.shape))
         loose.forget()
         return self._search_cut(v, per_device, runs, loose, form, record=False)[0]
 
@@ -691,11 +692,15 @@ class StageProver:
             return out, found
         return per_device, False
 
-    def _loose_index(self, index: TileIndex) -> TileIndex:
-        """`index`'s spec values tiled up to unit dimensions (built once per proof)."""
-        if self._loose is None or self._loose.traces is not index.traces:
-            self._loose = TileIndex(index.traces, index.shapes, index.order, loose_rank=True)
-        return self._loose
+    def _loose_index(self, index: TileIndex, rank: int) -> TileIndex:
+        """`index`'s spec values of lower rank than `rank` (those `index` never compares
+        with a value of that rank) tiled up to unit dimensions, built once per rank."""
+        found = self._loose.get(rank)
+        if found is None or found.traces is not index.traces:
+            shapes = {vid: s for vid, s in index.shapes.items() if len(s) < rank}
+            found = TileIndex(index.traces, shapes, index.order, loose_rank=True)
+            self._loose[rank] = found
+        return found
 
     def _block_of(self, arr) -> tuple | None:
         """(spec value, box) when `arr` is exactly that box of the value's symbols (a shard
