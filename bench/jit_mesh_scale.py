@@ -4,6 +4,7 @@
     python bench/jit_mesh_scale.py --step mlp --meshes 2x4,8x8,32x16,64x32
     python bench/jit_mesh_scale.py --meshes 2x4,8x4 --no-xla
     python bench/jit_mesh_scale.py --step llama-fsdp        # data x fsdp x model: 8 ... 8,192
+    python bench/jit_mesh_scale.py --step llama-pipeline    # data x fsdp x stage x model
 
 Steps (`--step`):
 - `llama`: the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py (optax AdamW;
@@ -12,6 +13,11 @@ Steps (`--step`):
 - `llama-fsdp`: the same AdamW step on a data x fsdp x model mesh (`--meshes DxFxM`): the
   batch over ("data", "fsdp"), parameters and moments FSDP over "fsdp" and Megatron over
   "model", the attention heads included (8 heads of 8), replicated over "data";
+- `llama-pipeline`: the same AdamW step pipelined under jit (`--meshes DxFxSxM`), as
+  examples/jax/llama_pipeline_jit.py writes it: one layer per "stage" device (the layers
+  stacked over "stage", `jax.vmap` over the stages, `jnp.roll` between them), 2
+  micro-batches whose rows split over ("data", "fsdp"), the matrices as in `llama-fsdp`;
+  its spec is the AdamW step without the pipeline;
 - `llama-megatron`: the same AdamW step with data parallelism and Megatron tensor
   parallelism (parameters and moments replicated over "data"; attention heads, MLP and
   output head over "model"; 8 heads of 8);
@@ -139,6 +145,74 @@ def _tensor_parallel_step(batch: int, fsdp: str | None, batch_axes):
     return train_step, args, (p, o, batch), (p, o, P())
 
 
+def _pipeline_step(mesh: dict[str, int]):
+    """(train_step, example args, in/out shardings, spec) of the AdamW Llama step pipelined
+    under jit as examples/jax/llama_pipeline_jit.py writes it: the layers stacked over
+    "stage" (one per device), 2 micro-batches whose rows split over ("data", "fsdp"),
+    `jax.vmap` over the stages and `jnp.roll` between them; the matrices FSDP over "fsdp"
+    and Megatron over "model" (8 heads of 8) as in `llama-fsdp`. The spec is the same AdamW
+    step without the pipeline."""
+    import jax
+    import llama
+    import llama_adamw_fsdp_tp as ex
+    import llama_pipeline_jit as pipe
+    from jax.sharding import PartitionSpec as P
+
+    micro, rows = 2, ("data", "fsdp")
+    cfg = llama.Config(
+        dim=WIDTH, ffn=WIDTH, vocab=WIDTH, heads=8, kv_heads=8, head_dim=WIDTH // 8,
+        batch=2 * micro * mesh["data"] * mesh["fsdp"], seq=SEQ, layers=mesh["stage"],
+    )  # fmt: skip
+
+    def adamw(loss):
+        def step(params, opt_state, batch):
+            value, grads = jax.value_and_grad(loss)(params, batch)
+            updates, opt_state = ex.TX.update(grads, opt_state, params)
+            return ex.optax.apply_updates(params, updates), opt_state, value
+
+        return step
+
+    def staged(tree):  # "data" of the example's FSDP is "fsdp"; stacked layers over "stage"
+        def one(s):
+            axes = ["fsdp" if a == "data" else a for a in s]
+            return P("stage", *axes[1:]) if len(axes) == 3 else P(*axes)
+
+        return jax.tree_util.tree_map(one, tree, is_leaf=lambda s: isinstance(s, P))
+
+    params = llama.param_shapes(cfg)
+    opt_state = jax.eval_shape(ex.TX.init, params)
+    p = staged(ex.param_specs(attention_tp=True))
+    p["layers"].update(attn_norm=P("stage"), mlp_norm=P("stage"))
+    o = _like_params(opt_state, p)
+    batch = {"x": P(rows), "targets": P(rows)}
+    impl = adamw(functools.partial(pipe.pipeline_loss, cfg=cfg, micro=micro, batch_axes=rows))
+    spec = adamw(functools.partial(llama.loss_fn, cfg=cfg))
+    args = (params, opt_state, llama.batch_shapes(cfg))
+    return impl, args, (p, o, batch), (p, o, P()), spec
+
+
+def _like_params(opt_state, param_specs):
+    """AdamW's moments sharded as the parameters (`param_specs`), its count replicated."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    by_path = {
+        jax.tree_util.keystr(path): spec
+        for path, spec in jax.tree_util.tree_flatten_with_path(
+            param_specs, is_leaf=lambda s: isinstance(s, P)
+        )[0]
+    }
+
+    def one(path, _leaf):
+        key = jax.tree_util.keystr(path)
+        for moment in (".mu", ".nu"):
+            if moment in key:
+                return by_path[key.split(moment, 1)[1]]
+        return P()
+
+    return jax.tree_util.tree_map_with_path(one, opt_state)
+
+
 def _mlp_step(mesh: dict[str, int]):
     """(train_step, example args, in/out shardings) of the MLP step."""
     data = mesh["data"]
@@ -163,14 +237,22 @@ STEPS = {
     "llama": _step,
     "llama-fsdp": _fsdp_step,
     "llama-megatron": _megatron_step,
+    "llama-pipeline": _pipeline_step,
     "mlp": _mlp_step,
 }
-AXES = {"llama-fsdp": ("data", "fsdp", "model")}  # the others: ("data", "model")
-DEFAULT_MESHES = {"llama-fsdp": ["2x2x2", "4x4x4", "8x8x8", "16x16x8", "64x16x8"]}
+AXES = {  # the others: ("data", "model")
+    "llama-fsdp": ("data", "fsdp", "model"),
+    "llama-pipeline": ("data", "fsdp", "stage", "model"),
+}
+DEFAULT_MESHES = {
+    "llama-fsdp": ["2x2x2", "4x4x4", "8x8x8", "16x16x8", "64x16x8"],
+    "llama-pipeline": ["2x1x2x2", "2x2x2x2", "2x4x2x4", "8x4x2x8", "128x4x2x8"],
+}
 
 
 def mesh_of(step_name: str, mesh: str) -> dict[str, int]:
-    """{axis: size} of a `--meshes` entry (DATAxMODEL, or DATAxFSDPxMODEL for llama-fsdp)."""
+    """{axis: size} of a `--meshes` entry (DATAxMODEL; DATAxFSDPxMODEL for llama-fsdp,
+    DATAxFSDPxSTAGExMODEL for llama-pipeline)."""
     names = AXES.get(step_name, ("data", "model"))
     sizes = [int(k) for k in mesh.split("x")]
     if len(sizes) != len(names):
@@ -185,7 +267,7 @@ def worker_verify(
     from tv_ir.frontends.jax import verify
 
     axes = mesh_of(step_name, mesh)
-    step, args, ins, outs = STEPS[step_name](axes)
+    step, args, ins, outs, *spec = STEPS[step_name](axes)
     t0 = time.perf_counter()
     jax.devices()  # JAX makes its host devices: not verification (see the docstring)
     devices_s = time.perf_counter() - t0
@@ -193,7 +275,7 @@ def worker_verify(
     report = verify(
         step,
         *args,
-        spec=step,
+        spec=spec[0] if spec else step,
         mesh=axes,
         in_shardings=ins,
         out_shardings=outs,
@@ -233,7 +315,7 @@ def worker_xla(step_name: str, mesh: str) -> dict:
     from jax.sharding import Mesh, NamedSharding
 
     axes = mesh_of(step_name, mesh)
-    step, args, ins, outs = STEPS[step_name](axes)
+    step, args, ins, outs, *_ = STEPS[step_name](axes)
     n = math.prod(axes.values())
     m = Mesh(np.array(jax.devices()[:n]).reshape(tuple(axes.values())), tuple(axes))
 
@@ -245,7 +327,9 @@ def worker_xla(step_name: str, mesh: str) -> dict:
         )
 
     t0 = time.perf_counter()
-    jax.jit(step, in_shardings=shard(ins), out_shardings=shard(outs)).lower(*args).compile()
+    with jax.set_mesh(m):  # the step's sharding constraints name the mesh's axes
+        jitted = jax.jit(step, in_shardings=shard(ins), out_shardings=shard(outs))
+        jitted.lower(*args).compile()
     return {"xla_s": time.perf_counter() - t0}
 
 
@@ -254,7 +338,11 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--step", choices=sorted(STEPS), default="llama")
-    ap.add_argument("--meshes", help="DATAxMODEL (llama-fsdp: DATAxFSDPxMODEL), comma-separated")
+    ap.add_argument(
+        "--meshes",
+        help="DATAxMODEL (llama-fsdp: DATAxFSDPxMODEL, llama-pipeline: DATAxFSDPxSTAGExMODEL), "
+        "comma-separated",
+    )
     ap.add_argument("--no-xla", action="store_true", help="skip XLA's compile times")
     ap.add_argument(
         "--whole-mesh", action="store_true", help="simulate every device (no mesh reduction)"
