@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from tv_ir.ir.program import Module
 
-from . import cse, dce, expand_batch_norm, inline_calls, inline_fusions, reroll, total_order_compare
+from . import (
+    cse,
+    dce,
+    expand_batch_norm,
+    inline_calls,
+    inline_fusions,
+    reroll,
+    table_differences,
+    total_order_compare,
+)
 
 PASSES = {
     p.name: p
@@ -20,6 +29,7 @@ PASSES = {
         dce,
         total_order_compare,
         reroll,
+        table_differences,
     )
 }
 DEFAULT_PIPELINE = (
@@ -27,6 +37,7 @@ DEFAULT_PIPELINE = (
     "inline-calls",
     "expand-batch-norm",
     "cse",
+    "table-differences",
     "total-order-compare",
 )
 
