@@ -183,34 +183,12 @@ def _pipeline_step(mesh: dict[str, int]):
     opt_state = jax.eval_shape(ex.TX.init, params)
     p = staged(ex.param_specs(attention_tp=True))
     p["layers"].update(attn_norm=P("stage"), mlp_norm=P("stage"))
-    o = _like_params(opt_state, p)
+    o = ex.opt_state_specs(opt_state, params=p)
     batch = {"x": P(rows), "targets": P(rows)}
     impl = adamw(functools.partial(pipe.pipeline_loss, cfg=cfg, micro=micro, batch_axes=rows))
     spec = adamw(functools.partial(llama.loss_fn, cfg=cfg))
     args = (params, opt_state, llama.batch_shapes(cfg))
     return impl, args, (p, o, batch), (p, o, P()), spec
-
-
-def _like_params(opt_state, param_specs):
-    """AdamW's moments sharded as the parameters (`param_specs`), its count replicated."""
-    import jax
-    from jax.sharding import PartitionSpec as P
-
-    by_path = {
-        jax.tree_util.keystr(path): spec
-        for path, spec in jax.tree_util.tree_flatten_with_path(
-            param_specs, is_leaf=lambda s: isinstance(s, P)
-        )[0]
-    }
-
-    def one(path, _leaf):
-        key = jax.tree_util.keystr(path)
-        for moment in (".mu", ".nu"):
-            if moment in key:
-                return by_path[key.split(moment, 1)[1]]
-        return P()
-
-    return jax.tree_util.tree_map_with_path(one, opt_state)
 
 
 def _mlp_step(mesh: dict[str, int]):

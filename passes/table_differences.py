@@ -32,13 +32,7 @@ def run(module: Module) -> Module:
 
 def _block(block: Block) -> None:
     uses: dict[int, int] = {}
-    for op in block.ops:
-        for v in op.operands:
-            uses[v.id] = uses.get(v.id, 0) + 1
-        for region in op.regions:
-            _count_inner(region.block, uses)
-    for v in block.results:
-        uses[v.id] = uses.get(v.id, 0) + 1
+    _count_uses(block, uses)
     dead: set[int] = set()
     for op in block.ops:
         if op.name != "stablehlo.subtract" or tuple(op.results[0].type.shape) != ():
@@ -56,7 +50,7 @@ def _block(block: Block) -> None:
             continue
         with np.errstate(over="ignore"):  # wraps as the op does in its type
             const_a.attrs["value"] = (table_a - table_b).astype(table_a.dtype)
-        read = [v for v in op.operands]
+        read = list(op.operands)
         op.name = "stablehlo.reshape"
         op.operands = [slice_a.results[0]]
         op.attrs = {}
@@ -82,12 +76,13 @@ def _drop_use(v: Value, uses: dict[int, int], dead: set[int]) -> None:
 _LOOK_UP_OPS = ("stablehlo.reshape", "stablehlo.dynamic_slice", "stablehlo.constant")
 
 
-def _count_inner(block: Block, uses: dict[int, int]) -> None:
+def _count_uses(block: Block, uses: dict[int, int]) -> None:
+    """How many times each value is read in the block and the regions inside it."""
     for op in block.ops:
         for v in op.operands:
             uses[v.id] = uses.get(v.id, 0) + 1
         for region in op.regions:
-            _count_inner(region.block, uses)
+            _count_uses(region.block, uses)
     for v in block.results:
         uses[v.id] = uses.get(v.id, 0) + 1
 

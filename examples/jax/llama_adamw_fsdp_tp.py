@@ -43,12 +43,14 @@ def param_specs(attention_tp: bool = False):
     return {"layers": layers, "final_norm": P(), "head": P("data", "model")}
 
 
-def opt_state_specs(opt_state_shapes, attention_tp: bool = False):
-    """AdamW's moments (mu, nu) are sharded like the parameters; the step count replicated."""
+def opt_state_specs(opt_state_shapes, attention_tp: bool = False, params=None):
+    """AdamW's moments (mu, nu) are sharded like the parameters (`params`, by default
+    `param_specs(attention_tp)`); the step count replicated."""
     by_path = {
         jax.tree_util.keystr(path): spec
         for path, spec in jax.tree_util.tree_flatten_with_path(
-            param_specs(attention_tp), is_leaf=lambda s: isinstance(s, P)
+            params if params is not None else param_specs(attention_tp),
+            is_leaf=lambda s: isinstance(s, P),
         )[0]
     }
 

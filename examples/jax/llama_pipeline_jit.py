@@ -16,7 +16,6 @@ the spec's values have no stage dimension, so tv matches them up to unit dimensi
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import common  # noqa: E402
@@ -24,24 +23,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import llama  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from llama_pipeline import CFG, MICRO, param_specs, train_step  # noqa: E402 (the same step)
 from tv_ir.frontends.jax import Report, verify  # first: asks XLA for 8 CPU devices
 
-STAGES = 2
-MICRO = 2  # micro-batches
-CFG = llama.Config(layers=STAGES)  # one layer per stage
-MESH = {"stage": STAGES}
-
-
-def train_step(params, batch):
-    """The specification: one SGD step of the STAGES-layer decoder on one device."""
-    loss, grads = jax.value_and_grad(functools.partial(llama.loss_fn, cfg=CFG))(params, batch)
-    return llama.sgd(params, grads), loss
-
-
-def param_specs():
-    """Layer weights split over "stage" along their stacked layer axis; the rest replicated."""
-    layers = {k: P("stage") for k in llama.param_shapes(CFG)["layers"]}
-    return {"layers": layers, "final_norm": P(), "head": P()}
+MESH = {"stage": CFG.layers}
 
 
 def pipeline_loss(params, batch, bug: bool = False, cfg=CFG, micro=MICRO, batch_axes=None):
