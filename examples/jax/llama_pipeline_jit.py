@@ -7,7 +7,7 @@ buffer shifts one stage on (`jnp.roll`: XLA makes it a `collective_permute`). Th
 stage's slot feeds the loss. XLA partitions the step; tv proves its per-device program
 equal to the single-device SGD step.
 
-    python examples/jax/llama_pipeline_jit.py         # proved (~3 s)
+    python examples/jax/llama_pipeline_jit.py         # proved (~4 s)
     python examples/jax/llama_pipeline_jit.py --bug   # refuted at the line marked BUG
 
 Each device's values are the vmapped layer's on a [1, ...] slice of the stacked buffer:
