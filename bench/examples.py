@@ -11,6 +11,7 @@ Each row runs in a fresh subprocess (limited to `--memory` GB of address space a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -32,6 +33,7 @@ ROWS = {
     "llama_tokens": ("llama_tokens", {}),
     "llama_tokens --dp": ("llama_tokens", {"dp": True}),
     "llama_pipeline": ("llama_pipeline", {}),
+    "llama_pipeline_jit": ("llama_pipeline_jit", {}),
     "llama_scan (1 layer)": ("llama_scan", {"layers": 1}),
 }
 
@@ -51,6 +53,17 @@ def step_and_args(module: str, kwargs: dict):
         ins, outs = ex.shardings(kwargs.get("attention_tp", False))
         step = jax.jit(
             ex.train_step, in_shardings=named(ins, mesh), out_shardings=named(outs, mesh)
+        )
+        return step, ex.example_args()
+    if module == "llama_pipeline_jit":
+        from jax.sharding import PartitionSpec as P
+        from tv_ir.frontends.jax.mesh import named, resolve_mesh
+
+        mesh = resolve_mesh(ex.MESH)
+        ins = (ex.param_specs(), {"x": P(), "targets": P()})
+        outs = (ex.param_specs(), P())
+        step = jax.jit(
+            ex.pipeline_step(), in_shardings=named(ins, mesh), out_shardings=named(outs, mesh)
         )
         return step, ex.example_args()
     if module == "llama_scan":
@@ -77,7 +90,9 @@ def worker(name: str) -> None:
     sys.path.insert(0, str(EXAMPLES))
     import importlib
 
+    import jax
     from tv_ir.frontends.jax import verify  # noqa: F401  (asks XLA for 8 CPU devices)
+    from tv_ir.frontends.jax.mesh import resolve_mesh
 
     module, kwargs = ROWS[name]
     ex = importlib.import_module(module)
@@ -96,7 +111,9 @@ def worker(name: str) -> None:
     out["verify_s"] = time.perf_counter() - t0
     step, args = step_and_args(module, kwargs)
     t0 = time.perf_counter()
-    step.lower(*args).compile()
+    mesh = getattr(ex, "MESH", None)  # sharding constraints inside the step name its axes
+    with jax.set_mesh(resolve_mesh(mesh)) if mesh else contextlib.nullcontext():
+        step.lower(*args).compile()
     out["compile_s"] = time.perf_counter() - t0
     print(json.dumps(out), flush=True)
 
