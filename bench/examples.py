@@ -56,12 +56,10 @@ def step_and_args(module: str, kwargs: dict):
         )
         return step, ex.example_args()
     if module == "llama_pipeline_jit":
-        from jax.sharding import PartitionSpec as P
         from tv_ir.frontends.jax.mesh import named, resolve_mesh
 
         mesh = resolve_mesh(ex.MESH)
-        ins = (ex.param_specs(), {"x": P(), "targets": P()})
-        outs = (ex.param_specs(), P())
+        ins, outs = ex.shardings()
         step = jax.jit(
             ex.pipeline_step(), in_shardings=named(ins, mesh), out_shardings=named(outs, mesh)
         )

@@ -67,6 +67,19 @@ WIDTH = 64  # dim, FFN, vocabulary and the 4 heads x head_dim: every mesh axis d
 SEQ = 3
 
 
+def _adamw_step(loss):
+    """One optax AdamW step (examples/jax/llama_adamw_fsdp_tp.py's) of `loss(params, batch)`."""
+    import jax
+    import llama_adamw_fsdp_tp as ex
+
+    def train_step(params, opt_state, batch):
+        value, grads = jax.value_and_grad(loss)(params, batch)
+        updates, opt_state = ex.TX.update(grads, opt_state, params)
+        return ex.optax.apply_updates(params, updates), opt_state, value
+
+    return train_step
+
+
 def _step(mesh: dict[str, int]):
     """(train_step, example args, in/out shardings) at the bench's config."""
     data = mesh["data"]
@@ -78,12 +91,7 @@ def _step(mesh: dict[str, int]):
     cfg = llama.Config(
         dim=WIDTH, ffn=WIDTH, vocab=WIDTH, head_dim=WIDTH // 4, batch=2 * data, seq=SEQ
     )
-    loss = functools.partial(llama.loss_fn, cfg=cfg)
-
-    def train_step(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        updates, opt_state = ex.TX.update(grads, opt_state, params)
-        return ex.optax.apply_updates(params, updates), opt_state, value
+    train_step = _adamw_step(functools.partial(llama.loss_fn, cfg=cfg))
 
     params = llama.param_shapes(cfg)
     opt_state = jax.eval_shape(ex.TX.init, params)
@@ -122,12 +130,7 @@ def _tensor_parallel_step(batch: int, fsdp: str | None, batch_axes):
         dim=WIDTH, ffn=WIDTH, vocab=WIDTH, heads=8, kv_heads=8, head_dim=WIDTH // 8,
         batch=batch, seq=SEQ,
     )  # fmt: skip
-    loss = functools.partial(llama.loss_fn, cfg=cfg)
-
-    def train_step(params, opt_state, batch):
-        value, grads = jax.value_and_grad(loss)(params, batch)
-        updates, opt_state = ex.TX.update(grads, opt_state, params)
-        return ex.optax.apply_updates(params, updates), opt_state, value
+    train_step = _adamw_step(functools.partial(llama.loss_fn, cfg=cfg))
 
     def moved(tree):
         return jax.tree_util.tree_map(
@@ -164,14 +167,6 @@ def _pipeline_step(mesh: dict[str, int]):
         batch=2 * micro * mesh["data"] * mesh["fsdp"], seq=SEQ, layers=mesh["stage"],
     )  # fmt: skip
 
-    def adamw(loss):
-        def step(params, opt_state, batch):
-            value, grads = jax.value_and_grad(loss)(params, batch)
-            updates, opt_state = ex.TX.update(grads, opt_state, params)
-            return ex.optax.apply_updates(params, updates), opt_state, value
-
-        return step
-
     def staged(tree):  # "data" of the example's FSDP is "fsdp"; stacked layers over "stage"
         def one(s):
             axes = ["fsdp" if a == "data" else a for a in s]
@@ -185,8 +180,8 @@ def _pipeline_step(mesh: dict[str, int]):
     p["layers"].update(attn_norm=P("stage"), mlp_norm=P("stage"))
     o = ex.opt_state_specs(opt_state, params=p)
     batch = {"x": P(rows), "targets": P(rows)}
-    impl = adamw(functools.partial(pipe.pipeline_loss, cfg=cfg, micro=micro, batch_axes=rows))
-    spec = adamw(functools.partial(llama.loss_fn, cfg=cfg))
+    impl = _adamw_step(functools.partial(pipe.pipeline_loss, cfg=cfg, micro=micro, batch_axes=rows))
+    spec = _adamw_step(functools.partial(llama.loss_fn, cfg=cfg))
     args = (params, opt_state, llama.batch_shapes(cfg))
     return impl, args, (p, o, batch), (p, o, P()), spec
 

@@ -35,16 +35,8 @@ def _drop_dead(body: Block) -> None:
     """Drop from `body` and its nested blocks every pure op whose results nothing live
     reads, in one backward sweep: each op is met after every op that reads it (later ops
     of its block and the ops nested in them), so a dead chain goes at once, however long."""
-    reads: dict[int, int] = {}
-    for v in body.results:
-        reads[v.id] = reads.get(v.id, 0) + 1
     ops = list(walk(body))
-    for op in ops:
-        for v in op.operands:
-            reads[v.id] = reads.get(v.id, 0) + 1
-        for region in op.regions:
-            for v in region.block.results:
-                reads[v.id] = reads.get(v.id, 0) + 1
+    reads = read_counts(body, ops)
     dead: set[int] = set()
     for op in reversed(ops):
         if op.regions or op.name in KEEP or not op.results:
@@ -57,6 +49,21 @@ def _drop_dead(body: Block) -> None:
     if dead:
         for block in _blocks(body):
             block.ops = [op for op in block.ops if id(op) not in dead]
+
+
+def read_counts(body: Block, ops: list | None = None) -> dict[int, int]:
+    """How many times each value is read in `body` and the blocks nested in it (`ops`:
+    `walk(body)`'s ops, when the caller has them)."""
+    reads: dict[int, int] = {}
+    for v in body.results:
+        reads[v.id] = reads.get(v.id, 0) + 1
+    for op in walk(body) if ops is None else ops:
+        for v in op.operands:
+            reads[v.id] = reads.get(v.id, 0) + 1
+        for region in op.regions:
+            for v in region.block.results:
+                reads[v.id] = reads.get(v.id, 0) + 1
+    return reads
 
 
 def _blocks(body: Block):

@@ -12,7 +12,8 @@ fsdp). Each table alone is a position over several axes that is no tile's start,
 reduction kept those axes (docs/equivalence.md, Mesh reduction); their difference is one
 axis's tile start. It is the same value on every device (integer constants, subtracted in
 their type). Only a table read nowhere else is rewritten: A's constant takes the
-difference and the subtraction reads its look-up; B's look-up is left for `dce`.
+difference and the subtraction reads its look-up; A's old reshape goes, and B's look-up
+with it as far as nothing else reads it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from tv_ir.ir.program import Block, Module, Op, Value
+
+from .dce import read_counts
 
 name = "table-differences"
 
@@ -31,8 +34,7 @@ def run(module: Module) -> Module:
 
 
 def _block(block: Block) -> None:
-    uses: dict[int, int] = {}
-    _count_uses(block, uses)
+    uses = read_counts(block)
     dead: set[int] = set()
     for op in block.ops:
         if op.name != "stablehlo.subtract" or tuple(op.results[0].type.shape) != ():
@@ -74,17 +76,6 @@ def _drop_use(v: Value, uses: dict[int, int], dead: set[int]) -> None:
 
 
 _LOOK_UP_OPS = ("stablehlo.reshape", "stablehlo.dynamic_slice", "stablehlo.constant")
-
-
-def _count_uses(block: Block, uses: dict[int, int]) -> None:
-    """How many times each value is read in the block and the regions inside it."""
-    for op in block.ops:
-        for v in op.operands:
-            uses[v.id] = uses.get(v.id, 0) + 1
-        for region in op.regions:
-            _count_uses(region.block, uses)
-    for v in block.results:
-        uses[v.id] = uses.get(v.id, 0) + 1
 
 
 def _look_up(v: Value) -> tuple[Op, Value, Op, Op] | None:

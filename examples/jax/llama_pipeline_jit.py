@@ -23,7 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import llama  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
-from llama_pipeline import CFG, MICRO, param_specs, train_step  # noqa: E402 (the same step)
+from llama_pipeline import CFG, MICRO, example_args, param_specs, train_step  # noqa: E402
 from tv_ir.frontends.jax import Report, verify  # first: asks XLA for 8 CPU devices
 
 MESH = {"stage": CFG.layers}
@@ -66,19 +66,21 @@ def pipeline_step(bug: bool = False):
     return step
 
 
-def example_args():
-    return llama.param_shapes(CFG), llama.batch_shapes(CFG)
+def shardings():
+    """(in, out) PartitionSpecs of the step on MESH: the parameters as `param_specs` (the
+    same as the shard_map pipeline's), the batch and the loss replicated."""
+    return (param_specs(), {"x": P(), "targets": P()}), (param_specs(), P())
 
 
 def verify_example(bug: bool = False, **options) -> Report:
-    specs = (param_specs(), {"x": P(), "targets": P()})
+    ins, outs = shardings()
     return verify(
         pipeline_step(bug),
         *example_args(),
         spec=train_step,
         mesh=MESH,
-        in_shardings=specs,
-        out_shardings=(param_specs(), P()),
+        in_shardings=ins,
+        out_shardings=outs,
         **options,
     )
 
