@@ -59,6 +59,38 @@ def test_a_step_that_never_polls_memory_is_stopped_at_the_memory_limit(monkeypat
     assert not finished
 
 
+def test_without_a_memory_limit_a_run_that_explodes_ends_unknown(monkeypatch) -> None:
+    """No `memory_limit`: the run may add most of the memory available when it starts, and
+    going over ends it `unknown` (not the kernel killing the process, and the machine's
+    other processes with it). A machine with 470 MB available stands in for a real one."""
+    finished = []
+    held = []
+
+    def greedy_multiply(self, x, y):  # grows by 8 MB every 10 ms, never calls check_memory
+        for _ in range(200):
+            held.append(np.ones(2**20))
+            time.sleep(0.01)
+        finished.append(True)
+        raise AssertionError("not stopped")
+
+    monkeypatch.setattr(limits, "available_memory_mb", lambda: 470.0)
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", greedy_multiply)
+    try:
+        r = tv_ir.check(SPEC, IMPL)
+    finally:
+        held.clear()
+    assert r.verdict == "unknown", r.reason
+    assert r.reason.startswith("memory limit of 400 MB reached (the default: 85% of the memory")
+    assert "--memory-limit" in r.reason, r.reason
+    assert not finished
+
+
+def test_the_memory_available_is_read_from_the_os() -> None:
+    available = limits.available_memory_mb()
+    physical = limits.physical_memory_mb()
+    assert available is not None and 0 < available <= physical, (available, physical)
+
+
 def test_an_interrupt_dropped_by_a_callback_is_sent_again(monkeypatch) -> None:
     """An interrupt raised inside a callback the interpreter calls itself (a garbage
     collection callback: "Exception ignored in ...") is dropped; the run is still stopped."""

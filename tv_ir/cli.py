@@ -195,8 +195,9 @@ def _common(p):
         type=float,
         default=None,
         metavar="MB",
-        help="megabytes of resident memory for the process; over it the verdict is unknown, "
-        "naming the op being proved (default: no limit)",
+        help="megabytes of resident memory the run may add to the process; over it the verdict "
+        "is unknown, naming the op being proved (default: 85%% of the memory available when "
+        "the run starts)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for simulation inputs")
     p.add_argument(

@@ -231,6 +231,7 @@ class _Budget:
     ceiling: float  # resident MB the process may reach: its memory at the start, plus mb
     run_mb: float | None = None  # in a worker process: what the user allowed the whole run
     aside: _Aside | None = None  # MB lowering the ceiling for a child beside, until taken back
+    default: bool = False  # no limit was given: mb is the default (`run_memory_budget`)
 
     def used(self, rss: float) -> float:
         """MB the run has added to the process."""
@@ -246,18 +247,68 @@ _budget: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("tv_mem
 _memory_polled = [0.0]
 
 
+DEFAULT_MEMORY_SHARE = 0.85  # of the memory available at the start, when no limit is given
+# (the watchdog steps in at ENFORCE_MEMORY_SLACK times the limit: still under what was there)
+
+
+def run_memory_budget(mb: float | None):
+    """`memory_budget(mb)` for one run of tv; without a limit (None), `DEFAULT_MEMORY_SHARE`
+    of the memory available now (`available_memory_mb`), or no bound where the OS does not
+    say."""
+    if mb is not None:
+        return memory_budget(mb)
+    available = available_memory_mb()
+    if available is None:
+        return memory_budget(None)
+    return memory_budget(max(available * DEFAULT_MEMORY_SHARE, 1.0), default=True)
+
+
+def available_memory_mb() -> float | None:
+    """MB this process could still allocate before the machine (or its container's memory
+    cgroup) runs out: the kernel's MemAvailable, less for a cgroup limit below it (None
+    where the OS says neither)."""
+    available = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) / 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    for limit_path, usage_path in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),  # cgroup v2
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit_path) as f:
+                limit = f.read().strip()
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:  # "max" / a huge number: no limit
+            left = max(int(limit) - usage, 0) / 2**20
+            available = left if available is None else min(available, left)
+    return available
+
+
 @contextlib.contextmanager
-def memory_budget(mb: float | None):
+def memory_budget(mb: float | None, default: bool = False):
     """Let the enclosed work grow the process's resident memory by at most `mb` megabytes
     (2^20 bytes) over what it holds now (None: no bound; nested bounds keep the lower
-    ceiling)."""
+    ceiling). `default`: no limit was given, and `mb` is what tv chose (the reason for
+    stopping says so)."""
     if mb is None:
         yield
         return
     if not mb > 0:
         raise BadInput(f"memory limit must be a positive number of MB, not {mb!r}")
     outer = _budget.get()
-    budget = _Budget(mb, rss_mb() + mb)
+    budget = _Budget(mb, rss_mb() + mb, default=default)
     if outer is not None and outer.limit() <= budget.ceiling:
         budget = outer
     token = _budget.set(budget)
@@ -394,7 +445,8 @@ def worker_memory_budget(share_mb: float | None):
         outer = _budget.get()
         _meter[0] = _PrivateMeter()
         run_mb = outer.run_mb or outer.mb if outer is not None else None
-        token = _budget.set(_Budget(share_mb, _measured_mb() + share_mb, run_mb))
+        default = outer is not None and outer.default
+        token = _budget.set(_Budget(share_mb, _measured_mb() + share_mb, run_mb, None, default))
     try:
         yield
     finally:
@@ -438,10 +490,12 @@ def refuse_unaffordable(need_mb: float, what: str) -> None:
     """OutOfMemoryBudget (verdict unknown) before work that would need `need_mb` MB: more
     than the memory limit, or than the machine has. A step that allocates gigabytes at once
     runs past the polled limit (or is killed by the OS) before a poll can see it."""
-    mb = memory_limit()
+    mb, budget = memory_limit(), _budget.get()
     have = mb if mb is not None else physical_memory_mb()
     if have is not None and need_mb > have:
-        kind = "memory limit" if mb is not None else "machine's memory"
+        kind = "machine's memory" if budget is None else "memory limit"
+        if budget is not None and budget.default:
+            kind = f"default memory limit ({DEFAULT_MEMORY_SHARE:.0%} of the memory available)"
         raise OutOfMemoryBudget(
             f"{what} would take about {need_mb / 1024:.1f} GB, more than the {kind} of "
             f"{have / 1024:.1f} GB"
@@ -455,16 +509,27 @@ def memory_limit_reason(used: float | None = None, detail: str = "") -> str:
 
 def _over_budget(budget: _Budget | None, used: float | None) -> str:
     """`memory limit of MB reached (...)`, naming the user's limit (in a worker process
-    too, with the worker's share)."""
+    too, with the worker's share), or saying it was the default."""
     if budget is None:
         return "memory limit reached"
-    if budget.run_mb is not None:
-        what = f"memory limit of {budget.run_mb:g} MB reached"
-        if used is not None:
-            what += f" (a worker process used {used:.0f} MB, its share {budget.mb:.0f} MB)"
-        return what
-    what = f"memory limit of {budget.mb:g} MB reached"
-    return what + (f" ({used:.0f} MB used by this run)" if used is not None else "")
+    mb = budget.run_mb if budget.run_mb is not None else budget.mb
+    said = []
+    if budget.default:
+        said.append(
+            f"the default: {DEFAULT_MEMORY_SHARE:.0%} of the memory available when the run "
+            "started; --memory-limit / memory_limit= sets another"
+        )
+    if used is not None:
+        if budget.run_mb is not None:
+            said.append(f"a worker process used {used:.0f} MB, its share {budget.mb:.0f} MB")
+        else:
+            said.append(f"{used:.0f} MB used by this run")
+    what = (
+        f"memory limit of {mb:.0f} MB reached"
+        if budget.default
+        else f"memory limit of {mb:g} MB reached"
+    )
+    return what + (f" ({'; '.join(said)})" if said else "")
 
 
 # -- enforcement ----------------------------------------------------------------------------

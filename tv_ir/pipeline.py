@@ -23,11 +23,11 @@ from .limits import (
     check_time,
     deadline,
     enforced_limits,
-    memory_budget,
     refuse_oversized,
     refuse_unaffordable,
     release_freed_memory,
     run_deep,
+    run_memory_budget,
     time_left,
     time_limit_reason,
     too_deep_reason,
@@ -141,7 +141,8 @@ def check(
     device when nothing says it is per-device.
     `time_limit` bounds the whole run (import, unrolling, simulation, proof): when it runs
     out the verdict is unknown. `memory_limit` (MB) bounds the process's resident memory,
-    polled between steps: going over it makes the verdict unknown. `reduce_shapes` proves
+    polled between steps: going over it makes the verdict unknown (None: most of the memory
+    available when the run starts, `limits.run_memory_budget`). `reduce_shapes` proves
     the pair at reduced shapes when every op allows it (docs/equivalence.md, "Shape
     reduction"); False checks the programs at their real sizes. `reduce_mesh` proves a
     shard_map program, or XLA's per-device program of a jit with shardings, on a smaller
@@ -151,7 +152,7 @@ def check(
     obligations have taken a second, or $TV_WORKERS); the report is one worker's.
     """
     progress = progress_callback(progress)
-    with run_scope(), memory_budget(memory_limit), use_workers(workers):
+    with run_scope(), run_memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _check,
@@ -1119,7 +1120,7 @@ def partition_and_check(
     the module at its real sizes and on its real mesh; shape reduction then shrinks the
     partitioned program, and mesh reduction its mesh where the program is a template."""
     progress = progress_callback(progress)
-    with run_scope(), memory_budget(memory_limit), use_workers(workers):
+    with run_scope(), run_memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _partition_and_check,
@@ -1178,7 +1179,7 @@ def shardy_partition_and_check(
     """`tv partition --shardy`: run Shardy's passes (jaxlib) on a Shardy-annotated module and
     prove the per-device program of `function` equal to `spec` (a module; its
     `spec_function`), by default to the function's own global (unsharded) meaning."""
-    with run_scope(), memory_budget(memory_limit), use_workers(workers):
+    with run_scope(), run_memory_budget(memory_limit), use_workers(workers):
         return run_deep(
             _bounded,
             _shardy_partition_and_check,

@@ -31,7 +31,8 @@ def verify(
 
     `mesh` is a `jax.sharding.Mesh` or a `{axis: size}` dict; PartitionSpecs in the shardings
     are placed on it. `options`: `timeout` (seconds per solver query), `time_limit` (seconds
-    for the whole run), `memory_limit` (MB of resident memory for the process), `seed`,
+    for the whole run), `memory_limit` (MB the run may add to the process's resident
+    memory; default 85% of what is available when it starts), `seed`,
     `progress`, `reduce_mesh` (default True: prove a shard_map program, or XLA's partitioning
     of a jit, on a smaller mesh where its structure allows; False simulates every device),
     `reduce_shapes` (default True: prove at reduced shapes where every op allows

@@ -30,7 +30,8 @@ def verify(
     per-device program proved equal to `spec` (a reference model or function, traced
     unsharded), by default to the program's own unsharded meaning.
     `options`: `timeout` (seconds per solver query), `time_limit` (seconds for the whole
-    run), `memory_limit` (MB), `seed`, `progress`, `reduce_shapes` (default True),
+    run), `memory_limit` (MB; default 85% of
+    the memory available when the run starts), `seed`, `progress`, `reduce_shapes` (default True),
     `workers` (processes for the check's independent obligations; tv_ir.prover.workers).
     """
     from tv_ir.pipeline import PARTITION_OPTIONS  # lazily: the runtime is set up first
