@@ -40,6 +40,8 @@ import numpy as np
 from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
 from tv_ir.ir.program import Module, Op, walk
 
+from .device_counts import keep_counted_axes
+
 ORDER_FREE = {"stablehlo.all_reduce"}  # the order of a group's devices does not matter
 RESHAPING = {
     "stablehlo.all_gather",
@@ -571,6 +573,7 @@ def _body(t: Template, body) -> None:
             _pairs(t, op)
         if t.failed:
             return
+    keep_counted_axes(t, ops)
     _marked(t)
 
 

@@ -27,6 +27,7 @@ from ..expand_batch_norm import NORMALISED_LANE
 from .aggregation import spread_dims
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
+from .counts import ClassCounts, sums
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
 from .per_device import PerDevice, batched, combinations, results, stacked_results, table_rows
 from .sorts import sort_rule
@@ -158,6 +159,7 @@ class ShapeRules:
         self.num_devices = num_partitions * num_replicas
         self.pos = Positions()
         self._evaluators = None
+        self.counts = ClassCounts(dims, self.keys)  # counts compared keep their classes
 
     # -- walking ---------------------------------------------------------------------------
 
@@ -175,6 +177,7 @@ class ShapeRules:
             if op.operands and all(v.id in self.pos.independent for v in op.operands):
                 self.pos.independent.update(r.id for r in op.results)
             self.op(op)
+            self.counts.step(op, self.pos.independent, self.pos.tables)
 
     def op(self, op: Op) -> None:
         name = op.name
@@ -673,7 +676,7 @@ class ShapeRules:
             # a sum over one element (keepdims undone): the same value
             if op.operands[0].id in self.pos.scaled:
                 self.pos.scaled[op.results[0].id] = self.pos.scaled[op.operands[0].id]
-        if n == 1 and _adds(op):  # a sum of sums counts both
+        if n == 1 and sums(op):  # a sum of sums counts both
             kx = self.keys(op.operands[0])
             before = self.pos.summed.get(op.operands[0].id, ())
             self.pos.summed[op.results[0].id] = before + tuple(kx[a] for a in axes)
@@ -1001,12 +1004,6 @@ def _captures(op: Op) -> bool:
     read = [v for region in op.regions for inner in walk(region.block) for v in inner.operands]
     read += [v for region in op.regions for v in region.block.results]
     return any(v.id not in inside for v in read)
-
-
-def _adds(op: Op) -> bool:
-    """A reduce whose body adds its two arguments."""
-    ops = op.regions[0].block.ops if op.regions else []
-    return len(ops) == 1 and ops[0].name == "stablehlo.add"
 
 
 def _rank(v: Value) -> int:

@@ -1,0 +1,273 @@
+"""Counts compared: a class whose size bounds a value that a comparison reads keeps its size.
+
+A sum over n positions of values that lie in a fixed range whatever the input (a
+comparison's 0 / 1, `sigmoid`, `tanh`, a select between constants) lies in n times that
+range: the number of pad tokens in a row of 8 is 0 to 8, in a row of 2 only 0 to 2. The
+argument that equality at reduced sizes carries over (docs/equivalence.md, "Why it carries
+over") holds for such a sum where it is only computed with (`sum(l * m) / sum(m)`, a loss
+normalised by its token count), not where a comparison reads it: `where(count(tok == PAD) >
+2, 0, s)` drops a row with 3 pad tokens at 8 positions, and never does at 2, so the reduced
+pair is equal where the real one is not. Random inputs do not find it either (no random
+float equals 1.0; few random rows hold 3 pad tokens), so the concrete confirmations would
+not catch the reduction's mistake.
+
+So each program is walked once beside the shape rules, keeping for each value the least and
+greatest element it can hold whatever the inputs (`_range`: a comparison's 0 / 1,
+`sigmoid`, constants, and what arithmetic and data movement make of bounded operands). A
+sum of values bounded at both ends over a class (a `reduce` adding, a `dot_general`
+contracting two bounded operands) is a *count* of that class, and so is everything computed
+from a count; a count reaching an op whose result is not a smooth function of it
+(`COMPARING`: a comparison, a clamp, a maximum, a floor, an index, a reduce other than a
+sum, ...) keeps the classes it counts. A sum of values bounded at one end only (`exp`) is
+not a count: over any number of positions it can be any positive number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import numpy as np
+
+from tv_ir.ir.program import Op, TensorType, Value
+
+from .classes import DimClasses, Key
+
+# results in a fixed range whatever their operands
+RANGES = {
+    "stablehlo." + n: r
+    for names, r in (
+        ("compare is_finite logistic", (0.0, 1.0)),
+        ("tanh sine cosine sign", (-1.0, 1.0)),
+    )
+    for n in names.split()
+}
+# results whose elements are some operand's (the data operands: `_data`)
+MOVING = {
+    "stablehlo." + n
+    for n in (
+        "convert broadcast_in_dim reshape transpose slice concatenate reverse pad copy "
+        "dynamic_slice dynamic_update_slice gather optimization_barrier all_gather all_to_all "
+        "collective_permute collective_broadcast select"
+    ).split()
+} | {"mhlo.copy"}
+UNBOUNDED = (-np.inf, np.inf)
+# an interval for values computed from constants alone that no rule below follows (finite)
+SOME_CONSTANT = (-1e30, 1e30)
+# ops whose results are not smooth functions of their operands: a count reaching one keeps
+# its classes (`AGAINST` ops only where they meet something that is no count)
+COMPARING = {
+    "stablehlo." + n
+    for n in (
+        "floor ceil round_nearest_afz round_nearest_even remainder sort while case if "
+        "custom_call bitcast_convert and or xor not shift_left shift_right_logical "
+        "shift_right_arithmetic popcnt count_leading_zeros reduce_window select_and_scatter"
+    ).split()
+}
+# ops that index with some operands: a count reaching one as an index (not as data) keeps
+# its classes; op -> its data operands
+INDEXING = {
+    "stablehlo.dynamic_slice": (0,),
+    "stablehlo.dynamic_update_slice": (0, 1),
+    "stablehlo.gather": (0,),
+    "stablehlo.scatter": None,  # operands, then indices, then updates: `_scatter_data`
+}
+# a count compared with a constant (or any other value that is no count): `count > 2`; two
+# counts compared with each other (`count_a > count_b`, a softmax's scores less their max)
+# compare sums that both grow with the class
+AGAINST = {"stablehlo." + n for n in "compare clamp maximum minimum".split()}
+
+
+class Counts:
+    """The range of each value's elements and the counts of one program, met op by op
+    (`step`, in program order). What a count counts is a key: a dimension class here
+    (`ClassCounts`), a mesh axis for mesh reduction (its collectives sum over devices)."""
+
+    def __init__(self, keep: Callable[[Hashable, str], None]) -> None:
+        self.keep = keep  # (key, why): the key keeps its size
+        self.ranges: dict[int, tuple[float, float]] = {}  # value id -> (least, greatest)
+        self.counts: dict[int, tuple[tuple, str]] = {}  # value id -> (keys, where)
+
+    def summed(self, op: Op) -> tuple:
+        """The keys `op` sums bounded values over (making a count of them)."""
+        return ()
+
+    def local_sum(self, op: Op) -> tuple[float, float] | None:
+        """The range of a sum `op` makes that is no count (None: no bound)."""
+        return None
+
+    def step(self, op: Op, independent: set[int] = frozenset(), tables: dict | None = None) -> None:
+        counted = [self.counts[v.id] for v in op.operands if v.id in self.counts]
+        if counted and _compares(op, self.counts, self.ranges):
+            for keys, where in counted:
+                for k in keys:
+                    self.keep(k, f"its count ({where}) is compared by {op.short_name} at {op.loc}")
+        r = _range(op, [self.range(v) for v in op.operands], tables)
+        if r is UNBOUNDED and op.name == "stablehlo.reduce" and sums(op):
+            r = self.local_sum(op) or UNBOUNDED
+        if r is None and op.results and all(v.id in independent for v in op.results):
+            r = SOME_CONSTANT
+        if r is not None and r != UNBOUNDED:
+            for v in op.results:
+                self.ranges[v.id] = r
+        keys = tuple(k for ks, _ in counted for k in ks)
+        summed = self.summed(op)
+        if keys or summed:
+            where = counted[0][1] if counted else f"{op.short_name} at {op.loc}"
+            for v in op.results:
+                self.counts[v.id] = (tuple(dict.fromkeys(keys + summed)), where)
+
+    def range(self, v: Value) -> tuple[float, float]:
+        return self.ranges.get(v.id, UNBOUNDED)
+
+    def counted(self, v: Value) -> bool:
+        return _bounded(self.range(v)) or v.id in self.counts
+
+
+class ClassCounts(Counts):
+    """Counts of dimension classes: a `reduce` adding, a `dot_general` contracting two
+    bounded operands."""
+
+    def __init__(self, d: DimClasses, keys: Callable[[Value], list[Key]]) -> None:
+        super().__init__(d.keep)
+        self.keys = keys  # Value -> its dimensions' keys (the shape rules')
+
+    def summed(self, op: Op) -> tuple:
+        if op.name == "stablehlo.reduce" and sums(op) and self.counted(op.operands[0]):
+            kx = self.keys(op.operands[0])
+            return tuple(kx[a] for a in op.attrs["dimensions"])
+        if op.name == "stablehlo.dot_general":
+            lhs, rhs = op.operands[0], op.operands[1]
+            if _bounded(self.range(lhs)) and _bounded(self.range(rhs)):
+                kl = self.keys(lhs)
+                return tuple(kl[i] for i in op.attrs["dot_dimension_numbers"].lhs_contract)
+        return ()
+
+
+def _compares(op: Op, counts: dict, ranges: dict) -> bool:
+    """Is `op`'s result a function of its operands that is not smooth where a count reaches
+    it (the count then keeps what it counts)? A reduce other than a sum (a max) passes an
+    operand's element on, and `abs` and `sign` keep a count's own threshold (0)."""
+    name = op.name
+    if name in COMPARING:
+        return True
+    if name in INDEXING:
+        data = INDEXING[name]
+        if data is None:  # scatter: its one index operand follows the operands
+            data = tuple(k for k in range(len(op.operands)) if k != len(op.operands) // 2)
+        return any(v.id in counts for k, v in enumerate(op.operands) if k not in data)
+    if name in AGAINST:  # a constant +-inf (`jnp.max`'s initial value) is no threshold
+        return any(v.id not in counts and not _infinite(ranges.get(v.id)) for v in op.operands)
+    if name == "stablehlo.divide":  # an integer division floors
+        return _integer(op.results[0])
+    # a float count rounded to an integer
+    return name == "stablehlo.convert" and _integer(op.results[0]) and not _integer(op.operands[0])
+
+
+def _range(
+    op: Op, ranges: list[tuple[float, float]], tables: dict | None
+) -> tuple[float, float] | None:
+    """The least and greatest element `op`'s results can hold, given its operands' (None:
+    no rule; UNBOUNDED: any)."""
+    name = op.name
+    if name in RANGES:
+        return RANGES[name]
+    if op.results and all(_boolean(v) for v in op.results):
+        return (0.0, 1.0)
+    if name == "stablehlo.constant":
+        if op.results[0].id in (tables or {}):  # a table proved for every value it could hold
+            return UNBOUNDED
+        value = np.asarray(op.attrs.get("value"))
+        if value.size == 0 or value.dtype.kind not in "fiub":
+            return None
+        value = value.astype(np.float64)
+        return None if np.isnan(value).any() else (float(np.min(value)), float(np.max(value)))
+    if name == "stablehlo.iota":
+        return (0.0, float(max(op.results[0].type.shape or (1,)) - 1))
+    if name in MOVING:
+        return _union([ranges[i] for i in _data(op)])
+    if name == "stablehlo.reduce" and not sums(op):  # max, min, argmax: an operand's element
+        return _union(ranges)
+    if not ranges:
+        return None
+    with np.errstate(all="ignore"):
+        if name == "stablehlo.negate":
+            lo, hi = ranges[0]
+            return (-hi, -lo)
+        if name == "stablehlo.add":
+            return _clean(ranges[0][0] + ranges[1][0], ranges[0][1] + ranges[1][1])
+        if name == "stablehlo.subtract":
+            return _clean(ranges[0][0] - ranges[1][1], ranges[0][1] - ranges[1][0])
+        if name == "stablehlo.multiply":
+            return _products(ranges[0], ranges[1])
+        if name == "stablehlo.divide" and (ranges[1][0] > 0 or ranges[1][1] < 0):
+            lo, hi = ranges[1]
+            return _products(ranges[0], (1 / hi, 1 / lo))
+        if name in ("stablehlo.maximum", "stablehlo.minimum"):
+            pick = max if name == "stablehlo.maximum" else min
+            return (pick(ranges[0][0], ranges[1][0]), pick(ranges[0][1], ranges[1][1]))
+        if name == "stablehlo.clamp":  # clamp(low, x, high) = min(max(x, low), high)
+            low, x, high = ranges
+            raised = (max(x[0], low[0]), max(x[1], low[1]))
+            return (min(raised[0], high[0]), min(raised[1], high[1]))
+        if name == "stablehlo.abs":
+            lo, hi = ranges[0]
+            return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
+        if name == "stablehlo.exponential":
+            return (0.0, float(np.exp(ranges[0][1])))
+    return UNBOUNDED
+
+
+def _data(op: Op) -> list[int]:
+    """The operands whose elements a moving op's results hold."""
+    name = op.name
+    if name == "stablehlo.select":
+        return [1, 2]
+    if name in ("stablehlo.dynamic_slice", "stablehlo.gather"):
+        return [0]
+    if name in ("stablehlo.pad", "stablehlo.dynamic_update_slice"):
+        return [0, 1]
+    return list(range(len(op.operands)))
+
+
+def _union(ranges: list[tuple[float, float]]) -> tuple[float, float]:
+    if not ranges:
+        return UNBOUNDED
+    return (min(r[0] for r in ranges), max(r[1] for r in ranges))
+
+
+def _products(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    ends = [x * y for x in a for y in b]
+    if any(np.isnan(e) for e in ends):  # 0 x inf: no bound
+        return UNBOUNDED
+    return (min(ends), max(ends))
+
+
+def _clean(lo: float, hi: float) -> tuple[float, float]:
+    return UNBOUNDED if np.isnan(lo) or np.isnan(hi) else (lo, hi)
+
+
+def _infinite(r: tuple[float, float] | None) -> bool:
+    """One infinite value (a constant -inf)."""
+    return r is not None and r[0] == r[1] and bool(np.isinf(r[0]))
+
+
+def _bounded(r: tuple[float, float]) -> bool:
+    """Both ends finite, and not one value (a sum of a constant is a count of its own kind:
+    rules.py keeps it)."""
+    return bool(np.isfinite(r[0]) and np.isfinite(r[1]) and r[0] < r[1])
+
+
+def sums(op: Op) -> bool:
+    """A reduce whose body adds its two arguments."""
+    ops = op.regions[0].block.ops if op.regions else []
+    return len(ops) == 1 and ops[0].name == "stablehlo.add"
+
+
+def _boolean(v: Value) -> bool:
+    t = v.type
+    return isinstance(t, TensorType) and t.dtype == "i1"
+
+
+def _integer(v: Value) -> bool:
+    t = v.type
+    return isinstance(t, TensorType) and t.dtype.startswith(("i", "ui")) and t.dtype != "i1"

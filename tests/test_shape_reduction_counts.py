@@ -1,0 +1,156 @@
+"""Counts compared (passes/shape_reduction/counts.py): a sum of bounded values over a class
+(how many pad tokens a row holds) lies in a range that grows with the class, so where a
+comparison reads it the class keeps its size; where it is only computed with (a loss
+normalised by its token count) the class still shrinks.
+
+Each of these bugs was once proved `equivalent`: at the reduced size of 2 a row cannot hold
+3 pad tokens, and random inputs never hold an exact 1.0 nor often 3 pad tokens in a row,
+so the concrete confirmations agreed too."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from test_shape_reduction import F32, I32, S, both, kept, mesh, shrunk
+from tv_ir.frontends.jax import verify
+
+from tv_ir.prover import real_size
+
+B, T = 4, 16
+PAD = 7
+
+
+def row_sum(x):
+    return jnp.sum(x, axis=-1)
+
+
+def row_sum_unless_three_ones(x):
+    return jnp.where(jnp.sum(x == 1.0, axis=-1) >= 3, 0.0, jnp.sum(x, axis=-1))  # BUG
+
+
+def masked_sum(tok, w):
+    return jnp.sum(jnp.where(tok != PAD, w, 0.0), axis=-1)
+
+
+def masked_sum_dropping_padded_rows(tok, w):
+    s = jnp.sum(jnp.where(tok != PAD, w, 0.0), axis=-1)
+    return jnp.where(jnp.sum(tok == PAD, axis=-1) > 2, 0.0, s)  # BUG: drops rows of 3+ pads
+
+
+def sigmoid_total(x):
+    return jnp.sum(x, axis=-1)
+
+
+def sigmoid_total_clipped(x):
+    total = jnp.sum(jax.nn.sigmoid(x), axis=-1)
+    return jnp.where(total > 2.5, 0.0, jnp.sum(x, axis=-1))  # BUG: sums of 3+ sigmoids
+
+
+def masked_mean_loss(tok, logits):
+    """A loss normalised by its token count: computed with, never compared."""
+    m = (tok != PAD).astype(F32)
+    return jnp.sum(logits * m) / jnp.sum(m)
+
+
+def masked_mean_loss_in_steps(tok, logits):
+    m = jnp.where(tok == PAD, 0.0, 1.0)
+    per_row = jnp.sum(logits * m, axis=-1)
+    return jnp.sum(per_row) / jnp.sum(jnp.sum(m, axis=-1))
+
+
+def _seq_kept(report) -> str:
+    return kept(report).get("spec argument 0 dim 1", "")
+
+
+def test_a_count_of_exact_values_compared_is_refuted() -> None:
+    x = S((B, T), F32)
+    reduced, _ = both(row_sum_unless_three_ones, x, spec=row_sum, expect="not_equivalent")
+    assert "is compared by compare" in _seq_kept(reduced), reduced.reduction["summary"]
+
+
+def test_a_count_of_pad_tokens_compared_is_refuted() -> None:
+    args = (S((B, T), I32), S((B, T), F32))
+    reduced, _ = both(
+        masked_sum_dropping_padded_rows, *args, spec=masked_sum, expect="not_equivalent"
+    )
+    assert "is compared by compare" in _seq_kept(reduced), reduced.reduction["summary"]
+
+
+def test_a_count_of_pad_tokens_compared_is_refuted_under_jit_with_shardings() -> None:
+    """The sequence split over "model": each device counts its part, XLA adds them."""
+    m = mesh()
+    split = NamedSharding(m, P("data", "model"))
+    impl = jax.jit(
+        masked_sum_dropping_padded_rows,
+        in_shardings=(split, split),
+        out_shardings=NamedSharding(m, P("data")),
+    )
+    report = verify(impl, S((B, T), I32), S((B, T), F32), spec=masked_sum)
+    assert report.verdict == "not_equivalent", str(report)
+    tok = np.array(report.counterexample.inputs["tok"])
+    assert (np.sum(tok == PAD, axis=-1) > 2).any(), tok  # the rows the bug drops
+
+
+def test_a_sum_of_sigmoids_compared_is_refuted() -> None:
+    x = S((B, T), F32)
+    reduced, _ = both(sigmoid_total_clipped, x, spec=sigmoid_total, expect="not_equivalent")
+    assert "is compared by compare" in _seq_kept(reduced), reduced.reduction["summary"]
+
+
+def test_a_count_compared_is_refuted_when_the_real_programs_are_too_large(monkeypatch) -> None:
+    """No concrete run at the real sizes: the class kept, the pair is checked at them."""
+    monkeypatch.setattr(real_size, "REPLAY_LIMIT", 0)
+    args = (S((B, T), I32), S((B, T), F32))
+    report = verify(masked_sum_dropping_padded_rows, *args, spec=masked_sum)
+    assert report.verdict == "not_equivalent", str(report)
+
+
+def test_a_loss_normalised_by_its_token_count_still_shrinks() -> None:
+    args = (S((B, T), I32), S((B, T), F32))
+    for impl in (masked_mean_loss, masked_mean_loss_in_steps):
+        reduced, _ = both(impl, *args, spec=masked_mean_loss, expect="equivalent")
+        assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+
+
+# -- counts summed over devices: mesh reduction (passes/mesh_reduction/device_counts.py) --
+
+
+def _psum_dropping_padded_rows(tok, w):
+    s = jax.lax.psum(jnp.sum(jnp.where(tok != PAD, w, 0.0), axis=-1), "model")
+    n = jax.lax.psum(jnp.sum(tok == PAD, axis=-1), "model")
+    return jnp.where(n > 6, 0.0, s)  # BUG: drops rows of 7+ pads (at most 4 on 2 devices)
+
+
+def masked_sum_dropping_rows_of_nine_pads(tok, w):
+    s = jnp.sum(jnp.where(tok != PAD, w, 0.0), axis=-1)
+    return jnp.where(jnp.sum(tok == PAD, axis=-1) > 8, 0.0, s)  # BUG: drops rows of 9+ pads
+
+
+def test_a_count_summed_over_devices_and_compared_is_refuted() -> None:
+    """Each of 4 "model" devices counts its 4 tokens and `psum` adds them: on 2 devices a
+    row holds at most 8 of them, so "model" keeps its 4 devices."""
+    impl = jax.shard_map(
+        _psum_dropping_padded_rows,
+        mesh=mesh(),
+        in_specs=(P(None, "model"), P(None, "model")),
+        out_specs=P(),
+    )
+    report = verify(impl, S((B, T), I32), S((B, T), F32), spec=masked_sum)
+    assert report.verdict == "not_equivalent", str(report)
+    assert not (report.mesh_reduction or {}).get("reduced"), report.mesh_reduction
+
+
+def test_a_count_summed_by_xla_over_devices_and_compared_is_refuted() -> None:
+    """The same under jit: the sequence split over "model", XLA adds the devices' counts."""
+    m = mesh()
+    split = NamedSharding(m, P("data", "model"))
+    impl = jax.jit(
+        masked_sum_dropping_rows_of_nine_pads,
+        in_shardings=(split, split),
+        out_shardings=NamedSharding(m, P("data")),
+    )
+    report = verify(impl, S((B, T), I32), S((B, T), F32), spec=masked_sum)
+    assert report.verdict == "not_equivalent", str(report)
