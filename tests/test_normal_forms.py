@@ -58,3 +58,25 @@ def test_jax_log_softmax_is_log_sum_exp() -> None:
 def test_softmax_over_the_wrong_axis_is_refuted() -> None:
     r = verify(lambda s: jax.nn.softmax(s, axis=0), S, spec=textbook_softmax)
     assert r.verdict == "not_equivalent"
+
+
+def test_a_maximum_of_terms_whose_difference_has_a_sign_is_the_larger() -> None:
+    s = T.add(T.fn("exp", x), T.fn("exp", y))
+    assert T.maximum([s, T.neg(s)]) == s  # |s| of a positive s
+    assert T.maximum([s, T.neg(s)], is_max=False) == T.neg(s)
+    assert T.maximum([T.fn("exp", x), T.ZERO]) == T.fn("exp", x)  # relu of a positive
+    assert T.as_atom(T.maximum([x, T.neg(x)])).kind == "max"  # |x|: no sign known
+
+
+def hand_written_logsumexp(s):
+    m = jnp.max(s, axis=-1, keepdims=True)
+    return (m + jnp.log(jnp.sum(jnp.exp(s - m), axis=-1, keepdims=True)))[..., 0]
+
+
+def test_a_hand_written_logsumexp_is_jax_nn_logsumexp() -> None:
+    """jax.nn.logsumexp takes log(|sum(exp(s - m))|): the sum is positive, so its absolute
+    value is itself (once unknown: "the solver found a difference", no counterexample)."""
+    report = verify(
+        hand_written_logsumexp, S, spec=lambda s: jax.nn.logsumexp(s, axis=-1), reduce_shapes=False
+    )
+    assert report.verdict == "equivalent", str(report)

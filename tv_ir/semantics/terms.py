@@ -998,6 +998,11 @@ def maximum(items, is_max: bool = True) -> Poly:
         if d.is_const():
             bigger = d.const_value() > 0
             return a if bigger == is_max else b
+        # a difference of known sign wherever both are defined (|s| for a sum of
+        # exponentials s, as jax.nn.logsumexp takes it: s - (-s) = 2 s > 0)
+        s = sign(d)
+        if s:
+            return a if (s > 0) == is_max else b
     return atom_poly(Atom(kind, (frozenset(args),)))
 
 
