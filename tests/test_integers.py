@@ -470,3 +470,25 @@ def test_extreme_integers_overflowing_floats_are_no_counterexample() -> None:
 
     r = tv_ir.check(lower(spec, x), lower(impl, x))
     assert r.verdict != "not_equivalent", r.counterexample
+
+
+def test_an_integer_output_differs_where_a_float_output_overflows() -> None:
+    """Adam's bias correction with a step counter: `count + 1` wraps at INT_MAX where the
+    spec saturates (optax's `safe_increment`). At that count `0.9 ** count` overflows
+    floats, so the float output is no evidence, but the counter output is: refuted there
+    (once `unknown`: "the solver found a difference", every replay discarded)."""
+    p = np.zeros((4,), np.float32)
+    c = np.int32(0)
+
+    def spec(p, g, c):
+        c2 = jnp.where(c < jnp.iinfo(jnp.int32).max, c + 1, c)
+        return p - 0.1 * g / (1 - 0.9**c2), c2
+
+    def impl(p, g, c):
+        c2 = c + 1
+        return p - 0.1 * g / (1 - 0.9**c2), c2
+
+    r = tv_ir.check(lower(spec, p, p, c), lower(impl, p, p, c))
+    assert r.verdict == "not_equivalent", str(r)
+    assert r.counterexample.output == 1
+    assert int(r.counterexample.inputs["c"]) == np.iinfo(np.int32).max

@@ -291,13 +291,16 @@ _TOTAL = frozenset(
 _COMBINING = frozenset({"stablehlo.all_reduce", "stablehlo.reduce_scatter"})
 
 
-def overflowed(module: Module, trace) -> bool:
+def overflowed(module: Module, trace, within: set[int] | None = None) -> bool:
     """Whether a run overflowed floats: an op that is total over the reals produced an
     infinity from finite operands (integers near their extremes converted to floats and
     exponentiated, say). Floats are reals, so such a run is no evidence about the programs;
-    a division by zero or a square root of a negative number is (docs/equivalence.md)."""
+    a division by zero or a square root of a negative number is (docs/equivalence.md).
+    `within`: only ops whose results are among these value ids (what one output reads)."""
     for op in module.main.body.ops:
         if op.name not in _TOTAL:
+            continue
+        if within is not None and not any(v.id in within for v in op.results):
             continue
         for v in op.results:
             out = trace.values.get(v.id)
