@@ -177,6 +177,12 @@ def test_progress_true_prints_lines(capsys):
         (lambda: verify(mlp, PARAMS, spec=mlp), "lowered"),
         (lambda: verify(mlp, PARAMS, X, in_shardings=(P(), P())), "pass mesh="),
         (lambda: verify(mlp, PARAMS, X, spec=mlp, progress="yes"), "progress must be"),
+        (
+            lambda: verify(
+                lambda x: x * 2, X, mesh={"data": 2, "model": 2}, in_shardings=(P("batch"),)
+            ),
+            "batch",
+        ),
     ],
     ids=[
         "no-spec-unsharded",
@@ -188,6 +194,7 @@ def test_progress_true_prints_lines(capsys):
         "missing-arg",
         "spec-without-mesh",
         "progress-not-callable",
+        "axis-not-in-mesh",
     ],
 )
 def test_bad_input_is_one_line(call, message):
@@ -195,3 +202,20 @@ def test_bad_input_is_one_line(call, message):
         call()
     text = str(err.value)
     assert message in text and "\n" not in text, text
+
+
+def test_a_shard_map_of_another_shape_says_the_signatures_differ(mesh):
+    """A shard_map whose global result is (8, 4) against a spec's (8, 8): the same one-line
+    message as for any two programs, not one about per-device layouts."""
+    impl = jax.shard_map(
+        lambda x: x[:, :1],
+        mesh=mesh,
+        in_specs=P("data", "model"),
+        out_specs=P("data", "model"),
+        check_vma=False,
+    )
+    with pytest.raises(BadInput) as err:
+        verify(impl, X, spec=lambda x: x)
+    assert str(err.value) == (
+        "signatures differ: result 0 is tensor<8x8xf32> in spec but tensor<8x4xf32> in impl"
+    )

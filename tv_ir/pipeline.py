@@ -88,6 +88,7 @@ def check_signatures(spec: Module, impl: Module, placement: Placement | None = N
 
 
 def _check_local_shapes(s, i, placement: Placement) -> None:
+    shard_map = any(op.name == "sdy.manual_computation" for op in i.body.ops)
     for what, stypes, itypes, layouts in (
         ("argument", s.arg_types, i.arg_types, placement.args),
         ("result", s.result_types, i.result_types, placement.results),
@@ -98,6 +99,8 @@ def _check_local_shapes(s, i, placement: Placement) -> None:
             if getattr(a, "dtype", None) != getattr(b, "dtype", None):
                 raise BadInput(f"signatures differ: {what} {k} is {a} in spec but {b} in impl")
             local = tuple(getattr(b, "shape", ()))
+            if local != tuple(lay.tile_shape) and shard_map:  # its boundary is global
+                raise BadInput(f"signatures differ: {what} {k} is {a} in spec but {b} in impl")
             if local != tuple(lay.tile_shape):
                 raise BadInput(
                     f"impl {what} {k} is {b} per device, but its layout {lay} holds "

@@ -50,7 +50,11 @@ def named(shardings: Any, mesh) -> Any:
         if isinstance(s, PartitionSpec):
             if mesh is None:
                 raise BadInput(f"sharding {s} is a PartitionSpec: pass mesh= as well")
-            return NamedSharding(mesh, s)
+            try:
+                return NamedSharding(mesh, s)
+            except ValueError as e:  # an axis the mesh lacks, an axis used twice
+                why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise BadInput(f"sharding {s} on mesh {dict(mesh.shape)}: {why}") from None
         return s
 
     return jax.tree_util.tree_map(
