@@ -80,3 +80,30 @@ def test_a_hand_written_logsumexp_is_jax_nn_logsumexp() -> None:
         hand_written_logsumexp, S, spec=lambda s: jax.nn.logsumexp(s, axis=-1), reduce_shapes=False
     )
     assert report.verdict == "equivalent", str(report)
+
+
+def test_exp_of_a_sum_keeps_a_constant_float64_cannot_hold() -> None:
+    """exp(x - 1e9) = exp(x) exp(-1e9), and exp(-1e9) is 0.0 in float64: folded, the term was
+    0 for every x, and `exp(x - 1e9)` was proved equal to `0 * x` (at x = 1e9 it is 1).
+    The constant stays an exp atom: positive, never 0."""
+    assert T.fn("exp", T.sub(x, T.const(1e9))) != T.ZERO
+    assert T.sign(T.fn("exp", T.sub(x, T.const(1e9)))) == 2
+    assert T.fn("exp", T.sub(x, T.const(2.0))) == T.mul(T.fn("exp", x), T.const(np.exp(-2.0)))
+
+
+def causal_softmax(s, masked_by):
+    mask = jnp.tril(jnp.ones((s.shape[-1], s.shape[-1]), bool))
+    return jax.nn.softmax(jnp.where(mask, s, masked_by), axis=-1)
+
+
+def test_a_mask_of_minus_1e9_is_not_proved_a_mask_of_minus_infinity() -> None:
+    """Over the reals (and in float32 at a score of -2e9) they differ: never `equivalent`."""
+    s = np.zeros((2, 4, 4), np.float32)
+    for big in (-1e9, float(np.finfo(np.float32).min)):
+        report = verify(
+            lambda s, big=big: causal_softmax(s, big),
+            s,
+            spec=lambda s: causal_softmax(s, -jnp.inf),
+            reduce_shapes=False,
+        )
+        assert report.verdict != "equivalent", str(report)

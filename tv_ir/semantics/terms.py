@@ -875,8 +875,19 @@ def _exp_of_sum(v: Poly) -> Poly:
             rest[m] = c
     if rest:
         r = Poly(rest)
-        out = mul(out, _fold("exp", r.const_value()) if r.is_const() else _exp_atom(r))
+        out = mul(out, _exp_constant(r) if r.is_const() else _exp_atom(r))
     return value(out)
+
+
+def _exp_constant(r: Poly) -> Poly:
+    """exp of a constant split off a sum: folded where float64 holds it as a normal number;
+    else an atom, positive and opaque. exp(-1e9) folded to 0.0 made exp(x - 1e9) = 0 for
+    every x, though at x = 1e9 it is 1 (the proof is over the reals)."""
+    with np.errstate(all="ignore"):
+        v = float(np.exp(np.float64(float(r.const_value()))))
+    if np.isfinite(v) and v >= np.finfo(np.float64).tiny:
+        return const(v)
+    return _exp_atom(r)
 
 
 def _exp_atom(v: Poly) -> Poly:
