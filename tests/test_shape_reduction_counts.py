@@ -154,3 +154,19 @@ def test_a_count_summed_by_xla_over_devices_and_compared_is_refuted() -> None:
     )
     report = verify(impl, S((B, T), I32), S((B, T), F32), spec=masked_sum)
     assert report.verdict == "not_equivalent", str(report)
+
+
+def count_in_int32(m):
+    return jnp.sum(m.astype(I32), axis=-1)
+
+
+def count_in_int8(m):
+    return jnp.sum(m.astype(jnp.int8), axis=-1, dtype=jnp.int8).astype(I32)  # BUG: wraps
+
+
+def test_a_count_in_eight_bits_wraps_past_127() -> None:
+    """A mask of 200 counted in int8 wraps at 128 (200 ones: -56); at the reduced length it
+    never does, and random masks hold about 100 ones: the class keeps its size."""
+    m = S((2, 200), jnp.bool_)
+    reduced, _ = both(count_in_int8, m, spec=count_in_int32, expect="not_equivalent")
+    assert "wraps in i8" in _seq_kept(reduced), reduced.reduction["summary"]

@@ -115,9 +115,15 @@ class Counts:
             where = counted[0][1] if counted else f"{op.short_name} at {op.loc}"
             for v in op.results:
                 self.counts[v.id] = (tuple(dict.fromkeys(keys + summed)), where)
+                if _narrow(v):  # a count in 8 or 16 bits wraps past 127 (32767): a threshold
+                    for k in keys + summed:
+                        self.keep(k, f"its count ({where}) wraps in {v.type.dtype} at {op.loc}")
 
     def range(self, v: Value) -> tuple[float, float]:
-        return self.ranges.get(v.id, UNBOUNDED)
+        r = self.ranges.get(v.id)
+        if r is None:  # an argument, a loop's carried value: what its type holds
+            return (0.0, 1.0) if _boolean(v) else UNBOUNDED
+        return r
 
     def counted(self, v: Value) -> bool:
         return _bounded(self.range(v)) or v.id in self.counts
@@ -266,6 +272,14 @@ def sums(op: Op) -> bool:
 def _boolean(v: Value) -> bool:
     t = v.type
     return isinstance(t, TensorType) and t.dtype == "i1"
+
+
+def _narrow(v: Value) -> bool:
+    """An integer type of fewer than 32 bits (a count of 2^31 positions is no tensor)."""
+    t = v.type
+    if not isinstance(t, TensorType) or not t.dtype.startswith(("i", "ui")) or t.dtype == "i1":
+        return False
+    return int(t.dtype.lstrip("ui")) < 32
 
 
 def _integer(v: Value) -> bool:
