@@ -219,3 +219,31 @@ def test_a_shard_map_of_another_shape_says_the_signatures_differ(mesh):
     assert str(err.value) == (
         "signatures differ: result 0 is tensor<8x8xf32> in spec but tensor<8x4xf32> in impl"
     )
+
+
+def _dropout_all_kept(x, bits):
+    return jnp.where(bits >= jnp.uint32(0), x, 0.0)
+
+
+BITS = np.zeros((8, 8), np.uint32)
+
+
+def test_a_spec_that_ignores_an_argument_takes_it_still():
+    """jax.jit drops the arguments a function does not use: an eval-mode spec that ignores
+    the dropout bits its training implementation reads once took fewer arguments ("signatures
+    differ: spec takes 1 arguments, impl 2")."""
+    report = verify(_dropout_all_kept, X, BITS, spec=lambda x, bits: x)
+    assert report.verdict == "equivalent", str(report)
+
+
+def test_a_jit_given_that_drops_an_argument_the_spec_drops_too(mesh):
+    impl = jax.jit(lambda x, bits: x * 2.0, in_shardings=(NamedSharding(mesh, P("data")),) * 2)
+    report = verify(impl, X, BITS, spec=lambda x, bits: x + x)
+    assert report.verdict == "equivalent", str(report)
+
+
+def test_a_jit_given_that_drops_an_argument_the_spec_reads_is_one_line(mesh):
+    impl = jax.jit(lambda x, bits: x * 2.0, in_shardings=(NamedSharding(mesh, P("data")),) * 2)
+    with pytest.raises(BadInput) as err:
+        verify(impl, X, BITS, spec=lambda x, bits: x + x * bits.astype(jnp.float32))
+    assert "keep_unused=True" in str(err.value) and "\n" not in str(err.value)

@@ -20,6 +20,9 @@ class Lowered:
     manual: bool  # holds a shard_map (sdy.manual_computation / GSPMD manual custom calls)
     outputs: list[str]  # pytree path of each flattened output, e.g. "[0]['w1']"
     out_tree: Any
+    # the flattened arguments the program takes, when a jax.jit dropped some it does not
+    # use (None: all of them)
+    kept: tuple[int, ...] | None = None
 
 
 def describe(fn: Any) -> str:
@@ -47,9 +50,12 @@ def lower(
     mesh=None,
     in_shardings: Any = None,
     out_shardings: Any = None,
+    keep_unused: bool = True,
 ) -> Lowered:
-    """`jax.jit(fn, in_shardings, out_shardings).lower(*args)`, or `fn.lower(*args)` when fn
-    is already a `jax.jit`. Errors from tracing become one-line `BadInput`s."""
+    """`jax.jit(fn, in_shardings, out_shardings, keep_unused).lower(*args)`, or
+    `fn.lower(*args)` when fn is already a `jax.jit` (which keeps what it was given: the
+    arguments it takes are `Lowered.kept`). Errors from tracing become one-line
+    `BadInput`s."""
     import jax
 
     if not callable(fn):
@@ -68,7 +74,9 @@ def lower(
             )
         jitted = fn
     else:
-        jitted = jax.jit(fn, **shard_kw)
+        # every argument kept (unless asked): jax.jit drops those a function does not use,
+        # and a spec that ignores the dropout bits its implementation reads would take fewer
+        jitted = jax.jit(fn, keep_unused=keep_unused, **shard_kw)
     ctx = jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
     try:
         with ctx:
@@ -78,6 +86,9 @@ def lower(
         raise
     except Exception as e:  # tracing errors: not jittable, wrong shapes, bad shardings
         raise BadInput(f"{role} {name} could not be lowered with jax.jit: {_one_line(e)}") from e
+    kept = getattr(getattr(lowered, "_lowering", None), "compile_args", {}).get("kept_var_idx")
+    if kept is not None and len(kept) == len(jax.tree_util.tree_leaves(args)):
+        kept = None
     out_leaves, out_tree = jax.tree_util.tree_flatten_with_path(lowered.out_info)
     m = re.search(r"mhlo\.num_partitions\s*=\s*(\d+)", text)
     return Lowered(
@@ -87,6 +98,7 @@ def lower(
         manual="sdy.manual_computation" in text or "@SPMDFullToShardShape" in text,
         outputs=[jax.tree_util.keystr(path) for path, _ in out_leaves],
         out_tree=out_tree,
+        kept=None if kept is None else tuple(sorted(kept)),
     )
 
 

@@ -66,8 +66,17 @@ def verify(
         _name(report, impl, impl, partitioned=True)
         return report
     t0 = time.perf_counter()
-    ref = lower(spec, args, role="spec", mesh=mesh)
+    # a jax.jit given as fn may have dropped arguments it does not use: the spec is lowered
+    # the same way, and must take the same ones
+    ref = lower(spec, args, role="spec", mesh=mesh, keep_unused=impl.kept is None)
     lowering += time.perf_counter() - t0
+    if ref.kept != impl.kept:
+        role, who = ("fn", impl) if impl.kept is not None else ("spec", ref)
+        raise BadInput(
+            f"{role} {who.name} is a jax.jit that drops the arguments it does not use, and "
+            "the other function does not drop the same ones: jit it with keep_unused=True so "
+            "that its program takes every argument"
+        )
     if ref.out_tree != impl.out_tree:
         raise BadInput(
             f"fn and spec return different structures: {impl.out_tree} vs {ref.out_tree}"
