@@ -13,15 +13,12 @@ keep its axes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 from tv_ir.passes.shape_reduction.counts import Counts, sums
 
 from tv_ir.ir.program import Op
-
-if TYPE_CHECKING:
-    from .template import Template
 
 SUMMING = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
 
@@ -30,8 +27,8 @@ class AxisCounts(Counts):
     """Counts of mesh axes: an `all_reduce` or `reduce_scatter` adding bounded values (or
     counts) over the axes its groups vary along (`axes`: id(op) -> those axes)."""
 
-    def __init__(self, t: Template, axes: dict[int, tuple[int, ...]]) -> None:
-        super().__init__(t.keep)
+    def __init__(self, keep: Callable[[int, str], None], axes: dict[int, tuple[int, ...]]):
+        super().__init__(keep)
         self.axes = axes
 
     def summed(self, op: Op) -> tuple:
@@ -48,9 +45,10 @@ class AxisCounts(Counts):
         return (min(lo, n * lo), max(hi, n * hi))
 
 
-def keep_counted_axes(t: Template, ops: list[Op]) -> None:
-    """Keep the axes whose counts (`AxisCounts`) a comparison reads."""
-    axes = {id(s.op): s.axes for s in t.sites if s.kind == "groups"}
-    counts = AxisCounts(t, axes)
+def keep_counted_axes(sites: list, keep: Callable[[int, str], None], ops: list[Op]) -> None:
+    """Keep (`keep(axis, why)`) the axes whose counts (`AxisCounts`) a comparison reads;
+    `sites`: the template's, whose "groups" name each collective's axes."""
+    axes = {id(s.op): s.axes for s in sites if s.kind == "groups"}
+    counts = AxisCounts(keep, axes)
     for op in ops:
         counts.step(op)

@@ -573,7 +573,7 @@ def _body(t: Template, body) -> None:
             _pairs(t, op)
         if t.failed:
             return
-    keep_counted_axes(t, ops)
+    keep_counted_axes(t.sites, t.keep, ops)
     _marked(t)
 
 
