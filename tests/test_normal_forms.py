@@ -107,3 +107,21 @@ def test_a_mask_of_minus_1e9_is_not_proved_a_mask_of_minus_infinity() -> None:
             reduce_shapes=False,
         )
         assert report.verdict != "equivalent", str(report)
+
+
+def test_piecewise_functions_z3_states_exactly() -> None:
+    """sign, floor, ceil and rounding go to z3 as themselves (they were uninterpreted: equal
+    pairs ended `unknown`, "the solver found a difference", and a tie never replayed)."""
+    xs = np.linspace(-3, 3, 8, dtype=np.float32)
+    same = [
+        (lambda x: jnp.sign(x) * jnp.abs(x), lambda x: x),
+        (jnp.floor, lambda x: -jnp.ceil(-x)),
+        (lambda x: jnp.round(x + 2.0), lambda x: jnp.round(x) + 2.0),  # ties to even
+    ]
+    for impl, spec in same:
+        report = verify(impl, xs, spec=spec, reduce_shapes=False)
+        assert report.verdict == "equivalent", str(report)
+    report = verify(jnp.round, xs, spec=lambda x: jnp.floor(x + 0.5), reduce_shapes=False)
+    assert report.verdict == "not_equivalent", str(report)  # at a tie: round(0.5) = 0
+    x = float(report.counterexample.inputs["x"].flat[report.counterexample.index[0]])
+    assert x % 1 == 0.5, x

@@ -989,7 +989,13 @@ class StageProver:
                     self.stats.proved_by_z3 += 1
                     return _Outcome("proved", "z3")
             if res.status == "sat":
-                return _Outcome("sat", model=res.model, reason="the solver found a difference")
+                return _Outcome(
+                    "sat",
+                    model=res.model,
+                    reason="the solver found a difference, but on the inputs it gave the "
+                    "programs agree when run (no counterexample: its model of some ops, "
+                    "such as floor, round or exp, is coarser than their meaning)",
+                )
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
 
     def _closed_by_latest(self, work: list, limit: int) -> bool:

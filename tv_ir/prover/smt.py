@@ -217,6 +217,10 @@ class _Encoder:
         return z3.ToReal(w)
 
     def _function(self, name: str, x):
+        exact = _EXACT.get(name)
+        if exact is not None:  # piecewise functions z3 states exactly: no uninterpreted one
+            self.linear_int = False
+            return exact(x)
         f = self.fn(name)
         y = f(x)
         if name == "exp":
@@ -436,6 +440,30 @@ def _backstop(ctx, cpu_s: float, wall_s: float | None, done: threading.Event) ->
         if spent > cpu_s or (wall_s is not None and time.monotonic() - t0 > wall_s):
             ctx.interrupt()
             return
+
+
+def _floor(x):
+    return z3.ToReal(z3.ToInt(x))  # z3's to_int is the floor
+
+
+def _round_half_even(x):
+    up = z3.ToInt(x + z3.RealVal("1/2"))  # round half up
+    tie = z3.ToReal(up) == x + z3.RealVal("1/2")
+    return z3.ToReal(z3.If(z3.And(tie, up % 2 != 0), up - 1, up))
+
+
+# functions of one real that z3 can state exactly (the others are uninterpreted, with axioms):
+# `sign(x) * |x| = x` and `floor(x) = -ceil(-x)` are then proved, and a model of
+# `round(x) != floor(x + 1/2)` is a tie such as 0.5 that replays
+_EXACT = {
+    "sign": lambda x: z3.If(x > 0, z3.RealVal(1), z3.If(x < 0, z3.RealVal(-1), z3.RealVal(0))),
+    "floor": _floor,
+    "ceil": lambda x: -_floor(-x),
+    "round_nearest_afz": lambda x: z3.If(
+        x >= 0, _floor(x + z3.RealVal("1/2")), -_floor(-x + z3.RealVal("1/2"))
+    ),
+    "round_nearest_even": _round_half_even,
+}
 
 
 def _unknown_reason(z3_reason: str) -> str:
