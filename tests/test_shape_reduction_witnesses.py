@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import pytest
 from test_shape_reduction import f32
@@ -101,3 +102,28 @@ def test_merged_dimensions_grow_with_their_parts_only() -> None:
     assert merged.grown([batch])[tokens] == 256  # nothing it reads grew
     assert merged.grown([seq])[tokens] == 128
     assert merged.grown([heads]) is None  # hidden's two definitions would disagree
+
+
+def _layernorm(x, eps=1e-5):
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / jnp.sqrt(v + eps)
+
+
+def _block(x, w1, w2):
+    return _layernorm(x + jax.nn.gelu(x @ w1) @ w2)
+
+
+def _block_without_residual(x, w1, w2):
+    return _layernorm(jax.nn.gelu(x @ w1) @ w2)  # BUG: the residual x + ... dropped
+
+
+def test_a_faint_counterexample_gives_way_to_a_clear_one() -> None:
+    """A residual dropped before a layernorm: the reduced counterexample, blown up, gives
+    rows of two values per half, whose layernorms with and without the residual agree but
+    for eps (the report printed expected == actual, 2.00773521, a difference of 6e-9); the
+    random inputs at the real sizes show the bug plainly."""
+    args = (f32(8, 8), f32(8, 16), f32(16, 8))
+    report = verify(_block_without_residual, *args, spec=_block)
+    assert report.verdict == "not_equivalent", str(report)
+    assert report.counterexample.max_abs_diff > 1e-3, str(report)

@@ -66,7 +66,12 @@ def replay_at_real_size(
         found = refutation(spec, impl, placement, inputs, locate=_unlocated(reduced_location))
         if found is not None and found[1] is None:
             found = (found[0], reduced_location, found[2])
-        found = found or _differs(spec, impl, placement, seed)
+        if found is None or _faint(found[0]):
+            # none, or one too faint to show the bug (a layernorm without its residual, on
+            # the blown-up input, differs by 6e-9 at 2.0): random inputs, if they show more
+            other = _differs(spec, impl, placement, seed)
+            if found is None or (other is not None and _faint(found[0]) and not _faint(other[0])):
+                found = other
     except (OutOfTime, OutOfMemoryBudget) as e:
         return (
             f"refuted at reduced shapes ({ce.what()}), but the "
@@ -203,6 +208,18 @@ def refuted_by_replay(found, report: Report, note: str) -> Report:
     )
     out.notes.append(note)
     return out
+
+
+# a difference this small, relative to the value (or 1), is faint: random inputs are tried
+# too, and shown instead where their difference is not
+FAINT = 1e-4
+
+
+def _faint(ce) -> bool:
+    """A counterexample whose largest difference is hard to read in the report (its expected
+    and actual values agree to 4 digits or more)."""
+    scale = max(1.0, abs(ce.expected)) if isinstance(ce.expected, float) else 1.0
+    return ce.max_abs_diff <= FAINT * scale
 
 
 def _differs(spec: Module, impl: Module, placement, seed: int):
