@@ -151,6 +151,19 @@ def deadline(seconds: float | None):
         _limit.reset(token_limit)
 
 
+@contextlib.contextmanager
+def past_deadline(seconds: float):
+    """Let short enclosed work run up to `seconds` past the deadline (the watchdog's
+    ENFORCE_GRACE_S bounds it anyway): what a run stopped at its limit found, a difference
+    seen in simulation, is replayed before the run reports."""
+    end = _deadline.get()
+    token = _deadline.set(None if end is None else max(end, time.perf_counter() + seconds))
+    try:
+        yield
+    finally:
+        _deadline.reset(token)
+
+
 def time_left() -> float | None:
     """Seconds left before the deadline (None: no deadline; may be negative)."""
     end = _deadline.get()

@@ -23,6 +23,7 @@ from .limits import (
     check_time,
     deadline,
     enforced_limits,
+    past_deadline,
     refuse_oversized,
     refuse_unaffordable,
     release_freed_memory,
@@ -62,6 +63,11 @@ def prepare(source, role: str, unroll: bool = True) -> Module:
     check_time()
     # unrolled loop bodies bring their calls to the top level: inline them too
     return run_pipeline(module)
+
+
+# seconds past the time limit the real-size replay of a refutation found just before it may
+# take (the watchdog steps in at 2 s): a bug found at the limit is reported, not `unknown`
+REPLAY_GRACE_S = 1.0
 
 
 def check_signatures(spec: Module, impl: Module, placement: Placement | None = None) -> None:
@@ -343,7 +349,8 @@ def _check_unrolled(
         if reduction.reduced and report.verdict == NOT_EQUIVALENT:
             from .prover.real_size import replay_at_real_size
 
-            stands = replay_at_real_size(report, *real, reduction, seed=seed)
+            with past_deadline(REPLAY_GRACE_S):  # a refutation found at the limit is replayed
+                stands = replay_at_real_size(report, *real, reduction, seed=seed)
             if isinstance(stands, str):  # too large to run, and a larger reduction agrees
                 report = Report(UNKNOWN, stats=report.stats, reason=stands)
                 report.reduction = reduction.to_json()

@@ -35,7 +35,7 @@ from tv_ir.semantics.ops.control import TRIP_LIMIT, LoopTooLong
 from tv_ir.semantics.symbolic import TABLE_VALUES, SymbolicAlgebra
 
 from ..errors import ProgramHangs, TvError, Unsupported
-from ..limits import OutOfMemoryBudget, OutOfTime, check_memory
+from ..limits import OutOfMemoryBudget, OutOfTime, check_memory, past_deadline
 from . import smt, workers
 from .correspond import MOVEMENT_OPS, TileIndex, box_index
 from .localise import outputs_agree, refutation
@@ -65,6 +65,8 @@ EXTREME_TRIPS = 10_000
 # relative difference above which a simulated output difference refutes at once; smaller
 # differences (above float64 noise, see simulate.RTOL) refute only if the proof fails
 CLEAR_DIFFERENCE = 1e-6
+# how long past the time limit that replay may run (the watchdog steps in at 2 s)
+SUSPICIOUS_REPLAY_S = 1.0
 STAGE_LEVELS = 12  # expansion levels tried for an intermediate cut-point
 STAGE_SMT_SECONDS = 0.5
 OUTPUT_LEVELS = 256
@@ -236,9 +238,14 @@ class StageProver:
             T.forget_later()  # facts of this run's cut symbols, never asked for
         self.stats.seconds["prove"] = time.perf_counter() - t1
         if report.verdict != EQUIVALENT and suspicious is not None:
-            # not proved, and the programs differ on this input beyond float64 noise
-            refuted = self._refuted(suspicious, "simulation")
-            if refuted.verdict == NOT_EQUIVALENT:
+            # not proved, and the programs differ on this input beyond float64 noise: replayed
+            # even when the time limit stopped the proof (one concrete run)
+            try:
+                with past_deadline(SUSPICIOUS_REPLAY_S):
+                    refuted = self._refuted(suspicious, "simulation")
+            except (OutOfTime, _OutOfTime):
+                refuted = None
+            if refuted is not None and refuted.verdict == NOT_EQUIVALENT:
                 return refuted
         return report
 
