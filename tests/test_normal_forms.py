@@ -125,3 +125,12 @@ def test_piecewise_functions_z3_states_exactly() -> None:
     assert report.verdict == "not_equivalent", str(report)  # at a tie: round(0.5) = 0
     x = float(report.counterexample.inputs["x"].flat[report.counterexample.index[0]])
     assert x % 1 == 0.5, x
+
+
+def test_a_model_past_a_large_threshold_is_taken_far_enough_to_replay() -> None:
+    """`max(x, -1e9)` differs from `x` below -1e9: z3's first model (x just below it) rounds
+    back to -1e9 in float32, and nothing replayed ("the solver found a difference")."""
+    xs = np.linspace(-3, 3, 8, dtype=np.float32)
+    report = verify(lambda x: jnp.maximum(x, -1e9), xs, spec=lambda x: x, reduce_shapes=False)
+    assert report.verdict == "not_equivalent", str(report)
+    assert report.counterexample.inputs["x"].min() < -1e9

@@ -428,6 +428,20 @@ def _moderate_model(s, enc: _Encoder, m):
         pass
     finally:
         s.pop()
+    # none that small (x < -1e9 for `max(x, -1e9) != x`): the large values twice as far out,
+    # so that float32's rounding does not carry them back across the threshold they passed
+    s.push()
+    try:
+        for e in reals:
+            v = m.eval(e, model_completion=True)
+            if z3.is_rational_value(v) and abs(_to_float(v)) >= MODEL_MAGNITUDE:
+                s.add(e <= 2 * v if _to_float(v) < 0 else e >= 2 * v)
+        if s.check() == z3.sat:
+            return s.model()
+    except z3.Z3Exception:
+        pass
+    finally:
+        s.pop()
     return m
 
 
