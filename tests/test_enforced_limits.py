@@ -38,10 +38,7 @@ def test_a_step_that_never_polls_the_clock_is_stopped_at_the_time_limit(monkeypa
     assert not finished
 
 
-def test_a_step_that_never_polls_memory_is_stopped_at_the_memory_limit(monkeypatch) -> None:
-    finished = []
-    held = []
-
+def _greedy_multiply(held: list, finished: list):
     def greedy_multiply(self, x, y):  # grows by 8 MB every 10 ms, never calls check_memory
         for _ in range(200):
             held.append(np.ones(2**20))
@@ -49,7 +46,13 @@ def test_a_step_that_never_polls_memory_is_stopped_at_the_memory_limit(monkeypat
         finished.append(True)
         raise AssertionError("not stopped")
 
-    monkeypatch.setattr(SymbolicAlgebra, "multiply", greedy_multiply)
+    return greedy_multiply
+
+
+def test_a_step_that_never_polls_memory_is_stopped_at_the_memory_limit(monkeypatch) -> None:
+    finished = []
+    held = []
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", _greedy_multiply(held, finished))
     limit = 400  # MB the check may add to the process (it grows by 1,600)
     try:
         r = tv_ir.check(SPEC, IMPL, memory_limit=limit)
@@ -65,16 +68,8 @@ def test_without_a_memory_limit_a_run_that_explodes_ends_unknown(monkeypatch) ->
     other processes with it). A machine with 470 MB available stands in for a real one."""
     finished = []
     held = []
-
-    def greedy_multiply(self, x, y):  # grows by 8 MB every 10 ms, never calls check_memory
-        for _ in range(200):
-            held.append(np.ones(2**20))
-            time.sleep(0.01)
-        finished.append(True)
-        raise AssertionError("not stopped")
-
     monkeypatch.setattr(limits, "available_memory_mb", lambda: 470.0)
-    monkeypatch.setattr(SymbolicAlgebra, "multiply", greedy_multiply)
+    monkeypatch.setattr(SymbolicAlgebra, "multiply", _greedy_multiply(held, finished))
     try:
         r = tv_ir.check(SPEC, IMPL)
     finally:

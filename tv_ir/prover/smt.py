@@ -407,42 +407,39 @@ MODEL_MAGNITUDE = 2.0**20
 
 
 def _moderate_model(s, enc: _Encoder, m):
-    """A model with the real symbols within MODEL_MAGNITUDE when one exists, else `m`:
-    only which difference is shown changes, never whether one exists."""
+    """A model with the real symbols within MODEL_MAGNITUDE when one exists; else one with
+    its large values twice as far out (`x < -1e9` for `max(x, -1e9) != x`: just below -1e9,
+    float32's rounding carries x back across the threshold); else `m`. Only which
+    difference is shown changes, never whether one exists."""
     reals = [e for aid, e in enc.symbols.items() if aid not in enc.ints]
-    large = False
+    large = []
     for e in reals:
         v = m.eval(e, model_completion=True)
         if z3.is_rational_value(v) and abs(_to_float(v)) >= MODEL_MAGNITUDE:
-            large = True
-            break
+            large.append((e, v))
     if not large:
         return m
-    s.push()
-    try:
-        bound = z3.RealVal(MODEL_MAGNITUDE)
-        s.add(*[z3.And(e > -bound, e < bound) for e in reals])
-        if s.check() == z3.sat:
-            return s.model()
-    except z3.Z3Exception:
-        pass
-    finally:
-        s.pop()
-    # none that small (x < -1e9 for `max(x, -1e9) != x`): the large values twice as far out,
-    # so that float32's rounding does not carry them back across the threshold they passed
-    s.push()
-    try:
-        for e in reals:
-            v = m.eval(e, model_completion=True)
-            if z3.is_rational_value(v) and abs(_to_float(v)) >= MODEL_MAGNITUDE:
-                s.add(e <= 2 * v if _to_float(v) < 0 else e >= 2 * v)
-        if s.check() == z3.sat:
-            return s.model()
-    except z3.Z3Exception:
-        pass
-    finally:
-        s.pop()
+    bound = z3.RealVal(MODEL_MAGNITUDE)
+    for extra in (
+        [z3.And(e > -bound, e < bound) for e in reals],
+        [e <= 2 * v if _to_float(v) < 0 else e >= 2 * v for e, v in large],
+    ):
+        found = _model_with(s, extra)
+        if found is not None:
+            return found
     return m
+
+
+def _model_with(s, extra: list):
+    """A model of the solver's query with `extra` added, or None."""
+    s.push()
+    try:
+        s.add(*extra)
+        return s.model() if s.check() == z3.sat else None
+    except z3.Z3Exception:
+        return None
+    finally:
+        s.pop()
 
 
 def _backstop(ctx, cpu_s: float, wall_s: float | None, done: threading.Event) -> None:
