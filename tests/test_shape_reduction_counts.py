@@ -164,3 +164,25 @@ def test_a_count_in_eight_bits_wraps_past_127() -> None:
     m = S((2, 200), jnp.bool_)
     reduced, _ = both(count_in_int8, m, spec=count_in_int32, expect="not_equivalent")
     assert "wraps in i8" in _seq_kept(reduced), reduced.reduction["summary"]
+
+
+def guarded_masked_mean(tok, w):
+    m = (tok != PAD).astype(F32)
+    return jnp.sum(w * m, axis=-1) / jnp.maximum(jnp.sum(m, axis=-1), 1.0)
+
+
+def guarded_masked_mean_by_where(tok, w):
+    n = jnp.sum(tok != PAD, axis=-1)
+    s = jnp.sum(jnp.where(tok != PAD, w, 0.0), axis=-1)
+    return jnp.where(n > 0, s / jnp.maximum(n, 1).astype(F32), 0.0)
+
+
+def test_a_count_guarded_against_zero_still_shrinks() -> None:
+    """`maximum(count, 1)` and `count > 0` ask only whether the count is 0, 1 or more, which
+    2 positions show as the real size does: the class shrinks (a threshold of 2 keeps it,
+    above)."""
+    args = (S((B, T), I32), S((B, T), F32))
+    reduced, _ = both(
+        guarded_masked_mean_by_where, *args, spec=guarded_masked_mean, expect="equivalent"
+    )
+    assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]

@@ -86,6 +86,8 @@ class Counts:
         self.keep = keep  # (key, why): the key keeps its size
         self.ranges: dict[int, tuple[float, float]] = {}  # value id -> (least, greatest)
         self.counts: dict[int, tuple[tuple, str]] = {}  # value id -> (keys, where)
+        self.indicators: set[int] = set()  # values whose elements are 0 or 1
+        self.raw: set[int] = set()  # counts of indicators, not yet computed with
 
     def summed(self, op: Op) -> tuple:
         """The keys `op` sums bounded values over (making a count of them)."""
@@ -97,7 +99,7 @@ class Counts:
 
     def step(self, op: Op, independent: set[int] = frozenset(), tables: dict | None = None) -> None:
         counted = [self.counts[v.id] for v in op.operands if v.id in self.counts]
-        if counted and _compares(op, self.counts, self.ranges):
+        if counted and _compares(op, self.counts, self.ranges) and not self._at_most_one(op):
             for keys, where in counted:
                 for k in keys:
                     self.keep(k, f"its count ({where}) is compared by {op.short_name} at {op.loc}")
@@ -109,6 +111,7 @@ class Counts:
         if r is not None and r != UNBOUNDED:
             for v in op.results:
                 self.ranges[v.id] = r
+        self._indicate(op)
         keys = tuple(k for ks, _ in counted for k in ks)
         summed = self.summed(op)
         if keys or summed:
@@ -118,6 +121,39 @@ class Counts:
                 if _narrow(v):  # a count in 8 or 16 bits wraps past 127 (32767): a threshold
                     for k in keys + summed:
                         self.keep(k, f"its count ({where}) wraps in {v.type.dtype} at {op.loc}")
+
+    def _indicate(self, op: Op) -> None:
+        """Track indicators (0 / 1 elements) and the raw counts of them."""
+        name = op.name
+        data = [op.operands[i] for i in _data(op)] if name in MOVING else list(op.operands)
+        if (
+            name == "stablehlo.compare"
+            or (op.results and all(_boolean(v) for v in op.results))
+            or (name == "stablehlo.constant" and _zeros_and_ones(op))
+            or (name in MOVING or name == "stablehlo.multiply")
+            and data
+            and all(v.id in self.indicators or _boolean(v) for v in data)
+        ):
+            self.indicators.update(v.id for v in op.results)
+        if name == "stablehlo.reduce" and sums(op) and op.operands[0].id in self.indicators:
+            self.raw.update(v.id for v in op.results)
+        elif name in MOVING and name != "stablehlo.select" and data and data[0].id in self.raw:
+            self.raw.update(v.id for v in op.results)
+
+    def _at_most_one(self, op: Op) -> bool:
+        """A raw count met by thresholds of at most 1 (`maximum(count, 1)`, `count > 0`):
+        they ask only whether it is 0, 1 or more, which 2 positions show as the real size
+        does. A larger threshold (or a normalised count: `mean(mask) > 0.3`) keeps the
+        class; so would a count compared at 1 and at 2, the second keeping it."""
+        if op.name not in AGAINST:
+            return False
+        for v in op.operands:
+            if v.id in self.counts:
+                if v.id not in self.raw:
+                    return False
+            elif not self.range(v)[1] <= 1:
+                return False
+        return True
 
     def range(self, v: Value) -> tuple[float, float]:
         r = self.ranges.get(v.id)
@@ -267,6 +303,11 @@ def sums(op: Op) -> bool:
     """A reduce whose body adds its two arguments."""
     ops = op.regions[0].block.ops if op.regions else []
     return len(ops) == 1 and ops[0].name == "stablehlo.add"
+
+
+def _zeros_and_ones(op: Op) -> bool:
+    value = np.asarray(op.attrs.get("value"))
+    return value.size > 0 and value.dtype.kind in "fiub" and bool(np.isin(value, (0, 1)).all())
 
 
 def _boolean(v: Value) -> bool:
