@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_shape_reduction import F32, I32, S, both, kept, mesh, shrunk
@@ -199,3 +200,77 @@ def test_a_count_guarded_against_zero_still_shrinks() -> None:
     ):
         reduced, _ = both(impl, *args, spec=spec, expect="equivalent")
         assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
+
+
+# -- bounded values the ranges follow through how operands relate (a second sweep) --------
+
+
+def _kept_by_reduction(fn, *args) -> dict[str, str]:
+    """The classes shape reduction keeps for `fn` against `jnp.sum(x, -1)`, and why (the
+    reduction alone: these pairs' proofs at the real sizes are long)."""
+    from tv_ir.passes.shape_reduction import reduce_pair
+
+    from tv_ir.pipeline import prepare
+    from tv_ir.prover.placement import Placement
+
+    spec_text = jax.jit(lambda x, *rest: jnp.sum(x, axis=-1)).lower(*args).as_text()
+    spec = prepare(spec_text, "spec")
+    impl = prepare(jax.jit(fn).lower(*args).as_text(), "impl")
+    red = reduce_pair(spec, impl, Placement.from_module(spec.main, impl))
+    return {c["name"]: c["kept"] for c in red.to_json()["classes"] if c["kept"]}
+
+
+def _dropped_past(statistic, threshold):
+    def impl(x, *rest):
+        return jnp.where(statistic(x, *rest) > threshold, 0.0, jnp.sum(x, axis=-1))
+
+    return impl
+
+
+SECOND_SWEEP = {
+    # a softmax's probabilities summed over tokens: an expert's load, over a capacity
+    "softmax load": lambda x: jnp.sum(jax.nn.softmax(x, axis=0), axis=0)[:1].repeat(B),
+    # the top gate of each token, summed (a max of sigmoids: the -inf start is no bound)
+    "top gate mass": lambda x: jnp.sum(jnp.max(jax.nn.sigmoid(x), axis=0)) + 0 * x[:, 0],
+    "rbf density": lambda x: jnp.sum(jnp.exp(-x * x), axis=-1),
+    "unit rows": lambda x: jnp.sum(x / jnp.sqrt(jnp.sum(x * x, -1, keepdims=True)) + 1, -1),
+    "hard decisions": lambda x: jnp.sum(jnp.round(jax.nn.sigmoid(x)), axis=-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECOND_SWEEP))
+def test_a_bounded_statistic_compared_keeps_its_class(name) -> None:
+    """Each was proved `equivalent` at a reduced size that cannot reach the threshold; the
+    ranges now follow softmax shares, maxima of bounded values, -x * x, x / |x|, rounding
+    and abs."""
+    kept = _kept_by_reduction(_dropped_past(SECOND_SWEEP[name], 10.5), S((B, T), F32))
+    assert any("its count" in why for why in kept.values()), kept
+
+
+def test_a_count_past_a_kink_keeps_its_class() -> None:
+    """`abs(load - 12)`: its kink lies past what 2 positions can sum to (it was proved equal
+    to `12 - load`); `abs` of a count of 0 / 1 values (>= 0) has no kink in reach."""
+    kept = _kept_by_reduction(
+        lambda x: jnp.abs(jnp.sum(jax.nn.sigmoid(x), axis=-1) - 12.0), S((B, T), F32)
+    )
+    assert any("compared by abs" in why for why in kept.values()), kept
+
+
+def test_a_count_against_another_count_plus_a_margin_is_refuted() -> None:
+    def impl(x, y):
+        ca, cb = jnp.sum(jnp.abs(x) > 2.5, axis=-1), jnp.sum(jnp.abs(y) > 2.5, axis=-1)
+        return jnp.where(ca > cb + 2, 0.0, jnp.sum(x, axis=-1))  # BUG: rows of 3+ more
+
+    report = verify(impl, S((B, T), F32), S((B, T), F32), spec=lambda x, y: jnp.sum(x, -1))
+    assert report.verdict == "not_equivalent", str(report)
+
+
+def test_narrow_pixels_summed_in_a_narrow_accumulator_wrap() -> None:
+    """uint8 pixels summed over 512 in uint16 wrap (all 255: 65024, not 130560); 2 never do."""
+    x = S((2, 512), jnp.uint8)
+    report = verify(
+        lambda x: jnp.sum(x.astype(jnp.uint16), -1, dtype=jnp.uint16).astype(I32),
+        x,
+        spec=lambda x: jnp.sum(x.astype(I32), -1),
+    )
+    assert report.verdict == "not_equivalent", str(report)

@@ -50,6 +50,7 @@ MOVING = {
         "collective_permute collective_broadcast select"
     ).split()
 } | {"mhlo.copy"}
+ROUNDING = {"stablehlo." + n for n in "floor ceil round_nearest_afz round_nearest_even".split()}
 UNBOUNDED = (-np.inf, np.inf)
 # an interval for values computed from constants alone that no rule below follows (finite)
 SOME_CONSTANT = (-1e30, 1e30)
@@ -88,6 +89,12 @@ class Counts:
         self.counts: dict[int, tuple[tuple, str]] = {}  # value id -> (keys, where)
         self.indicators: set[int] = set()  # values whose elements are 0 or 1
         self.raw: set[int] = set()  # counts of indicators, not yet computed with
+        self.maxima: set[int] = set()  # maxima (minima) of values, and copies of them
+        self.sum_of: dict[int, int] = {}  # a sum (and its copies) -> the value it sums
+        self.negated: dict[int, int] = {}  # -x -> x
+        self.squared: dict[int, int] = {}  # x * x -> x
+        self.norm_of: dict[int, int] = {}  # sqrt(sum(x * x)) (and copies) -> x
+        self.inverse_norm_of: dict[int, int] = {}  # rsqrt(sum(x * x)) (and copies) -> x
 
     def summed(self, op: Op) -> tuple:
         """The keys `op` sums bounded values over (making a count of them)."""
@@ -99,13 +106,14 @@ class Counts:
 
     def step(self, op: Op, independent: set[int] = frozenset(), tables: dict | None = None) -> None:
         counted = [self.counts[v.id] for v in op.operands if v.id in self.counts]
-        if counted and _compares(op, self.counts, self.ranges) and not self._at_most_one(op):
+        if counted and _compares(op, self.counts, self.ranges) and not self._exempt(op):
             for keys, where in counted:
                 for k in keys:
                     self.keep(k, f"its count ({where}) is compared by {op.short_name} at {op.loc}")
         r = _range(op, [self.range(v) for v in op.operands], tables)
         if r is UNBOUNDED and op.name == "stablehlo.reduce" and sums(op):
-            r = self.local_sum(op) or UNBOUNDED
+            r = self.local_sum(op) or _signed_sum(self.range(op.operands[0]))
+        r = self._related(op) or r
         if r is None and op.results and all(v.id in independent for v in op.results):
             r = SOME_CONSTANT
         if r is not None and r != UNBOUNDED:
@@ -122,9 +130,49 @@ class Counts:
                     for k in keys + summed:
                         self.keep(k, f"its count ({where}) wraps in {v.type.dtype} at {op.loc}")
 
+    def _related(self, op: Op) -> tuple[float, float] | None:
+        """Ranges that follow from how operands relate, not from their ranges alone: a
+        softmax's `x / sum(x)` (x >= 0) in [0, 1], `-x * x` <= 0 (an RBF kernel's
+        exponent), `x / sqrt(sum(x * x))` and `x * rsqrt(sum(x * x))` in [-1, 1]."""
+        name, ids = op.name, [v.id for v in op.operands]
+        if name == "stablehlo.divide":
+            x, by = ids
+            if self.sum_of.get(by) == x and self.range(op.operands[0])[0] >= 0:
+                return (0.0, 1.0)
+            if self.norm_of.get(by) == x:
+                return (-1.0, 1.0)
+        if name == "stablehlo.multiply":
+            a, b = ids
+            if self.negated.get(a) == b or self.negated.get(b) == a:
+                return (-np.inf, 0.0)
+            if self.inverse_norm_of.get(b) == a or self.inverse_norm_of.get(a) == b:
+                return (-1.0, 1.0)
+        return None
+
     def _indicate(self, op: Op) -> None:
-        """Track indicators (0 / 1 elements) and the raw counts of them."""
+        """Track indicators (0 / 1 elements) and the raw counts of them, maxima, and sums."""
         name = op.name
+        out = op.results[0].id if op.results else None
+        if name == "stablehlo.reduce":
+            if sums(op):
+                self.sum_of[out] = op.operands[0].id
+            else:
+                self.maxima.update(v.id for v in op.results)
+        elif name == "stablehlo.negate":
+            self.negated[out] = op.operands[0].id
+        elif name == "stablehlo.multiply" and op.operands[0] is op.operands[1]:
+            self.squared[out] = op.operands[0].id
+        elif name in ("stablehlo.sqrt", "stablehlo.rsqrt"):
+            x = self.squared.get(self.sum_of.get(op.operands[0].id, -1))
+            if x is not None:
+                (self.norm_of if name == "stablehlo.sqrt" else self.inverse_norm_of)[out] = x
+        elif name in MOVING and op.operands and name != "stablehlo.select":
+            first = op.operands[0].id
+            if first in self.maxima:
+                self.maxima.update(v.id for v in op.results)
+            for follows in (self.sum_of, self.norm_of, self.inverse_norm_of):
+                if first in follows:
+                    follows[out] = follows[first]
         data = [op.operands[i] for i in _data(op)] if name in MOVING else list(op.operands)
         if (
             name == "stablehlo.compare"
@@ -139,6 +187,16 @@ class Counts:
             self.raw.update(v.id for v in op.results)
         elif name in MOVING and name != "stablehlo.select" and data and data[0].id in self.raw:
             self.raw.update(v.id for v in op.results)
+
+    def _exempt(self, op: Op) -> bool:
+        """A comparison that does not keep what its counts count: thresholds of at most 1 on
+        raw counts (`_at_most_one`), a count against its own maximum (`x == max(x)`, the
+        gradient of a max: both grow with the class), `abs` or `sign` of a raw count (>= 0)."""
+        if op.name in ("stablehlo.abs", "stablehlo.sign"):
+            return op.operands[0].id in self.raw
+        if op.name == "stablehlo.compare" and all(v.id in self.counts for v in op.operands):
+            return any(v.id in self.maxima for v in op.operands)
+        return self._at_most_one(op)
 
     def _at_most_one(self, op: Op) -> bool:
         """A raw count met by thresholds of at most 1 (`maximum(count, 1)`, `count > 0`):
@@ -158,7 +216,13 @@ class Counts:
     def range(self, v: Value) -> tuple[float, float]:
         r = self.ranges.get(v.id)
         if r is None:  # an argument, a loop's carried value: what its type holds
-            return (0.0, 1.0) if _boolean(v) else UNBOUNDED
+            if _boolean(v):
+                return (0.0, 1.0)
+            if _narrow(v):  # uint8 pixels: their sum over 512 wraps a uint16
+                dtype = v.type.dtype
+                info = np.iinfo(f"uint{dtype[2:]}" if dtype.startswith("ui") else f"int{dtype[1:]}")
+                return (float(info.min), float(info.max))
+            return UNBOUNDED
         return r
 
     def counted(self, v: Value) -> bool:
@@ -198,7 +262,9 @@ def _compares(op: Op, counts: dict, ranges: dict) -> bool:
             data = tuple(k for k in range(len(op.operands)) if k != len(op.operands) // 2)
         return any(v.id in counts for k, v in enumerate(op.operands) if k not in data)
     if name in AGAINST:  # a constant +-inf (`jnp.max`'s initial value) is no threshold
-        return any(v.id not in counts and not _infinite(ranges.get(v.id)) for v in op.operands)
+        return all(v.id in counts or not _infinite(ranges.get(v.id)) for v in op.operands)
+    if name in ("stablehlo.abs", "stablehlo.sign"):  # a kink at 0: `abs(count - 12)`
+        return True
     if name == "stablehlo.divide":  # an integer division floors
         return _integer(op.results[0])
     # a float count rounded to an integer
@@ -228,7 +294,7 @@ def _range(
     if name in MOVING:
         return _union([ranges[i] for i in _data(op)])
     if name == "stablehlo.reduce" and not sums(op):  # max, min, argmax: an operand's element
-        return _union(ranges)
+        return _union(ranges[: len(ranges) // 2])  # not the initial values (-inf for a max)
     if not ranges:
         return None
     with np.errstate(all="ignore"):
@@ -240,6 +306,10 @@ def _range(
         if name == "stablehlo.subtract":
             return _clean(ranges[0][0] - ranges[1][1], ranges[0][1] - ranges[1][0])
         if name == "stablehlo.multiply":
+            if op.operands[0] is op.operands[1]:  # a square
+                lo, hi = ranges[0]
+                least = 0.0 if lo <= 0 <= hi else min(lo * lo, hi * hi)
+                return (least, max(lo * lo, hi * hi))
             return _products(ranges[0], ranges[1])
         if name == "stablehlo.divide" and (ranges[1][0] > 0 or ranges[1][1] < 0):
             lo, hi = ranges[1]
@@ -256,6 +326,11 @@ def _range(
             return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
         if name == "stablehlo.exponential":
             return (0.0, float(np.exp(ranges[0][1])))
+        if name in ROUNDING:
+            lo, hi = ranges[0]
+            return (float(np.floor(lo)), float(np.ceil(hi)))
+        if name == "stablehlo.sqrt" and ranges[0][0] >= 0:
+            return (float(np.sqrt(ranges[0][0])), float(np.sqrt(ranges[0][1])))
     return UNBOUNDED
 
 
@@ -303,6 +378,15 @@ def sums(op: Op) -> bool:
     """A reduce whose body adds its two arguments."""
     ops = op.regions[0].block.ops if op.regions else []
     return len(ops) == 1 and ops[0].name == "stablehlo.add"
+
+
+def _signed_sum(r: tuple[float, float]) -> tuple[float, float]:
+    """The range of a sum of any number of values in `r`, from its sign alone."""
+    if r[0] >= 0:
+        return (0.0, np.inf)
+    if r[1] <= 0:
+        return (-np.inf, 0.0)
+    return UNBOUNDED
 
 
 def _zeros_and_ones(op: Op) -> bool:
