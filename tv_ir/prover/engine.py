@@ -1000,8 +1000,9 @@ class StageProver:
                     "sat",
                     model=res.model,
                     reason="the solver found a difference, but on the inputs it gave the "
-                    "programs agree when run (no counterexample: its model of some ops, "
-                    "such as floor, round or exp, is coarser than their meaning)",
+                    "programs agree when run (no counterexample: the solver works over the "
+                    "reals, with functions such as exp or erf left uninterpreted, and the "
+                    "programs in floats)",
                 )
         return _Outcome("unknown", reason=res.reason or "normal forms differ; solver: not proved")
 
