@@ -305,3 +305,19 @@ def test_a_difference_seen_in_simulation_is_reported_when_the_time_limit_stops_t
     impl = jax.jit(lambda x: x * (1 + 1e-7)).lower(x).as_text()
     r = tv_ir.check(spec, impl, time_limit=1.0)
     assert r.verdict == "not_equivalent", str(r)
+
+
+def test_a_run_where_no_thread_can_start_still_gets_its_verdict(monkeypatch) -> None:
+    """Under an address-space cap (`ulimit -v`) a new thread's stack may not fit: the
+    watchdog (which the default memory limit now starts on every run) is then left out,
+    and the limits hold where tv polls them. The transformer tests' 2 GB cap hit this."""
+    real_start = threading.Thread.start
+
+    def start(self):
+        if self.name == "tv-limits":
+            raise RuntimeError("can't start new thread")
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    r = tv_ir.check(SPEC, IMPL)
+    assert r.verdict == "equivalent", str(r)

@@ -612,8 +612,14 @@ def enforced_limits():
                 fired = now
 
     watcher = threading.Thread(target=watch, name="tv-limits", daemon=True)
+    try:
+        watcher.start()
+    except RuntimeError:
+        # no thread to be had (an address-space cap, `ulimit -v`, a process at its thread
+        # limit): the limits hold where tv polls them, as they do without a watchdog
+        yield
+        return
     sys.unraisablehook = unraisable
-    watcher.start()
     try:
         yield
     finally:
