@@ -274,3 +274,55 @@ def test_narrow_pixels_summed_in_a_narrow_accumulator_wrap() -> None:
         spec=lambda x: jnp.sum(x.astype(I32), -1),
     )
     assert report.verdict == "not_equivalent", str(report)
+
+
+# -- values bounded on one side only, and ops the ranges did not follow (a third sweep) -------
+
+ONE_SIDED = {
+    # >= -1 each: 16 of them sum to -16, 2 to no less than -2
+    "squares less one": (lambda x: jnp.sum(x * x - 1.0, axis=-1), "<", -10.0),
+    # <= 0.5 each (softplus >= 0 through its log1p and its NaN guard)
+    "negated softplus": (lambda x: jnp.sum(0.5 - jax.nn.softplus(x), axis=-1), ">", 3.0),
+    # unknown ops, now followed: atan2 in [-pi, pi], erf in [-1, 1], log1p increasing
+    "arctan": (lambda x: jnp.sum(jnp.arctan2(x, 1.0), axis=-1), ">", 4.0),
+    "erf": (lambda x: jnp.sum(jax.scipy.special.erf(x), axis=-1), ">", 3.0),
+    "log1p of squares": (lambda x: jnp.sum(jnp.log1p(x * x) - 1.0, axis=-1), "<", -3.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_SIDED))
+def test_a_statistic_bounded_on_one_side_compared_keeps_its_class(name) -> None:
+    """Each was proved `equivalent` (`squares less one`, `negated softplus`) or escaped the
+    ranges (an unknown op reads as unbounded, whose sums are no counts): a sum of values
+    with a finite end on the far side of 0 grows with the class at that end."""
+    statistic, direction, threshold = ONE_SIDED[name]
+
+    def impl(x):
+        s = statistic(x)
+        dropped = s < threshold if direction == "<" else s > threshold
+        return jnp.where(dropped, 0.0, jnp.sum(x, axis=-1))
+
+    kept = _kept_by_reduction(impl, S((B, T), F32))
+    assert any("its count" in why for why in kept.values()), kept
+
+
+def test_a_sum_of_squares_less_one_compared_is_refuted() -> None:
+    """At 2 positions `sum(x * x - 1)` is at least -2 and never below -10: the reduced pair
+    was equal and random inputs at 16 rarely sum below -10 (chi-square with 16 degrees)."""
+
+    def impl(x):
+        return jnp.where(jnp.sum(x * x - 1.0, axis=-1) < -10.0, 0.0, jnp.sum(x, axis=-1))  # BUG
+
+    report = verify(impl, S((B, T), F32), spec=row_sum)
+    assert report.verdict == "not_equivalent", str(report)
+
+
+def test_a_sum_of_squares_compared_still_shrinks() -> None:
+    """A sum of values >= 0 (a squared norm against a clipping threshold) is any value >= 0
+    over any number of positions: its class shrinks."""
+
+    def impl(x):
+        return jnp.where(jnp.sum(x * x, axis=-1) > 10.0, 0.0, jnp.sum(x, axis=-1))
+
+    kept = _kept_by_reduction(impl, S((B, T), F32))
+    assert not any("its count" in why for why in kept.values()), kept

@@ -38,9 +38,20 @@ RANGES = {
     for names, r in (
         ("compare is_finite logistic", (0.0, 1.0)),
         ("tanh sine cosine sign", (-1.0, 1.0)),
+        ("atan2", (-np.pi, np.pi)),
     )
     for n in names.split()
+} | {"chlo.erf": (-1.0, 1.0)}
+# increasing functions: the range of the result is the function of the operand's ends
+INCREASING = {
+    "stablehlo.log_plus_one": np.log1p,
+    "stablehlo.log": np.log,
+    "stablehlo.exponential_minus_one": np.expm1,
+    "stablehlo.cbrt": np.cbrt,
+    "stablehlo.sqrt": np.sqrt,
 }
+# where each is defined: the least operand it takes
+DOMAIN = {"stablehlo.log_plus_one": -1.0, "stablehlo.log": 0.0, "stablehlo.sqrt": 0.0}
 # results whose elements are some operand's (the data operands: `_data`)
 MOVING = {
     "stablehlo." + n
@@ -95,6 +106,7 @@ class Counts:
         self.squared: dict[int, int] = {}  # x * x -> x
         self.norm_of: dict[int, int] = {}  # sqrt(sum(x * x)) (and copies) -> x
         self.inverse_norm_of: dict[int, int] = {}  # rsqrt(sum(x * x)) (and copies) -> x
+        self.nan_tests: set[int] = set()  # x != x
 
     def summed(self, op: Op) -> tuple:
         """The keys `op` sums bounded values over (making a count of them)."""
@@ -133,8 +145,12 @@ class Counts:
     def _related(self, op: Op) -> tuple[float, float] | None:
         """Ranges that follow from how operands relate, not from their ranges alone: a
         softmax's `x / sum(x)` (x >= 0) in [0, 1], `-x * x` <= 0 (an RBF kernel's
-        exponent), `x / sqrt(sum(x * x))` and `x * rsqrt(sum(x * x))` in [-1, 1]."""
+        exponent), `x / sqrt(sum(x * x))` and `x * rsqrt(sum(x * x))` in [-1, 1], and a
+        NaN guard's `select(x != x, x, f(x))` (jax.nn.softplus) in f's range: over the
+        reals x != x never holds."""
         name, ids = op.name, [v.id for v in op.operands]
+        if name == "stablehlo.select" and ids[0] in self.nan_tests:
+            return self.range(op.operands[2])
         if name == "stablehlo.divide":
             x, by = ids
             if self.sum_of.get(by) == x and self.range(op.operands[0])[0] >= 0:
@@ -160,6 +176,9 @@ class Counts:
                 self.maxima.update(v.id for v in op.results)
         elif name == "stablehlo.negate":
             self.negated[out] = op.operands[0].id
+        elif name == "stablehlo.compare" and op.operands[0] is op.operands[1]:
+            if str(op.attrs.get("comparison_direction")) == "NE":
+                self.nan_tests.add(out)
         elif name == "stablehlo.multiply" and op.operands[0] is op.operands[1]:
             self.squared[out] = op.operands[0].id
         elif name in ("stablehlo.sqrt", "stablehlo.rsqrt"):
@@ -226,7 +245,7 @@ class Counts:
         return r
 
     def counted(self, v: Value) -> bool:
-        return _bounded(self.range(v)) or v.id in self.counts
+        return _grows(self.range(v)) or v.id in self.counts
 
 
 class ClassCounts(Counts):
@@ -243,7 +262,7 @@ class ClassCounts(Counts):
             return tuple(kx[a] for a in op.attrs["dimensions"])
         if op.name == "stablehlo.dot_general":
             lhs, rhs = op.operands[0], op.operands[1]
-            if _bounded(self.range(lhs)) and _bounded(self.range(rhs)):
+            if _grows(_products(self.range(lhs), self.range(rhs))):
                 kl = self.keys(lhs)
                 return tuple(kl[i] for i in op.attrs["dot_dimension_numbers"].lhs_contract)
         return ()
@@ -329,8 +348,11 @@ def _range(
         if name in ROUNDING:
             lo, hi = ranges[0]
             return (float(np.floor(lo)), float(np.ceil(hi)))
-        if name == "stablehlo.sqrt" and ranges[0][0] >= 0:
-            return (float(np.sqrt(ranges[0][0])), float(np.sqrt(ranges[0][1])))
+        if name in INCREASING and ranges[0][0] >= DOMAIN.get(name, -np.inf):
+            f = INCREASING[name]
+            return (float(f(ranges[0][0])), float(f(ranges[0][1])))
+        if name == "stablehlo.rsqrt" and ranges[0][0] >= 0:
+            return (float(1 / np.sqrt(ranges[0][1])), float(1 / np.sqrt(ranges[0][0])))
     return UNBOUNDED
 
 
@@ -372,6 +394,15 @@ def _bounded(r: tuple[float, float]) -> bool:
     """Both ends finite, and not one value (a sum of a constant is a count of its own kind:
     rules.py keeps it)."""
     return bool(np.isfinite(r[0]) and np.isfinite(r[1]) and r[0] < r[1])
+
+
+def _grows(r: tuple[float, float]) -> bool:
+    """Does a sum of values in `r` reach, over more positions, values that 2 positions do
+    not? Both ends finite (a count), or one end finite on the far side of 0: 16 values of
+    `x * x - 1` (>= -1) sum to -16, 2 of them to no less than -2. A sum of values >= 0
+    (`exp`, a square) is any value >= 0 over any number of positions."""
+    lo, hi = r
+    return _bounded(r) or (np.isfinite(lo) and lo < 0) or (np.isfinite(hi) and hi > 0)
 
 
 def sums(op: Op) -> bool:
