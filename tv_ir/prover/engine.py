@@ -1263,12 +1263,28 @@ RELABELLING_OPS = ("stablehlo.transpose", "stablehlo.reshape")
 
 
 def _cuttable(op, v, per_device: list) -> bool:
+    """A float value with terms, computed (not moved: a moved value's terms are an earlier
+    value's), or looked up at indices that are data (`_looked_up`)."""
     return (
-        op.name not in MOVEMENT_OPS
-        and isinstance(v.type, TensorType)
+        isinstance(v.type, TensorType)
         and v.type.is_float
         and any(_is_sym(r) for r in per_device)
+        and (op.name not in MOVEMENT_OPS or _looked_up(op, per_device))
     )
+
+
+def _looked_up(op, per_device: list) -> bool:
+    """A gather at indices that are data (an embedding lookup `emb[tokens]`): its elements
+    are selects among the table's, not the table's own symbols. A cut there lets a lookup
+    XLA splits over the table's shards (each device's masked local lookup, summed) meet the
+    spec's lookup as a stage, instead of carrying the selects into every later op."""
+    if op.name != "stablehlo.gather":
+        return False
+    # indices that are data make every element a select: the first one tells (either way
+    # is sound; a cut is proved before it is used)
+    first = next((r.flat[0] for r in per_device if _is_sym(r) and r.size), None)
+    a = T.as_atom(first) if isinstance(first, T.Poly) else None
+    return first is not None and (a is None or a.kind != "sym")
 
 
 def _definition_key(v, definition) -> tuple:
