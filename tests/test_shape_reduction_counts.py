@@ -326,3 +326,92 @@ def test_a_sum_of_squares_compared_still_shrinks() -> None:
 
     kept = _kept_by_reduction(impl, S((B, T), F32))
     assert not any("its count" in why for why in kept.values()), kept
+
+
+# -- a third sweep (forty-seventh session): shares of a sum, counts against other counts'
+# maxima, integer sums that pass their type's range at the real size only ------------------
+
+SHARES = {
+    "soft_sign": lambda x: jnp.sum(jax.nn.soft_sign(x), axis=-1),
+    "x2 share": lambda x: jnp.einsum("bt->b", x * x / (1.0 + x * x)),
+    "smooth sign": lambda x: jnp.sum(x * jax.lax.rsqrt(x * x + 1.0), axis=-1),
+    "smooth sign by sqrt": lambda x: jnp.sum(x / jnp.sqrt(x * x + 1.0), axis=-1),
+    "two-way softmax": lambda x: jnp.sum(jnp.exp(x) / (jnp.exp(x) + jnp.exp(-x)), axis=-1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARES))
+def test_a_share_of_a_sum_of_nonnegatives_is_bounded(name) -> None:
+    """`x / (|x| + 1)`, `x * x / (1 + x * x)`, `x * rsqrt(x * x + 1)` and a softmax over two
+    written by hand lie in [-1, 1] whatever x: the ranges read them off the denominator, a
+    sum of values >= 0 one of which bounds the numerator. Each was proved `equivalent`
+    when its sum was compared with a constant the reduced size cannot reach."""
+    kept = _kept_by_reduction(_dropped_past(SHARES[name], 10.0), S((B, T), F32))
+    assert any("its count" in why for why in kept.values()), kept
+
+
+def load_imbalanced(x, r):
+    """An MoE load check: tokens routed top-1 to 4 experts; a step whose busiest expert
+    holds 10 tokens past the mean load is scaled down."""
+    load = jnp.sum(jax.nn.one_hot(jnp.argmax(r, -1), 4), axis=0)
+    return jnp.where(jnp.max(load) > jnp.mean(load) + 10.0, 0.5, 1.0) * jnp.sum(x, axis=0)
+
+
+def test_a_count_against_the_maximum_of_other_counts_is_refuted() -> None:
+    """A count against its own maximum (`x == max(x)`) does not keep its class; against the
+    maximum of another value (`max(load) > mean(load) + 10`) it does: at 2 tokens no expert
+    holds 10 more than the mean, at 16 all of them on one expert do."""
+    args = (S((16, 8), F32), S((16, 4), F32))
+    report = verify(load_imbalanced, *args, spec=lambda x, r: jnp.sum(x, axis=0))
+    assert report.verdict == "not_equivalent", str(report)
+
+
+INTEGER_SUMS = {
+    # the mean pixel of 256 uint8 images of 224 x 224 x 3 summed in int32: up to 9.9e9
+    "uint8 pixels in int32": (
+        lambda x: jnp.sum(x.astype(I32)).astype(F32),
+        lambda x: jnp.sum(x.astype(F32)),
+        S((256, 224, 224, 3), jnp.uint8),
+    ),
+    # int8 weights times int8 activations accumulated in int32 over 2^17: up to 2^31
+    "int8 dot in int32": (
+        lambda x, w: jnp.einsum("bk,k->b", x, w, preferred_element_type=I32).astype(F32),
+        lambda x, w: jnp.einsum("bk,k->b", x.astype(F32), w.astype(F32)),
+        S((2, 2**17), jnp.int8),
+        S((2**17,), jnp.int8),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INTEGER_SUMS))
+def test_an_integer_sum_that_can_pass_its_range_keeps_its_class(name) -> None:
+    """Two narrow values summed in int32 never wrap; 256 x 224 x 224 x 3 of them can (the
+    mean pixel of random images was 16.0 instead of 127.5, proved `equivalent`)."""
+    from tv_ir.passes.shape_reduction import reduce_pair
+
+    from tv_ir.pipeline import prepare
+    from tv_ir.prover.placement import Placement
+
+    fn, spec_fn, *args = INTEGER_SUMS[name]
+    spec = prepare(jax.jit(spec_fn).lower(*args).as_text(), "spec")
+    impl = prepare(jax.jit(fn).lower(*args).as_text(), "impl")
+    red = reduce_pair(spec, impl, Placement.from_module(spec.main, impl))
+    kept = {c["name"]: c["kept"] for c in red.to_json()["classes"] if c["kept"]}
+    assert any("can pass the i32 range" in why for why in kept.values()), kept
+
+
+def test_an_integer_sum_over_devices_that_can_pass_its_range_keeps_the_axis() -> None:
+    """Each of 8 devices sums its 32,768 int16 samples in int32 (at most 1.07e9); the
+    all-reduce of the 8 sums can reach 8.6e9 and wrap, 2 devices' sums never do."""
+    from jax.sharding import Mesh
+
+    m = Mesh(np.array(jax.devices()[:8]), ("data",))
+    fn = jax.jit(
+        lambda x: jnp.sum(x.astype(I32)).astype(F32),
+        in_shardings=NamedSharding(m, P("data")),
+        out_shardings=NamedSharding(m, P()),
+    )
+    x = S((8 * 2**15,), jnp.int16)
+    report = verify(fn, x, spec=lambda x: jnp.sum(x.astype(F32)), time_limit=10)
+    assert report.verdict != "equivalent", str(report)
+    assert "can pass the i32 range" in " ".join(report.notes), report.notes

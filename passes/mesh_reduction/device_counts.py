@@ -16,11 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from tv_ir.passes.shape_reduction.counts import Counts, sums
+from tv_ir.passes.shape_reduction.counts import SUMMING, Counts, sums
 
 from tv_ir.ir.program import Op
-
-SUMMING = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
 
 
 class AxisCounts(Counts):

@@ -52,6 +52,13 @@ INCREASING = {
 }
 # where each is defined: the least operand it takes
 DOMAIN = {"stablehlo.log_plus_one": -1.0, "stablehlo.log": 0.0, "stablehlo.sqrt": 0.0}
+# elementwise ops without attributes: two with the same operands are the same value
+SAME_FORM = {
+    "stablehlo." + n
+    for n in "add subtract multiply divide negate abs exponential sqrt rsqrt logistic tanh".split()
+}
+# collectives adding over devices
+SUMMING = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
 # results whose elements are some operand's (the data operands: `_data`)
 MOVING = {
     "stablehlo." + n
@@ -100,13 +107,18 @@ class Counts:
         self.counts: dict[int, tuple[tuple, str]] = {}  # value id -> (keys, where)
         self.indicators: set[int] = set()  # values whose elements are 0 or 1
         self.raw: set[int] = set()  # counts of indicators, not yet computed with
-        self.maxima: set[int] = set()  # maxima (minima) of values, and copies of them
+        self.maxima: dict[int, int] = {}  # a max (min) of values, and its copies -> the values
+        self.origin: dict[int, int] = {}  # a copy (broadcast, reshape, convert) -> its value
         self.sum_of: dict[int, int] = {}  # a sum (and its copies) -> the value it sums
         self.negated: dict[int, int] = {}  # -x -> x
         self.squared: dict[int, int] = {}  # x * x -> x
         self.norm_of: dict[int, int] = {}  # sqrt(sum(x * x)) (and copies) -> x
         self.inverse_norm_of: dict[int, int] = {}  # rsqrt(sum(x * x)) (and copies) -> x
         self.nan_tests: set[int] = set()  # x != x
+        self.extents: dict[int, float] = {}  # an integer value -> the largest |element|
+        self.forms: dict[tuple, int] = {}  # (op, operands' origins) -> the first such value
+        self.addends: dict[int, tuple] = {}  # a sum of adds -> the origins of its addends
+        self.roots: dict[tuple[str, int], int] = {}  # (sqrt | rsqrt, its origin) -> s's
 
     def summed(self, op: Op) -> tuple:
         """The keys `op` sums bounded values over (making a count of them)."""
@@ -134,6 +146,7 @@ class Counts:
         self._indicate(op)
         keys = tuple(k for ks, _ in counted for k in ks)
         summed = self.summed(op)
+        self._wraps(op, keys + summed)
         if keys or summed:
             where = counted[0][1] if counted else f"{op.short_name} at {op.loc}"
             for v in op.results:
@@ -157,23 +170,66 @@ class Counts:
                 return (0.0, 1.0)
             if self.norm_of.get(by) == x:
                 return (-1.0, 1.0)
+            return self._share(op.operands[0], by, "sqrt")
         if name == "stablehlo.multiply":
             a, b = ids
             if self.negated.get(a) == b or self.negated.get(b) == a:
                 return (-np.inf, 0.0)
             if self.inverse_norm_of.get(b) == a or self.inverse_norm_of.get(a) == b:
                 return (-1.0, 1.0)
+            return self._share(op.operands[0], b, "rsqrt") or self._share(
+                op.operands[1], a, "rsqrt", divides=False
+            )
         return None
+
+    def _share(self, x: Value, by: int, root: str, divides: bool = True):
+        """The range of `x / by` (`x * by` with `by` an rsqrt) where `by` is a sum of values
+        >= 0 one of which bounds x: `x / (|x| + 1)` (soft_sign) in [-1, 1], `x * x / (1 + x
+        * x)` and `exp(x) / (exp(x) + exp(-x))` in [0, 1] (x >= 0 among the addends), and
+        `x / sqrt(x * x + 1)` (or `x * rsqrt(x * x + 1)`) in [-1, 1]. Values are matched by
+        form: the same op on the same values (JAX writes `exp(x)` twice, once for each)."""
+        ox = self._origin(x.id)
+        leaves = self._addends(self._origin(by)) if divides else ()
+        if self._rest_nonnegative(leaves, ox) and self.range(x)[0] >= 0:
+            return (0.0, 1.0)
+        if self._rest_nonnegative(leaves, self.forms.get(("stablehlo.abs", (ox,)))):
+            return (-1.0, 1.0)
+        s = self.roots.get((root, self._origin(by)))
+        square = self.forms.get(("stablehlo.multiply", (ox, ox)))
+        if s is not None and self._rest_nonnegative(self._addends(s), square):
+            return (-1.0, 1.0)
+        return None
+
+    def _rest_nonnegative(self, leaves: tuple, leaf: int | None) -> bool:
+        """Is `leaf` one of `leaves`, and every other one >= 0?"""
+        if leaf is None or leaf not in leaves:
+            return False
+        rest = list(leaves)
+        rest.remove(leaf)
+        return all(self.ranges.get(v, UNBOUNDED)[0] >= 0 for v in rest)
+
+    def _addends(self, vid: int) -> tuple:
+        return self.addends.get(vid) or (vid,)
 
     def _indicate(self, op: Op) -> None:
         """Track indicators (0 / 1 elements) and the raw counts of them, maxima, and sums."""
         name = op.name
         out = op.results[0].id if op.results else None
+        if name in SAME_FORM and len(op.results) == 1:
+            form = (name, tuple(self._origin(v.id) for v in op.operands))
+            self.origin[out] = self.forms.setdefault(form, out)
+            if name == "stablehlo.add":
+                a, b = (self._origin(v.id) for v in op.operands)
+                self.addends[self._origin(out)] = self._addends(a) + self._addends(b)
+            elif name in ("stablehlo.sqrt", "stablehlo.rsqrt"):
+                root = name[len("stablehlo.") :]
+                self.roots[(root, self._origin(out))] = self._origin(op.operands[0].id)
         if name == "stablehlo.reduce":
             if sums(op):
                 self.sum_of[out] = op.operands[0].id
             else:
-                self.maxima.update(v.id for v in op.results)
+                of = self._origin(op.operands[0].id)
+                self.maxima.update((v.id, of) for v in op.results)
         elif name == "stablehlo.negate":
             self.negated[out] = op.operands[0].id
         elif name == "stablehlo.compare" and op.operands[0] is op.operands[1]:
@@ -187,8 +243,10 @@ class Counts:
                 (self.norm_of if name == "stablehlo.sqrt" else self.inverse_norm_of)[out] = x
         elif name in MOVING and op.operands and name != "stablehlo.select":
             first = op.operands[0].id
+            if len(_data(op)) == 1:
+                self.origin[out] = self._origin(first)
             if first in self.maxima:
-                self.maxima.update(v.id for v in op.results)
+                self.maxima.update((v.id, self.maxima[first]) for v in op.results)
             for follows in (self.sum_of, self.norm_of, self.inverse_norm_of):
                 if first in follows:
                     follows[out] = follows[first]
@@ -210,12 +268,71 @@ class Counts:
     def _exempt(self, op: Op) -> bool:
         """A comparison that does not keep what its counts count: thresholds of at most 1 on
         raw counts (`_at_most_one`), a count against its own maximum (`x == max(x)`, the
-        gradient of a max: both grow with the class), `abs` or `sign` of a raw count (>= 0)."""
+        gradient of a max: both grow with the class; not against the maximum of another
+        value, `max(load) > mean(load) + 10`), `abs` or `sign` of a raw count (>= 0)."""
         if op.name in ("stablehlo.abs", "stablehlo.sign"):
             return op.operands[0].id in self.raw
         if op.name == "stablehlo.compare" and all(v.id in self.counts for v in op.operands):
-            return any(v.id in self.maxima for v in op.operands)
+            a, b = (v.id for v in op.operands)
+            return self.maxima.get(b) == self._origin(a) or self.maxima.get(a) == self._origin(b)
         return self._at_most_one(op)
+
+    def _wraps(self, op: Op, summed: tuple) -> None:
+        """Follow the largest |element| of integer values at the real sizes (a sum of n
+        values up to m holds up to n * m, over devices too); a sum that may pass its type's
+        range keeps what it counts (`summed`): uint8 pixels of 256 images of 224 x 224 x 3
+        summed in int32 wrap, 2 of them never do."""
+        if not op.results or not _integer(op.results[0]):
+            return
+        extent = self._extent(op)
+        for v in op.results:
+            self.extents[v.id] = extent
+        adds = sums(op) and op.name in ("stablehlo.reduce", *SUMMING)
+        if (
+            not summed
+            or not np.isfinite(extent)
+            or not (adds or op.name == "stablehlo.dot_general")
+        ):
+            return
+        info = np.iinfo(_numpy_dtype(op.results[0].type.dtype))
+        if extent > info.max:
+            for k in summed:
+                self.keep(k, f"its sum ({op.short_name} at {op.loc}) can pass the "
+                          f"{op.results[0].type.dtype} range ({extent:.3g})")  # fmt: skip
+
+    def _extent(self, op: Op) -> float:
+        """The largest |element| of `op`'s integer results, at the real sizes."""
+        name, ext = op.name, [self.extent(v) for v in op.operands]
+        if name == "stablehlo.reduce" and sums(op):
+            shape = op.operands[0].type.shape
+            return ext[0] * float(np.prod([shape[a] for a in op.attrs["dimensions"]]))
+        if name in SUMMING and sums(op):
+            groups = np.asarray(op.attrs.get("replica_groups", ()))
+            return ext[0] * groups.shape[-1] if groups.ndim == 2 and groups.size else np.inf
+        if name == "stablehlo.dot_general":
+            shape = op.operands[0].type.shape
+            contract = op.attrs["dot_dimension_numbers"].lhs_contract
+            return ext[0] * ext[1] * float(np.prod([shape[a] for a in contract]))
+        with np.errstate(all="ignore"):
+            if name in ("stablehlo.add", "stablehlo.subtract"):
+                return ext[0] + ext[1]
+            if name == "stablehlo.multiply":
+                return ext[0] * ext[1]
+            if name in ("stablehlo.negate", "stablehlo.abs", "stablehlo.convert"):
+                return ext[0]
+            if name in MOVING:
+                return max((ext[i] for i in _data(op)), default=np.inf)
+        return max(abs(x) for x in self.range(op.results[0]))
+
+    def extent(self, v: Value) -> float:
+        found = self.extents.get(v.id)
+        if found is not None:
+            return found
+        lo, hi = self.range(v)
+        return max(abs(lo), abs(hi))
+
+    def _origin(self, vid: int) -> int:
+        return self.origin.get(vid, vid)
 
     def _at_most_one(self, op: Op) -> bool:
         """A raw count met by thresholds of at most 1 (`maximum(count, 1)`, `count > 0`):
@@ -239,7 +356,7 @@ class Counts:
                 return (0.0, 1.0)
             if _narrow(v):  # uint8 pixels: their sum over 512 wraps a uint16
                 dtype = v.type.dtype
-                info = np.iinfo(f"uint{dtype[2:]}" if dtype.startswith("ui") else f"int{dtype[1:]}")
+                info = np.iinfo(_numpy_dtype(dtype))
                 return (float(info.min), float(info.max))
             return UNBOUNDED
         return r
@@ -436,6 +553,11 @@ def _narrow(v: Value) -> bool:
     if not isinstance(t, TensorType) or not t.dtype.startswith(("i", "ui")) or t.dtype == "i1":
         return False
     return int(t.dtype.lstrip("ui")) < 32
+
+
+def _numpy_dtype(dtype: str) -> str:
+    """numpy's name of an integer type of the IR (`i32` -> int32, `ui8` -> uint8)."""
+    return f"uint{dtype[2:]}" if dtype.startswith("ui") else f"int{dtype[1:]}"
 
 
 def _integer(v: Value) -> bool:
