@@ -164,7 +164,8 @@ def test_a_count_in_eight_bits_wraps_past_127() -> None:
     never does, and random masks hold about 100 ones: the class keeps its size."""
     m = S((2, 200), jnp.bool_)
     reduced, _ = both(count_in_int8, m, spec=count_in_int32, expect="not_equivalent")
-    assert "wraps in i8" in _seq_kept(reduced), reduced.reduction["summary"]
+    why = _seq_kept(reduced)
+    assert "can pass the i8 range" in why or "wraps in i8" in why, reduced.reduction["summary"]
 
 
 def guarded_masked_mean(tok, w):
