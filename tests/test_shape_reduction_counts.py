@@ -416,3 +416,17 @@ def test_an_integer_sum_over_devices_that_can_pass_its_range_keeps_the_axis() ->
     report = verify(fn, x, spec=lambda x: jnp.sum(x.astype(F32)), time_limit=10)
     assert report.verdict != "equivalent", str(report)
     assert "can pass the i32 range" in " ".join(report.notes), report.notes
+
+
+def test_a_product_with_a_sum_holding_its_factor_is_no_share() -> None:
+    """`e * (e + 1)` (e = exp(x) >= 0) is unbounded: only a quotient of such a sum, or a
+    product with its rsqrt, is a share. Read as one in [0, 1], a count of 0 / 1 values met
+    by it through `maximum` would pass as met by a threshold of at most 1, and shrink."""
+
+    def impl(x):
+        e = jnp.exp(x)
+        n = jnp.sum(x > 0.0, axis=-1).astype(F32)
+        return jnp.sum(jnp.maximum(n[:, None], e * (e + 1.0)), axis=-1)
+
+    kept = _kept_by_reduction(impl, S((B, T), F32))
+    assert any("its count" in why for why in kept.values()), kept

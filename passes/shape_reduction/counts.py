@@ -177,7 +177,7 @@ class Counts:
                 return (-np.inf, 0.0)
             if self.inverse_norm_of.get(b) == a or self.inverse_norm_of.get(a) == b:
                 return (-1.0, 1.0)
-            return self._share(op.operands[0], b, "rsqrt") or self._share(
+            return self._share(op.operands[0], b, "rsqrt", divides=False) or self._share(
                 op.operands[1], a, "rsqrt", divides=False
             )
         return None
