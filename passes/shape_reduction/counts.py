@@ -57,6 +57,8 @@ SAME_FORM = {
     "stablehlo." + n
     for n in "add subtract multiply divide negate abs exponential sqrt rsqrt logistic tanh".split()
 }
+# the addends of a sum of adds followed (a denominator `a + b + c + eps`), at most
+MAX_ADDENDS = 8
 # collectives adding over devices
 SUMMING = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
 # results whose elements are some operand's (the data operands: `_data`)
@@ -220,7 +222,9 @@ class Counts:
             self.origin[out] = self.forms.setdefault(form, out)
             if name == "stablehlo.add":
                 a, b = (self._origin(v.id) for v in op.operands)
-                self.addends[self._origin(out)] = self._addends(a) + self._addends(b)
+                addends = self._addends(a) + self._addends(b)
+                if len(addends) <= MAX_ADDENDS:  # a residual stream's chain of adds: not followed
+                    self.addends[self._origin(out)] = addends
             elif name in ("stablehlo.sqrt", "stablehlo.rsqrt"):
                 root = name[len("stablehlo.") :]
                 self.roots[(root, self._origin(out))] = self._origin(op.operands[0].id)
