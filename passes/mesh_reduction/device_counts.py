@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from tv_ir.passes.shape_reduction.counts import SUMMING, Counts, sums
+from tv_ir.passes.shape_reduction.counts import SUMMING, Counts
+from tv_ir.passes.shape_reduction.ranges import sums
 
 from tv_ir.ir.program import Op
 

@@ -12,14 +12,16 @@ float equals 1.0; few random rows hold 3 pad tokens), so the concrete confirmati
 not catch the reduction's mistake.
 
 So each program is walked once beside the shape rules, keeping for each value the least and
-greatest element it can hold whatever the inputs (`_range`: a comparison's 0 / 1,
-`sigmoid`, constants, and what arithmetic and data movement make of bounded operands). A
+greatest element it can hold whatever the inputs (ranges.py: a comparison's 0 / 1,
+`sigmoid`, constants, and what arithmetic and data movement make of bounded operands; the
+relations between operands that bound a value, `x / sum(x)`, are followed here). A
 sum of values bounded at both ends over a class (a `reduce` adding, a `dot_general`
 contracting two bounded operands) is a *count* of that class, and so is everything computed
 from a count; a count reaching an op whose result is not a smooth function of it
 (`COMPARING`: a comparison, a clamp, a maximum, a floor, an index, a reduce other than a
-sum, ...) keeps the classes it counts. A sum of values bounded at one end only (`exp`) is
-not a count: over any number of positions it can be any positive number.
+sum, ...) keeps the classes it counts. A sum of values >= 0 (`exp`) is not a count: over
+any number of positions it can be any positive number; one bounded at the far side of 0
+(`x * x - 1`) is (`grows`).
 """
 
 from __future__ import annotations
@@ -28,30 +30,27 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
-from tv_ir.ir.program import Op, TensorType, Value
+from tv_ir.ir.program import Op, Value
 
 from .classes import DimClasses, Key
+from .ranges import (
+    MOVING,
+    SOME_CONSTANT,
+    UNBOUNDED,
+    boolean,
+    data_operands,
+    element_range,
+    grows,
+    infinite,
+    integer,
+    narrow,
+    numpy_dtype,
+    products,
+    signed_sum,
+    sums,
+    zeros_and_ones,
+)
 
-# results in a fixed range whatever their operands
-RANGES = {
-    "stablehlo." + n: r
-    for names, r in (
-        ("compare is_finite logistic", (0.0, 1.0)),
-        ("tanh sine cosine sign", (-1.0, 1.0)),
-        ("atan2", (-np.pi, np.pi)),
-    )
-    for n in names.split()
-} | {"chlo.erf": (-1.0, 1.0)}
-# increasing functions: the range of the result is the function of the operand's ends
-INCREASING = {
-    "stablehlo.log_plus_one": np.log1p,
-    "stablehlo.log": np.log,
-    "stablehlo.exponential_minus_one": np.expm1,
-    "stablehlo.cbrt": np.cbrt,
-    "stablehlo.sqrt": np.sqrt,
-}
-# where each is defined: the least operand it takes
-DOMAIN = {"stablehlo.log_plus_one": -1.0, "stablehlo.log": 0.0, "stablehlo.sqrt": 0.0}
 # elementwise ops without attributes: two with the same operands are the same value
 SAME_FORM = {
     "stablehlo." + n
@@ -61,19 +60,6 @@ SAME_FORM = {
 MAX_ADDENDS = 8
 # collectives adding over devices
 SUMMING = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
-# results whose elements are some operand's (the data operands: `_data`)
-MOVING = {
-    "stablehlo." + n
-    for n in (
-        "convert broadcast_in_dim reshape transpose slice concatenate reverse pad copy "
-        "dynamic_slice dynamic_update_slice gather optimization_barrier all_gather all_to_all "
-        "collective_permute collective_broadcast select"
-    ).split()
-} | {"mhlo.copy"}
-ROUNDING = {"stablehlo." + n for n in "floor ceil round_nearest_afz round_nearest_even".split()}
-UNBOUNDED = (-np.inf, np.inf)
-# an interval for values computed from constants alone that no rule below follows (finite)
-SOME_CONSTANT = (-1e30, 1e30)
 # ops whose results are not smooth functions of their operands: a count reaching one keeps
 # its classes (`AGAINST` ops only where they meet something that is no count)
 COMPARING = {
@@ -136,9 +122,9 @@ class Counts:
             for keys, where in counted:
                 for k in keys:
                     self.keep(k, f"its count ({where}) is compared by {op.short_name} at {op.loc}")
-        r = _range(op, [self.range(v) for v in op.operands], tables)
+        r = element_range(op, [self.range(v) for v in op.operands], tables)
         if r is UNBOUNDED and op.name == "stablehlo.reduce" and sums(op):
-            r = self.local_sum(op) or _signed_sum(self.range(op.operands[0]))
+            r = self.local_sum(op) or signed_sum(self.range(op.operands[0]))
         r = self._related(op) or r
         if r is None and op.results and all(v.id in independent for v in op.results):
             r = SOME_CONSTANT
@@ -153,7 +139,7 @@ class Counts:
             where = counted[0][1] if counted else f"{op.short_name} at {op.loc}"
             for v in op.results:
                 self.counts[v.id] = (tuple(dict.fromkeys(keys + summed)), where)
-                if _narrow(v):  # a count in 8 or 16 bits wraps past 127 (32767): a threshold
+                if narrow(v):  # a count in 8 or 16 bits wraps past 127 (32767): a threshold
                     for k in keys + summed:
                         self.keep(k, f"its count ({where}) wraps in {v.type.dtype} at {op.loc}")
 
@@ -247,21 +233,21 @@ class Counts:
                 (self.norm_of if name == "stablehlo.sqrt" else self.inverse_norm_of)[out] = x
         elif name in MOVING and op.operands and name != "stablehlo.select":
             first = op.operands[0].id
-            if len(_data(op)) == 1:
+            if len(data_operands(op)) == 1:
                 self.origin[out] = self._origin(first)
             if first in self.maxima:
                 self.maxima.update((v.id, self.maxima[first]) for v in op.results)
             for follows in (self.sum_of, self.norm_of, self.inverse_norm_of):
                 if first in follows:
                     follows[out] = follows[first]
-        data = [op.operands[i] for i in _data(op)] if name in MOVING else list(op.operands)
+        data = [op.operands[i] for i in data_operands(op)] if name in MOVING else list(op.operands)
         if (
             name == "stablehlo.compare"
-            or (op.results and all(_boolean(v) for v in op.results))
-            or (name == "stablehlo.constant" and _zeros_and_ones(op))
+            or (op.results and all(boolean(v) for v in op.results))
+            or (name == "stablehlo.constant" and zeros_and_ones(op))
             or (name in MOVING or name == "stablehlo.multiply")
             and data
-            and all(v.id in self.indicators or _boolean(v) for v in data)
+            and all(v.id in self.indicators or boolean(v) for v in data)
         ):
             self.indicators.update(v.id for v in op.results)
         if name == "stablehlo.reduce" and sums(op) and op.operands[0].id in self.indicators:
@@ -286,7 +272,7 @@ class Counts:
         values up to m holds up to n * m, over devices too); a sum that may pass its type's
         range keeps what it counts (`summed`): uint8 pixels of 256 images of 224 x 224 x 3
         summed in int32 wrap, 2 of them never do."""
-        if not op.results or not _integer(op.results[0]):
+        if not op.results or not integer(op.results[0]):
             return
         extent = self._extent(op)
         for v in op.results:
@@ -298,7 +284,7 @@ class Counts:
             or not (adds or op.name == "stablehlo.dot_general")
         ):
             return
-        info = np.iinfo(_numpy_dtype(op.results[0].type.dtype))
+        info = np.iinfo(numpy_dtype(op.results[0].type.dtype))
         if extent > info.max:
             for k in summed:
                 self.keep(k, f"its sum ({op.short_name} at {op.loc}) can pass the "
@@ -325,7 +311,7 @@ class Counts:
             if name in ("stablehlo.negate", "stablehlo.abs", "stablehlo.convert"):
                 return ext[0]
             if name in MOVING:
-                return max((ext[i] for i in _data(op)), default=np.inf)
+                return max((ext[i] for i in data_operands(op)), default=np.inf)
         return max(abs(x) for x in self.range(op.results[0]))
 
     def extent(self, v: Value) -> float:
@@ -356,17 +342,17 @@ class Counts:
     def range(self, v: Value) -> tuple[float, float]:
         r = self.ranges.get(v.id)
         if r is None:  # an argument, a loop's carried value: what its type holds
-            if _boolean(v):
+            if boolean(v):
                 return (0.0, 1.0)
-            if _narrow(v):  # uint8 pixels: their sum over 512 wraps a uint16
+            if narrow(v):  # uint8 pixels: their sum over 512 wraps a uint16
                 dtype = v.type.dtype
-                info = np.iinfo(_numpy_dtype(dtype))
+                info = np.iinfo(numpy_dtype(dtype))
                 return (float(info.min), float(info.max))
             return UNBOUNDED
         return r
 
     def counted(self, v: Value) -> bool:
-        return _grows(self.range(v)) or v.id in self.counts
+        return grows(self.range(v)) or v.id in self.counts
 
 
 class ClassCounts(Counts):
@@ -383,7 +369,7 @@ class ClassCounts(Counts):
             return tuple(kx[a] for a in op.attrs["dimensions"])
         if op.name == "stablehlo.dot_general":
             lhs, rhs = op.operands[0], op.operands[1]
-            if _grows(_products(self.range(lhs), self.range(rhs))):
+            if grows(products(self.range(lhs), self.range(rhs))):
                 kl = self.keys(lhs)
                 return tuple(kl[i] for i in op.attrs["dot_dimension_numbers"].lhs_contract)
         return ()
@@ -402,168 +388,10 @@ def _compares(op: Op, counts: dict, ranges: dict) -> bool:
             data = tuple(k for k in range(len(op.operands)) if k != len(op.operands) // 2)
         return any(v.id in counts for k, v in enumerate(op.operands) if k not in data)
     if name in AGAINST:  # a constant +-inf (`jnp.max`'s initial value) is no threshold
-        return all(v.id in counts or not _infinite(ranges.get(v.id)) for v in op.operands)
+        return all(v.id in counts or not infinite(ranges.get(v.id)) for v in op.operands)
     if name in ("stablehlo.abs", "stablehlo.sign"):  # a kink at 0: `abs(count - 12)`
         return True
     if name == "stablehlo.divide":  # an integer division floors
-        return _integer(op.results[0])
+        return integer(op.results[0])
     # a float count rounded to an integer
-    return name == "stablehlo.convert" and _integer(op.results[0]) and not _integer(op.operands[0])
-
-
-def _range(
-    op: Op, ranges: list[tuple[float, float]], tables: dict | None
-) -> tuple[float, float] | None:
-    """The least and greatest element `op`'s results can hold, given its operands' (None:
-    no rule; UNBOUNDED: any)."""
-    name = op.name
-    if name in RANGES:
-        return RANGES[name]
-    if op.results and all(_boolean(v) for v in op.results):
-        return (0.0, 1.0)
-    if name == "stablehlo.constant":
-        if op.results[0].id in (tables or {}):  # a table proved for every value it could hold
-            return UNBOUNDED
-        value = np.asarray(op.attrs.get("value"))
-        if value.size == 0 or value.dtype.kind not in "fiub":
-            return None
-        value = value.astype(np.float64)
-        return None if np.isnan(value).any() else (float(np.min(value)), float(np.max(value)))
-    if name == "stablehlo.iota":
-        return (0.0, float(max(op.results[0].type.shape or (1,)) - 1))
-    if name in MOVING:
-        return _union([ranges[i] for i in _data(op)])
-    if name == "stablehlo.reduce" and not sums(op):  # max, min, argmax: an operand's element
-        return _union(ranges[: len(ranges) // 2])  # not the initial values (-inf for a max)
-    if not ranges:
-        return None
-    with np.errstate(all="ignore"):
-        if name == "stablehlo.negate":
-            lo, hi = ranges[0]
-            return (-hi, -lo)
-        if name == "stablehlo.add":
-            return _clean(ranges[0][0] + ranges[1][0], ranges[0][1] + ranges[1][1])
-        if name == "stablehlo.subtract":
-            return _clean(ranges[0][0] - ranges[1][1], ranges[0][1] - ranges[1][0])
-        if name == "stablehlo.multiply":
-            if op.operands[0] is op.operands[1]:  # a square
-                lo, hi = ranges[0]
-                least = 0.0 if lo <= 0 <= hi else min(lo * lo, hi * hi)
-                return (least, max(lo * lo, hi * hi))
-            return _products(ranges[0], ranges[1])
-        if name == "stablehlo.divide" and (ranges[1][0] > 0 or ranges[1][1] < 0):
-            lo, hi = ranges[1]
-            return _products(ranges[0], (1 / hi, 1 / lo))
-        if name in ("stablehlo.maximum", "stablehlo.minimum"):
-            pick = max if name == "stablehlo.maximum" else min
-            return (pick(ranges[0][0], ranges[1][0]), pick(ranges[0][1], ranges[1][1]))
-        if name == "stablehlo.clamp":  # clamp(low, x, high) = min(max(x, low), high)
-            low, x, high = ranges
-            raised = (max(x[0], low[0]), max(x[1], low[1]))
-            return (min(raised[0], high[0]), min(raised[1], high[1]))
-        if name == "stablehlo.abs":
-            lo, hi = ranges[0]
-            return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi)))
-        if name == "stablehlo.exponential":
-            return (0.0, float(np.exp(ranges[0][1])))
-        if name in ROUNDING:
-            lo, hi = ranges[0]
-            return (float(np.floor(lo)), float(np.ceil(hi)))
-        if name in INCREASING and ranges[0][0] >= DOMAIN.get(name, -np.inf):
-            f = INCREASING[name]
-            return (float(f(ranges[0][0])), float(f(ranges[0][1])))
-        if name == "stablehlo.rsqrt" and ranges[0][0] >= 0:
-            return (float(1 / np.sqrt(ranges[0][1])), float(1 / np.sqrt(ranges[0][0])))
-    return UNBOUNDED
-
-
-def _data(op: Op) -> list[int]:
-    """The operands whose elements a moving op's results hold."""
-    name = op.name
-    if name == "stablehlo.select":
-        return [1, 2]
-    if name in ("stablehlo.dynamic_slice", "stablehlo.gather"):
-        return [0]
-    if name in ("stablehlo.pad", "stablehlo.dynamic_update_slice"):
-        return [0, 1]
-    return list(range(len(op.operands)))
-
-
-def _union(ranges: list[tuple[float, float]]) -> tuple[float, float]:
-    if not ranges:
-        return UNBOUNDED
-    return (min(r[0] for r in ranges), max(r[1] for r in ranges))
-
-
-def _products(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
-    ends = [x * y for x in a for y in b]
-    if any(np.isnan(e) for e in ends):  # 0 x inf: no bound
-        return UNBOUNDED
-    return (min(ends), max(ends))
-
-
-def _clean(lo: float, hi: float) -> tuple[float, float]:
-    return UNBOUNDED if np.isnan(lo) or np.isnan(hi) else (lo, hi)
-
-
-def _infinite(r: tuple[float, float] | None) -> bool:
-    """One infinite value (a constant -inf)."""
-    return r is not None and r[0] == r[1] and bool(np.isinf(r[0]))
-
-
-def _bounded(r: tuple[float, float]) -> bool:
-    """Both ends finite, and not one value (a sum of a constant is a count of its own kind:
-    rules.py keeps it)."""
-    return bool(np.isfinite(r[0]) and np.isfinite(r[1]) and r[0] < r[1])
-
-
-def _grows(r: tuple[float, float]) -> bool:
-    """Does a sum of values in `r` reach, over more positions, values that 2 positions do
-    not? Both ends finite (a count), or one end finite on the far side of 0: 16 values of
-    `x * x - 1` (>= -1) sum to -16, 2 of them to no less than -2. A sum of values >= 0
-    (`exp`, a square) is any value >= 0 over any number of positions."""
-    lo, hi = r
-    return _bounded(r) or (np.isfinite(lo) and lo < 0) or (np.isfinite(hi) and hi > 0)
-
-
-def sums(op: Op) -> bool:
-    """A reduce whose body adds its two arguments."""
-    ops = op.regions[0].block.ops if op.regions else []
-    return len(ops) == 1 and ops[0].name == "stablehlo.add"
-
-
-def _signed_sum(r: tuple[float, float]) -> tuple[float, float]:
-    """The range of a sum of any number of values in `r`, from its sign alone."""
-    if r[0] >= 0:
-        return (0.0, np.inf)
-    if r[1] <= 0:
-        return (-np.inf, 0.0)
-    return UNBOUNDED
-
-
-def _zeros_and_ones(op: Op) -> bool:
-    value = np.asarray(op.attrs.get("value"))
-    return value.size > 0 and value.dtype.kind in "fiub" and bool(np.isin(value, (0, 1)).all())
-
-
-def _boolean(v: Value) -> bool:
-    t = v.type
-    return isinstance(t, TensorType) and t.dtype == "i1"
-
-
-def _narrow(v: Value) -> bool:
-    """An integer type of fewer than 32 bits (a count of 2^31 positions is no tensor)."""
-    t = v.type
-    if not isinstance(t, TensorType) or not t.dtype.startswith(("i", "ui")) or t.dtype == "i1":
-        return False
-    return int(t.dtype.lstrip("ui")) < 32
-
-
-def _numpy_dtype(dtype: str) -> str:
-    """numpy's name of an integer type of the IR (`i32` -> int32, `ui8` -> uint8)."""
-    return f"uint{dtype[2:]}" if dtype.startswith("ui") else f"int{dtype[1:]}"
-
-
-def _integer(v: Value) -> bool:
-    t = v.type
-    return isinstance(t, TensorType) and t.dtype.startswith(("i", "ui")) and t.dtype != "i1"
+    return name == "stablehlo.convert" and integer(op.results[0]) and not integer(op.operands[0])

@@ -27,9 +27,10 @@ from ..expand_batch_norm import NORMALISED_LANE
 from .aggregation import spread_dims
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
-from .counts import ClassCounts, sums
+from .counts import ClassCounts
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
 from .per_device import PerDevice, batched, combinations, results, stacked_results, table_rows
+from .ranges import sums
 from .sorts import sort_rule
 
 ELEMENTWISE = {
