@@ -148,6 +148,49 @@ def test_a_token_count_that_is_also_vocabulary_times_a_shards_tokens_keeps_the_v
     assert "spec argument 0 dim 1" in shrunk(reduced), reduced.reduction["summary"]
 
 
+def token_sum_spec(x, y):
+    return jnp.sum(x * y) / (16 * 12)  # a mean over the tokens of a sum over the vocabulary
+
+
+def token_sum_psum(x, y):
+    """The 16 rows over "model" and the vocabulary of 8 over "data": a device sums 4 rows x
+    12 positions x 4 words, 192, as many as the tokens the mean counts."""
+
+    def body(x, y):
+        return jax.lax.psum(jnp.sum(x * y), ("data", "model")) / (16 * 12)
+
+    spec = P("model", None, "data")
+    return jax.shard_map(
+        body, mesh=token_mesh(), in_specs=(spec, spec), out_specs=P(), check_vma=False
+    )(x, y)
+
+
+def token_sum_psum_bug(x, y):
+    def body(x, y):
+        return jax.lax.psum(jnp.sum(x * y), "model") / (16 * 12)  # BUG: half the vocabulary
+
+    spec = P("model", None, "data")
+    return jax.shard_map(
+        body, mesh=token_mesh(), in_specs=(spec, spec), out_specs=P(), check_vma=False
+    )(x, y)
+
+
+def test_a_count_after_a_psum_counts_the_devices_it_adds() -> None:
+    """The spec's 192 tokens are also a device's 4 rows x 12 positions x 4 words. The spec
+    counts its own dimensions (not a device's), and the psum'd sum adds 8 devices' sums: a
+    device's 192 positions is no count of it. One reading is left (the tokens), and the
+    vocabulary shrinks (before, it kept its 8 as "may count its positions")."""
+    args = (f32(16, 12, 8), f32(16, 12, 8))
+    reduced, _ = both(token_sum_psum, *args, spec=token_sum_spec, expect="equivalent")
+    assert "spec argument 0 dim 2" in shrunk(reduced), reduced.reduction["summary"]
+    assert "spec argument 0 dim 0" in shrunk(reduced), reduced.reduction["summary"]
+
+
+def test_a_count_after_a_psum_bug_refuted() -> None:
+    args = (f32(16, 12, 8), f32(16, 12, 8))
+    both(token_sum_psum_bug, *args, spec=token_sum_spec, expect="not_equivalent")
+
+
 # -- an ambiguous count stands for any value ---------------------------------------------------
 
 

@@ -533,6 +533,9 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
     accepted = []
     ambiguous: dict = {}  # (id(op), operand) -> (normaliser, constant, its readings)
     for r in rules:
+        # a one-device program's constants count its own dimensions: the other program's
+        # members (a device's shard of them) are no sizes it can mean
+        counted = _own_sizes(d, r.module, sizes) if r.num_devices == 1 else sizes
         for n in r.pos.normalisers:
             c = r.pos.floats[n.constant]
             count = _through_chain(c, n, r.pos.floats)
@@ -545,9 +548,12 @@ def _normalisers(d: DimClasses, rules, tables: bool) -> tuple[list, dict]:
             # such as a micro-batch of 2 that a mean reduces, counts alike at every size)
             found = {}
             # a class of size 1 (a kept dimension of a keepdims sum) counts nothing
-            real_keys = tuple(k for k in n.keys if max(sizes[d.find(k)]) > 1)
+            real_keys = tuple(k for k in n.keys if max(counted[d.find(k)]) > 1)
             for keys in _key_subsets(real_keys):
-                power = _normalises(count, keys, d, sizes)
+                # a sum added over devices (all_reduce) adds more than a device's positions:
+                # all of them at one device's sizes are not what it counts
+                devices = n.devices if len(keys) == len(real_keys) else 1
+                power = _normalises(count, keys, d, counted, devices)
                 if power:
                     shrinking = frozenset(d.find(k) for k in keys) - fixed
                     found.setdefault((shrinking, power), (keys, power))
@@ -870,15 +876,35 @@ def _key_subsets(keys: tuple, most: int = 6) -> list[tuple]:
     return [sub for r in range(len(keys), 0, -1) for sub in itertools.combinations(keys, r)]
 
 
-def _normalises(c: float, keys: tuple, d: DimClasses, sizes: dict) -> int:
+def _normalises(c: float, keys: tuple, d: DimClasses, sizes: dict, devices: int = 1) -> int:
     """1 (c is N) or -1 (c is 1/N) when c is a count of the positions of `keys` (any member's
-    size of each class), else 0."""
-    counts = {1}
+    size of each class), else 0. With `devices` > 1 (`keys` summed on each device, then over
+    that many devices), every key at its own size is no count of the sum."""
+    counts = {(1, True)}  # (a count, whether every key so far is at its own size)
     for k in keys:
-        counts = {a * b for a in counts for b in sizes[d.find(k)]}
-        if len(counts) > 256:
+        own = d.real[k]
+        counts = {(a * b, mine and b == own) for a, mine in counts for b in sizes[d.find(k)]}
+        if len(counts) > 512:
             return 0
-    return next((p for p in (_matches(c, m) for m in counts if m > 1) if p), 0)
+    found = (_matches(c, m) for m, mine in counts if m > 1 and not (mine and devices > 1))
+    return next((p for p in found if p), 0)
+
+
+def _own_sizes(d: DimClasses, module, sizes: dict) -> dict:
+    """`sizes` (root -> its members' real sizes) with each class's sizes those of its
+    members in `module` only (classes with none there keep all theirs)."""
+    ids = set()
+    for fn in module.functions.values():
+        ids.update(a.id for a in fn.args)
+        for op in walk(fn.body):
+            ids.update(r.id for r in op.results)
+            for region in op.regions:
+                ids.update(a.id for a in region.block.args)
+    own: dict = {}
+    for k in d.parent:
+        if k[0] in ids:
+            own.setdefault(d.find(k), set()).add(d.real[k])
+    return {root: own.get(root, s) for root, s in sizes.items()}
 
 
 def _matches(c: float, n: int) -> int:

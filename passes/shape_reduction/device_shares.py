@@ -131,7 +131,7 @@ def _psums_reached(vid: int, uses: dict) -> tuple[frozenset, set[int], set] | No
             return None  # a result, or unused: not (only) summed over devices
         for op, k in users:
             if op.name == "stablehlo.all_reduce":
-                g = _sum_group_size(op)
+                g = sum_group_size(op)
                 if g is None:
                     return None
                 sums.add(id(op))
@@ -171,7 +171,7 @@ def _contributing(selects: set, sums: frozenset, ops: list[Op], known: dict) -> 
     return counts.pop()
 
 
-def _sum_group_size(op: Op) -> int | None:
+def sum_group_size(op: Op) -> int | None:
     """The members of each replica group of an all_reduce that adds (None otherwise, or
     when its groups differ in size)."""
     if not op.regions:

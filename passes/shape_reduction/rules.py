@@ -28,6 +28,7 @@ from .aggregation import spread_dims
 from .classes import DimClasses, Key
 from .convolution import convolution_shapes
 from .counts import ClassCounts
+from .device_shares import sum_group_size
 from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop, trip_key
 from .per_device import PerDevice, batched, combinations, results, stacked_results, table_rows
 from .ranges import sums
@@ -93,6 +94,9 @@ class Normaliser:
     # the constants that scaled the sum before this one (`sum / 8 / 4096`), as (op, operand,
     # value id): the count is their product with this one
     chain: tuple[tuple[Op, int, int], ...] = ()
+    # the devices whose sums the sum adds (all_reduce group sizes multiplied): a count of
+    # it read at one program's own sizes counts these devices too
+    devices: int = 1
 
 
 @dataclass
@@ -105,6 +109,8 @@ class Positions:
     floats: dict[int, float] = field(default_factory=dict)  # splat float constants
     # values that are sums over (or copies spread along) dimensions: value id -> their keys
     summed: dict[int, tuple[Key, ...]] = field(default_factory=dict)
+    # sums added over devices (all_reduce): value id -> the devices each element adds
+    psummed: dict[int, int] = field(default_factory=dict)
     normalisers: list[Normaliser] = field(default_factory=list)
     # sums scaled by float constants: value id -> (the sum's keys, the constants so far, as
     # Normaliser.chain)
@@ -231,13 +237,18 @@ class ShapeRules:
             self.d.keep(key, f"positions used by {why}")
 
     def pass_through(self, op: Op) -> None:
+        group = sum_group_size(op) if op.name == "stablehlo.all_reduce" else None
         for a, b in zip(op.operands, op.results, strict=False):
             self.tie_all(a, b)
             self.carry(a, b)
+            if group and b.id in self.pos.summed:
+                self.pos.psummed[b.id] = self.pos.psummed.get(a.id, 1) * group
 
     def _carry_sums(self, a: Value, b: Value) -> None:
         if a.id in self.pos.summed:
             self.pos.summed[b.id] = self.pos.summed[a.id]
+        if a.id in self.pos.psummed:
+            self.pos.psummed[b.id] = self.pos.psummed[a.id]
         if a.id in self.pos.scaled_sums:
             self.pos.scaled_sums[b.id] = self.pos.scaled_sums[a.id]
         if a.id in self.pos.pre_scaled:
@@ -377,6 +388,8 @@ class ShapeRules:
             a, b = op.operands[0], op.results[0]
             if a.id in self.pos.summed:
                 self.pos.summed[b.id] = self.pos.summed[a.id]
+            if a.id in self.pos.psummed:
+                self.pos.psummed[b.id] = self.pos.psummed[a.id]
             if a.id in self.pos.scaled_sums:
                 self.pos.scaled_sums[b.id] = self.pos.scaled_sums[a.id]
             if a.id in self.pos.pre_scaled:
@@ -393,16 +406,21 @@ class ShapeRules:
             if c.id not in self.pos.floats or (name == "divide" and k == 0):
                 continue  # N / sum: not a normaliser
             use = ((op, k, c.id),)
+            g = self.pos.psummed.get(other.id, 1)
             if other.id in self.pos.summed:
                 keys = self.pos.summed[other.id]
-                self.pos.normalisers.append(Normaliser(op, k, keys, c.id))
+                self.pos.normalisers.append(Normaliser(op, k, keys, c.id, devices=g))
                 self.pos.scaled_sums[res.id] = (keys, use)
+                if g > 1:
+                    self.pos.psummed[res.id] = g
                 pre = self.pos.pre_scaled.get(other.id)
                 if pre:  # `sum(y / 4096) / 8`: the count may be split across the sum
-                    self.pos.normalisers.append(Normaliser(op, k, keys, c.id, pre))
+                    self.pos.normalisers.append(Normaliser(op, k, keys, c.id, pre, g))
             elif other.id in self.pos.scaled_sums:  # one more constant: counts with the rest
                 keys, before = self.pos.scaled_sums[other.id]
-                self.pos.normalisers.append(Normaliser(op, k, keys, c.id, before))
+                self.pos.normalisers.append(Normaliser(op, k, keys, c.id, before, g))
+                if g > 1:
+                    self.pos.psummed[res.id] = g
                 self.pos.scaled_sums[res.id] = (keys, before + use)
             elif other.id not in self.pos.floats and other.type == res.type:
                 prior = self.pos.scaled_values.get(other.id, ())
@@ -577,6 +595,8 @@ class ShapeRules:
             self.pos.scaled[r.id] = self.pos.scaled[x.id]
         if spread or x.id in self.pos.summed:
             self.pos.summed[r.id] = self.pos.summed.get(x.id, ()) + spread
+            if x.id in self.pos.psummed:
+                self.pos.psummed[r.id] = self.pos.psummed[x.id]
         if x.id in self.pos.spread_splats:  # a spread constant broadcast further
             src, k = self.pos.spread_splats[x.id]
             if r.id in self.pos.splats:
@@ -681,6 +701,8 @@ class ShapeRules:
             kx = self.keys(op.operands[0])
             before = self.pos.summed.get(op.operands[0].id, ())
             self.pos.summed[op.results[0].id] = before + tuple(kx[a] for a in axes)
+            if op.operands[0].id in self.pos.psummed:
+                self.pos.psummed[op.results[0].id] = self.pos.psummed[op.operands[0].id]
             x = op.operands[0].id
             pre = self.pos.pre_scaled.get(x) if before else self.pos.scaled_values.get(x)
             if pre:  # the scales before the first sum, carried through sums of it
