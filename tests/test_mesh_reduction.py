@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh
+from jax.sharding import AbstractMesh, Mesh
 from jax.sharding import PartitionSpec as P
 from tv_ir.passes.mesh_reduction import reduce_mesh
 from tv_ir.passes.mesh_reduction.template import Mesh as AxisMesh
@@ -210,6 +210,57 @@ def test_a_ring_is_reduced_only_past_its_reach(steps):
     found = reduce_mesh(spec, prog, _boundary_placement(spec, prog, None))
     assert found.axes[0].kept.startswith(why)
     assert f"needs {2 * steps + 1} devices" in found.axes[0].kept
+
+
+def kept_args(f, *args) -> str:
+    return jax.jit(f, keep_unused=True).lower(*args).as_text(debug_info=True)
+
+
+def tiled_sum(x, steps):
+    return jnp.tile(x.reshape(64, -1, x.shape[1]).sum(0), (64, 1))
+
+
+def ring_loop(rolled: bool):
+    """A ring all-reduce written for 4 devices (3 steps) on a ring of 64: it sums 4 of the 64
+    blocks. `rolled`: a `while_loop` from `steps * 0` (0, but only once the input is known,
+    so the loop stays rolled); else a `scan` of 3 steps (unrolled)."""
+    mesh = AbstractMesh((64,), ("x",))
+    perm = [(j, (j + 1) % 64) for j in range(64)]
+
+    def step(c):
+        t, acc, blk = c
+        blk = jax.lax.ppermute(blk, "x", perm)
+        return t + 1, acc + blk, blk
+
+    def body(x, steps):
+        if rolled:
+            return jax.lax.while_loop(lambda c: c[0] < 3, step, (steps * 0, x, x))[1]
+        return jax.lax.scan(lambda c, _: (step(c), None), (steps * 0, x, x), None, length=3)[0][1]
+
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x"), check_vma=False)
+
+
+def test_a_shift_in_a_rolled_loop_keeps_its_axis():
+    """How far data travels in a loop left rolled is not known: before, its permute counted
+    one step, the ring was reduced to 4 devices (where 3 steps sum every block) and the pair
+    was proved; the real mesh is too large to run. Now the axis keeps its 64 devices."""
+    args = (jax.ShapeDtypeStruct((64 * 4096, 64), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
+    spec = kept_args(tiled_sum, *args)
+    r = tv_ir.check(spec, kept_args(ring_loop(rolled=True), *args), time_limit=60)
+    assert r.verdict != "equivalent", str(r)
+    small = (jax.ShapeDtypeStruct((64 * 2, 4), jnp.float32), args[1])
+    spec = kept_args(tiled_sum, *small)
+    r = tv_ir.check(spec, kept_args(ring_loop(rolled=True), *small), time_limit=60)
+    assert r.verdict == "not_equivalent", str(r)
+    assert any("runs in a loop" in n and "64 kept" in n for n in r.notes), r.notes
+
+
+def test_a_shift_in_an_unrolled_loop_counts_its_steps():
+    args = (jax.ShapeDtypeStruct((64 * 4096, 64), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32))
+    spec = kept_args(tiled_sum, *args)
+    r = tv_ir.check(spec, kept_args(ring_loop(rolled=False), *args), time_limit=60)
+    assert r.verdict == "not_equivalent", str(r)
+    assert axes_of(r)["x"][:2] == (64, 8)  # 3 steps need 2 x 3 + 1 devices
 
 
 def test_spec_offsets_along_the_split_dimension_keep_the_axis():

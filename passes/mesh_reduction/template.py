@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
-from tv_ir.ir.program import Module, Op, walk
+from tv_ir.ir.program import Module, Op, holds_integers, walk
 
 from .device_counts import keep_counted_axes
 
@@ -555,6 +555,7 @@ def _body(t: Template, body) -> None:
     for r in body.results:
         uses.setdefault(r.id, []).append((None, 0))
     reads_input = _reading_input(body, ops)
+    looped = {id(inner) for op in ops if op.name == "stablehlo.while" for inner in walk_regions(op)}
     for op in ops:
         if op.name == "stablehlo.replica_id":
             t.failed = f"replica_id at {op.loc}"
@@ -570,7 +571,7 @@ def _body(t: Template, body) -> None:
         elif "replica_groups" in op.attrs:
             _groups(t, op, reads_input)
         elif "source_target_pairs" in op.attrs:
-            _pairs(t, op)
+            _pairs(t, op, id(op) in looped)
         if t.failed:
             return
     keep_counted_axes(t.sites, t.keep, ops)
@@ -740,6 +741,7 @@ def _indexes_tables(t: Template, axes: tuple[int, ...], v, uses) -> bool:
     while todo and ok:
         for op, k in uses.get(todo.pop().id, []):
             if op is not None and op.name == "stablehlo.convert":
+                ok = holds_integers(op.results[0].type, 0, n - 1)
                 todo.append(op.results[0])
             elif op is None or k != 1 or not _axis_table(t, axes, op, n, uses):
                 ok = False
@@ -784,7 +786,12 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
         value = todo.pop()
         for op, k in uses.get(value.id, []):
             if op is not None and op.name == "stablehlo.convert":
-                todo.append(op.results[0])
+                if not holds_integers(op.results[0].type, 0, n - 1):
+                    # an i8 coordinate wraps past 127 (and past 255 as ui8): devices
+                    # the real mesh tells apart are no function of the coordinate's form
+                    t.keep(axis, _narrowed(op, n - 1))
+                else:
+                    todo.append(op.results[0])
                 continue
             if op is not None and k == 1 and _table(op, n) is not None:
                 why = f"its coordinate indexes a table at {op.loc}"
@@ -796,7 +803,9 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
             if op is not None and op.name == "stablehlo.multiply":
                 c = _scalar(op.operands[1 - k])
                 why = f"its coordinate is used by {op.name} at {op.loc}"
-                if c is None or c <= 0 or not _tile_start(t, (axis,), op.results[0], c, uses):
+                if c is not None and c > 0 and not holds_integers(op.results[0].type, 0, 2 * n * c):
+                    t.keep(axis, _narrowed(op, 2 * n * c))
+                elif c is None or c <= 0 or not _tile_start(t, (axis,), op.results[0], c, uses):
                     t.keep(axis, why)
                 else:
                     t.shape(axis, why)
@@ -821,6 +830,10 @@ def _coordinate_uses(t: Template, axis: int, v, uses) -> None:
         t.need(axis, 3)  # first, interior and last devices
 
 
+def _narrowed(op: Op, hi: int) -> str:
+    return f"{op.name} at {op.loc} gives {op.results[0].type.dtype} values, which do not hold {hi}"
+
+
 def _tile_start(t: Template, axes: tuple[int, ...], v, tile: int, uses) -> bool:
     """`v = coordinate x tile` is used only as the start of a tile of a `size x tile`
     dimension (`dynamic_slice`, `dynamic_update_slice`), possibly through JAX's
@@ -836,6 +849,8 @@ def _tile_start(t: Template, axes: tuple[int, ...], v, tile: int, uses) -> bool:
     while todo:
         value = todo.pop()
         u = unit[value.id]
+        if not holds_integers(value.type, -2 * n * u, 2 * n * u):
+            return False  # a start that wraps (or rounds) at the real mesh: no tile's start
         for op, k in uses.get(value.id, []):
             if op is None:
                 return False
@@ -1008,9 +1023,19 @@ def _same_pairs(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(a, b) or np.array_equal(_canonical(a, False), _canonical(b, False))
 
 
-def _pairs(t: Template, op: Op) -> None:
+def _pairs(t: Template, op: Op, looped: bool = False) -> None:
+    """A shift along one axis, or a reordering of the devices. `looped`: op runs in a loop
+    left rolled (its trip count unknown before the inputs are, or too large to unroll), so
+    how far data travels along the axis is not known: the axis keeps its size."""
     pairs = np.asarray(op.attrs["source_target_pairs"], dtype=np.int64).reshape(-1, 2)
     if pairs.size == 0:
+        return
+    if looped:
+        first = t.failed
+        _pairs(t, op)
+        if first is None and t.failed is None:
+            for a in t.sites[-1].axes:
+                t.keep(a, f"its collective_permute at {op.loc} runs in a loop")
         return
     mesh = t.mesh
     moving = np.flatnonzero(pairs[:, 0] != pairs[:, 1])  # a device's id is its coordinates
@@ -1063,6 +1088,12 @@ def relabel_order(mesh: Mesh, pairs: np.ndarray) -> tuple[tuple[int, ...], bool]
         if _same_pairs(relabel_pairs(mesh, order, inverse), pairs):
             return order, inverse
     return None
+
+
+def walk_regions(op: Op):
+    """Every op inside op's regions, nested ones included."""
+    for region in op.regions:
+        yield from walk(region.block)
 
 
 def _relabel(t: Template, op: Op, pairs: np.ndarray, moved: int) -> None:

@@ -36,7 +36,7 @@ from .factors import (
     witnesses,
 )
 from .rewrite import Rewriter, inconsistent, scaled_layout
-from .rules import Normaliser, ShapeRules
+from .rules import Normaliser, ShapeRules, narrow_positions
 
 name = "shape-reduction"
 
@@ -273,6 +273,7 @@ def reduce_pair(
     _arity(d)
     _digits(d)
     rules = (spec_rules, impl_rules)
+    narrow_positions(d, rules)
     accepted, scales = _normalisers(d, rules, tables)
     factor = choose(d)
     if scales and not _symbols_pay(d, factor, scales, (spec, impl)):

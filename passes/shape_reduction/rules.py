@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, walk
+from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, holds_integers, walk
 
 from ..expand_batch_norm import NORMALISED_LANE
 from .aggregation import spread_dims
@@ -137,6 +137,11 @@ class Positions:
     # value id -> the trip count's key
     layer_loops: list[LayerLoop] = field(default_factory=list)
     layer_starts: dict[int, Key] = field(default_factory=dict)
+    # positions offset by known integers: value id -> the largest |offset| added so far
+    shifts: dict[int, int] = field(default_factory=dict)
+    # ops whose results hold positions computed in their element type (a convert, an add
+    # of an offset): (op, the positions' class, the largest |offset|); `narrow_positions`
+    widths: list[tuple[Op, Key, int]] = field(default_factory=list)
 
 
 def dims_of(d: DimClasses, v: Value, where: str) -> list[Key]:
@@ -264,6 +269,8 @@ class ShapeRules:
         key = self.pos.index.get(a.id)
         if key is not None:
             self.pos.index[b.id] = key
+            if a.id in self.pos.shifts:
+                self.pos.shifts[b.id] = self.pos.shifts[a.id]
         if a.id in self.pos.known:
             self.fold_into(b)
 
@@ -378,6 +385,16 @@ class ShapeRules:
             self.pos.rescales.append(Rescale(op, operand, key, scalars, bias, vals.which))
         return True
 
+    def _shifted(self, op: Op, k: int, key: Key) -> None:
+        """op's result is operand k's positions offset by the other (known) operand."""
+        res = op.results[0]
+        self.pos.index[res.id] = key
+        offsets = self.pos.known[op.operands[1 - k].id].scalars() or [0]
+        shift = self.pos.shifts.get(op.operands[k].id, 0) + max(abs(int(x)) for x in offsets)
+        if shift:
+            self.pos.shifts[res.id] = shift
+        self.pos.widths.append((op, key, shift))
+
     def normaliser(self, op: Op) -> None:
         """`sum * (1/N)`, `sum / N`, `spread / N`: a float constant that may be the count of
         what is summed (checked against the classes' sizes once they are known)."""
@@ -474,6 +491,10 @@ class ShapeRules:
         floats = any(v.id in self.pos.numbers for v in op.operands)
         if name == "convert":
             self.pos.index[res.id] = idx[0]
+            shift = self.pos.shifts.get(op.operands[0].id, 0)
+            if shift:
+                self.pos.shifts[res.id] = shift
+            self.pos.widths.append((op, idx[0], shift))
             if res.type.is_float or floats:
                 # positions as numbers (RoPE angles): they stay tracked, and the class keeps
                 # two positions so the kernel is seen away from position 0
@@ -513,11 +534,11 @@ class ShapeRules:
             return
         if name in ("add", "subtract") and idx[0] is not None and idx[1] is None:
             if self.in_units(op, 1, idx[0]):
-                self.pos.index[res.id] = idx[0]
+                self._shifted(op, 0, idx[0])
             return
         if name == "add" and idx[1] is not None and idx[0] is None:
             if self.in_units(op, 0, idx[1]):
-                self.pos.index[res.id] = idx[1]
+                self._shifted(op, 1, idx[1])
             return
         for k in idx:
             if k is not None:
@@ -559,6 +580,7 @@ class ShapeRules:
         self.pos.independent.add(r.id)
         key = self.keys(r)[op.attrs["iota_dimension"]]
         self.pos.index[r.id] = key
+        self.pos.widths.append((op, key, 0))  # `jnp.arange(n, dtype=jnp.int8)` wraps too
         if r.type.is_float:  # `jnp.arange(n, dtype=f32)`: positions as numbers already
             self.pos.numbers.add(r.id)
             self.d.at_least(key, 2)
@@ -1054,3 +1076,18 @@ def factor_groups(a: tuple[int, ...], b: tuple[int, ...]):
                 gb.append(ib[j])
                 j += 1
         yield ga, gb
+
+
+def narrow_positions(d: DimClasses, rules) -> None:
+    """Positions converted or offset in an integer type that cannot hold them at the real
+    size (an iota of 8,192 rows as i8 wraps past 127) keep their class: at the reduced size
+    they would all fit, and the pair would lose what the wrap does."""
+    widths = [w for r in rules for w in r.pos.widths]
+    if not widths:
+        return
+    largest = {root: max(d.real[k] for k in members) for root, members in d.classes().items()}
+    for op, key, shift in widths:
+        hi = largest[d.find(key)] - 1 + shift
+        t = op.results[0].type
+        if not holds_integers(t, -shift, hi):
+            d.keep(key, f"{op.short_name} at {op.loc} holds positions up to {hi} in {t.dtype}")

@@ -14,6 +14,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tv_ir.errors import BadInput
 
 _ids = itertools.count()
@@ -79,8 +81,6 @@ class TensorType:
 
 def storage_dtype(t: TensorType):
     """The numpy dtype holding t's elements at their true width (f32 -> float32, ...)."""
-    import numpy as np
-
     if not t.is_float:
         return np.dtype(t.numpy_dtype)
     import ml_dtypes
@@ -223,6 +223,21 @@ class Module:
         return dataclasses.replace(self, entry=name)
 
 
+def holds_integers(t: Type, lo: int, hi: int) -> bool:
+    """Whether every integer in [lo, hi] is held by `t`'s elements, so that a convert to `t`
+    and integer arithmetic in `t` do not wrap there. A float type holds them all: tv reads
+    floats as reals (docs/equivalence.md), and a bf16 position is the position."""
+    if not isinstance(t, TensorType) or t.is_bool or t.is_complex:
+        return False
+    if t.is_float:
+        return True
+    name = NUMPY_DTYPE.get(t.dtype)
+    if name is None:
+        return False
+    info = np.iinfo(name)
+    return int(info.min) <= lo and hi <= int(info.max)
+
+
 def elements(m: Module) -> int:
     """How many tensor elements the values of `m`'s checked function hold, arguments
     included (what evaluating it concretely costs)."""
@@ -241,8 +256,6 @@ def walk(block: Block):
 
 def integer_constant(v: Value) -> int | None:
     """The integer a one-element integer `stablehlo.constant` holds, else None."""
-    import numpy as np
-
     op = v.owner
     if op is None or op.name != "stablehlo.constant":
         return None
