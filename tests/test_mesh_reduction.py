@@ -304,6 +304,36 @@ def test_a_count_of_devices_keeps_its_axis():
     assert not found.reduced and "reads no input" in found.axes[0].kept
 
 
+def device_mean(divisor: float):
+    """The spec: the sum of 64 devices' blocks over `divisor` (64 is their mean)."""
+
+    def spec(x):
+        return x.reshape(64, -1, x.shape[1]).sum(0) / divisor
+
+    return spec
+
+
+def counted_mean(x):
+    """The mean of the 64 devices' blocks, the devices counted as `psum(x * 0 + 1)`: it reads
+    the input, but every device adds 1."""
+
+    def body(x):
+        return jax.lax.psum(x, "x") / jax.lax.psum(x[0, 0] * 0 + 1, "x")
+
+    mesh = AbstractMesh((64,), ("x",))
+    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)(x)
+
+
+@pytest.mark.parametrize("divisor, verdict", [(64, "equivalent"), (2, "not_equivalent")])
+def test_a_count_of_devices_that_reads_the_input_keeps_its_axis(divisor, verdict):
+    """Before, `x * 0 + 1` read the input, so its sum over devices was no count: the axis
+    shrank to 2, where the count is 2, and a spec dividing by 2 was proved (the real mesh
+    too large to run), the one dividing by 64 refuted."""
+    x = jax.ShapeDtypeStruct((64 * 4096, 128), jnp.float32)
+    r = tv_ir.check(lower(device_mean(divisor), x), lower(counted_mean, x), time_limit=60)
+    assert r.verdict == verdict, str(r)
+
+
 def test_a_coordinate_in_arithmetic_keeps_its_axis():
     mesh = mesh_of(("data", 8))
     w = np.ones((32, 4), np.float32)

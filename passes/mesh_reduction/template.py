@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
-from tv_ir.ir.program import Module, Op, holds_integers, walk
+from tv_ir.ir.program import Module, Op, holds_integers, ignores_operands, walk
 
 from .device_counts import keep_counted_axes
 
@@ -595,11 +595,11 @@ def _marked(t: Template) -> None:
 
 def _reading_input(body, ops) -> set[int]:
     """Values computed from the body's arguments (a sum over devices of a value that reads
-    none counts devices: `psum(1)` is the axis size)."""
+    none counts devices: `psum(1)` is the axis size, and `psum(x * 0 + 1)` too)."""
     out = {a.id for a in body.args}
     for op in ops:
         inner = [a.id for r in op.regions for a in r.block.args]
-        if any(v.id in out for v in op.operands):
+        if any(v.id in out for v in op.operands) and not ignores_operands(op):
             out.update(r.id for r in op.results)
             out.update(inner)
     return out

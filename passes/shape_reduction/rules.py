@@ -21,7 +21,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir.program import Block, Function, Module, Op, TensorType, Value, holds_integers, walk
+from tv_ir.ir.program import (
+    Block,
+    Function,
+    Module,
+    Op,
+    TensorType,
+    Value,
+    holds_integers,
+    ignores_operands,
+    walk,
+)
 
 from ..expand_batch_norm import NORMALISED_LANE
 from .aggregation import spread_dims
@@ -186,7 +196,9 @@ class ShapeRules:
         for op in block.ops:
             for r in op.results:
                 dims_of(self.d, r, f"{op.short_name} at {op.loc}")
-            if op.operands and all(v.id in self.pos.independent for v in op.operands):
+            if op.operands and (
+                all(v.id in self.pos.independent for v in op.operands) or ignores_operands(op)
+            ):
                 self.pos.independent.update(r.id for r in op.results)
             self.op(op)
             self.counts.step(op, self.pos.independent, self.pos.tables)

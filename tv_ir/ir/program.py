@@ -238,6 +238,26 @@ def holds_integers(t: Type, lo: int, hi: int) -> bool:
     return int(info.min) <= lo and hi <= int(info.max)
 
 
+def _zero_constant(v: Value) -> bool:
+    op = v.owner
+    if op is None or op.name not in ("stablehlo.constant", "stablehlo.broadcast_in_dim"):
+        return False
+    if op.name == "stablehlo.broadcast_in_dim":
+        return _zero_constant(op.operands[0])
+    value = np.asarray(op.attrs.get("value"))
+    return value.size > 0 and not value.any()
+
+
+def ignores_operands(op: Op) -> bool:
+    """Whether op's result is the same whatever its operands hold (over the reals): `x * 0`,
+    `x - x`, `x ^ x`. A sum over devices of `x * 0 + 1` counts them as one of `1` does."""
+    if op.name == "stablehlo.multiply" and len(op.operands) == 2:
+        return any(_zero_constant(v) for v in op.operands)
+    if op.name in ("stablehlo.subtract", "stablehlo.xor") and len(op.operands) == 2:
+        return op.operands[0] is op.operands[1]
+    return False
+
+
 def elements(m: Module) -> int:
     """How many tensor elements the values of `m`'s checked function hold, arguments
     included (what evaluating it concretely costs)."""
