@@ -334,6 +334,42 @@ def test_a_count_of_devices_that_reads_the_input_keeps_its_axis(divisor, verdict
     assert r.verdict == verdict, str(r)
 
 
+def unit_count_mean(x):
+    """The 64 devices' blocks over their count, counted as `psum(y / y)` with `y = x*x + 1`:
+    1 on each device, but read from the input, and no form the template knows as a count."""
+
+    def body(x):
+        y = x[0, 0] * x[0, 0] + 1
+        return jax.lax.psum(x, "x") / jax.lax.psum(y / y, "x")
+
+    mesh = AbstractMesh((64,), ("x",))
+    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)(x)
+
+
+def test_a_proof_on_the_reduced_mesh_is_run_on_a_larger_one():
+    """Where the real mesh is too large to run, the real pair runs on a larger reduced mesh
+    (each shrunk axis at its next divisor): a count of devices the template does not see
+    makes the pair agree on 2 devices (the spec divides by 2) and differ on 4. Before, this
+    pair was proved."""
+    x = jax.ShapeDtypeStruct((64 * 1024, 128), jnp.float32)
+    r = tv_ir.check(lower(device_mean(2), x), lower(unit_count_mean, x), time_limit=60)
+    assert r.verdict == "unknown", str(r)
+    assert "on a larger one (x: 4) the programs differ" in r.reason
+
+
+def test_a_proof_checked_on_a_larger_mesh_says_so():
+    x = jax.ShapeDtypeStruct((64 * 1024, 128), jnp.float32)
+
+    def body(x):
+        return jax.lax.psum(x, "x") / 64
+
+    mesh = AbstractMesh((64,), ("x",))
+    impl = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)
+    r = tv_ir.check(lower(device_mean(64), x), lower(impl, x), time_limit=60)
+    assert r.verdict == "equivalent", str(r)
+    assert any("checked concretely on a larger reduced mesh (x: 4)" in n for n in r.notes)
+
+
 def test_a_coordinate_in_arithmetic_keeps_its_axis():
     mesh = mesh_of(("data", 8))
     w = np.ones((32, 4), np.float32)

@@ -378,10 +378,14 @@ def _check_unrolled(
         t1 = time.perf_counter()
         if report.verdict == NOT_EQUIVALENT:
             name_real_device(report, mesh)
-        found = NOT_RUN
+        found = larger = NOT_RUN
         if aside.real_mesh is whole_mesh and report.verdict in (EQUIVALENT, NOT_EQUIVALENT):
             found = aside.result(REAL_MESH)
-        report = confirm_on_real_mesh(report, mesh, *whole_mesh, seed=seed, found=found)
+        if aside.larger_mesh is whole_mesh and report.verdict == EQUIVALENT:
+            larger = aside.result(LARGER_MESH)
+        report = confirm_on_real_mesh(
+            report, mesh, *whole_mesh, seed=seed, found=found, larger=larger
+        )
         if report.verdict == UNKNOWN and report.reason.startswith("mesh reduction"):
             options = Options(timeout, seed, progress, time_left())
             notes = report.notes
@@ -801,7 +805,7 @@ def _reduce_and_prove(
         if reduction is not None and reduction.reduced and worth_it:
             _confirm_beside(aside, reduction, mesh, real, options.seed)
         if mesh is not None and worth_it:
-            _real_mesh_beside(aside, real, options.seed)
+            _real_mesh_beside(aside, real, mesh, options.seed)
         aside.start()
     t_import = time.perf_counter() - t0
     left = time_left()  # what import left of the time limit is the prover's
@@ -851,17 +855,25 @@ def _confirm_beside(aside, reduction, mesh, real, seed: int) -> None:
 
 
 REAL_MESH = "real mesh"  # the check beside the proof that runs the real pair on every device
+LARGER_MESH = "larger mesh"  # the one that runs it on a larger reduced mesh instead
 
 
-def _real_mesh_beside(aside, real, seed: int) -> None:
+def _real_mesh_beside(aside, real, mesh, seed: int) -> None:
     """The run of the real pair on every device of the real mesh (`confirm_on_real_mesh`'s,
-    when it fits) does not depend on the proof on the reduced mesh: it joins the checks
-    computed beside it."""
-    from .prover.mesh_transfer import differs_on_real_mesh, runs_on_real_mesh
+    when it fits), or on a larger reduced mesh when it does not, does not depend on the proof
+    on the reduced mesh: it joins the checks computed beside it."""
+    from .prover.mesh_transfer import (
+        differs_on_larger_mesh,
+        differs_on_real_mesh,
+        runs_on_real_mesh,
+    )
 
     if aside.real_mesh is None and runs_on_real_mesh(*real):
         aside.real_mesh = real
         aside.add(REAL_MESH, lambda: differs_on_real_mesh(*real, seed=seed))
+    elif aside.larger_mesh is None and not runs_on_real_mesh(*real):
+        aside.larger_mesh = real
+        aside.add(LARGER_MESH, lambda: differs_on_larger_mesh(mesh, *real, seed=seed))
 
 
 # a proof of fewer top-level ops than this takes about what a child costs (a fork, its

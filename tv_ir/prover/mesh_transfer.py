@@ -4,6 +4,8 @@ replay), and name a counterexample's device by the real device it stands for."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from tv_ir.passes.mesh_reduction import MeshReduction, reduce_mesh
 
 from .placement import Placement
@@ -73,14 +75,71 @@ def differs_on_real_mesh(spec, impl, placement, seed: int = 0):
 NOT_RUN = object()  # `confirm_on_real_mesh`'s `found` when nothing ran it beforehand
 
 
+def larger_sizes(mesh: MeshReduction) -> tuple[int, ...] | None:
+    """The reduced mesh with each shrunk axis at its next divisor of the real size (2 -> 4
+    of 64), or None when that is the real mesh."""
+    grown = []
+    for r, n in zip(mesh.reduced_mesh.sizes, mesh.real_mesh.sizes, strict=True):
+        grown.append(next(d for d in range(r + 1, n + 1) if n % d == 0) if r < n else r)
+    return None if tuple(grown) == tuple(mesh.real_mesh.sizes) else tuple(grown)
+
+
+def on_larger_mesh(mesh: MeshReduction, spec, impl, placement):
+    """(the real pair on `larger_sizes`, the sizes) when the real mesh is too large to run
+    and that pair runs (`runs_on_real_mesh`); else None. The mesh reduction's template
+    argument says the pair agrees there as it does on the reduced mesh: running it checks
+    the argument on one more instance (a count of devices, a ring's reach that the template
+    did not follow shows there)."""
+    from tv_ir.ir.program import elements
+
+    from .real_size import REPLAY_LIMIT
+
+    sizes = larger_sizes(mesh)
+    if sizes is None or runs_on_real_mesh(spec, impl, placement):
+        return None
+    small = mesh.reduced_mesh.devices
+    grow = int(np.prod(sizes)) / small
+    estimate = grow * (elements(mesh.spec) + small * elements(mesh.impl))
+    if estimate > 2 * REPLAY_LIMIT:  # what the shapes along the axes grow to, about
+        return None
+    found = reduce_mesh(spec, impl, placement, sizes=sizes)
+    if not found.reduced:
+        return None
+    from tv_ir.passes import dce
+
+    pair = (dce.run(found.spec), dce.run(found.impl), reduced_placement(found))
+    return (pair, sizes) if runs_on_real_mesh(*pair) else None
+
+
+def differs_on_larger_mesh(mesh: MeshReduction, spec, impl, placement, seed: int = 0):
+    """None when there is no larger mesh to run (`on_larger_mesh`), else (a difference
+    (`refutation(...)`'s result) or None, the larger mesh's sizes)."""
+    from .real_size import _differs
+
+    found = on_larger_mesh(mesh, spec, impl, placement)
+    if found is None:
+        return None
+    pair, sizes = found
+    return _differs(*pair, seed), sizes
+
+
 def confirm_on_real_mesh(
-    report, mesh: MeshReduction, spec, impl, placement, seed: int = 0, found=NOT_RUN
+    report,
+    mesh: MeshReduction,
+    spec,
+    impl,
+    placement,
+    seed: int = 0,
+    found=NOT_RUN,
+    larger=NOT_RUN,
 ):
     """A verdict on the reduced mesh, run concretely on every device of the real one when
     that fits (`runs_on_real_mesh`): a proof whose programs differ there is refuted there; a
     refutation whose programs agree there on random inputs is `unknown` (the caller then
     checks the real mesh as given). `found`: `differs_on_real_mesh`'s result, when it was
-    computed beside the proof."""
+    computed beside the proof. Where the real mesh is too large, a proof is run on a larger
+    reduced mesh instead, when that fits (`differs_on_larger_mesh`, whose result `larger`
+    is when computed beside the proof): a difference there makes it `unknown`."""
     from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
     from .real_size import refuted_by_replay
@@ -88,6 +147,11 @@ def confirm_on_real_mesh(
     if report.verdict not in (EQUIVALENT, NOT_EQUIVALENT):
         return report
     if not runs_on_real_mesh(spec, impl, placement):
+        if report.verdict == EQUIVALENT:
+            if larger is NOT_RUN:
+                larger = differs_on_larger_mesh(mesh, spec, impl, placement, seed)
+            if larger is not None:
+                return _on_larger_mesh(report, mesh, *larger)
         report.notes.append(
             f"the real mesh ({mesh.real_mesh.devices} devices) is too large to run concretely: "
             "the verdict rests on the mesh reduction's template (docs/equivalence.md)"
@@ -124,6 +188,34 @@ def confirm_on_real_mesh(
         stats=report.stats,
         reason="mesh reduction: refuted on the reduced "
         "mesh, but the programs agree on the real mesh on random inputs",
+    )
+    out.notes.append(out.reason)
+    return out
+
+
+def _on_larger_mesh(report, mesh: MeshReduction, found, sizes):
+    """A proof on the reduced mesh, after its pair ran on a larger one (`sizes`)."""
+    from tv_ir.report.result import UNKNOWN, Report
+
+    where = ", ".join(
+        f"{name}: {n}"
+        for name, n, r in zip(mesh.real_mesh.names, sizes, mesh.reduced_mesh.sizes, strict=True)
+        if n != r
+    )
+    if found is None:
+        report.notes.append(
+            f"the real mesh ({mesh.real_mesh.devices} devices) is too large to run concretely; "
+            f"checked concretely on a larger reduced mesh ({where}) too: the verdict rests on "
+            "the mesh reduction's template (docs/equivalence.md)"
+        )
+        return report
+    out = Report(
+        UNKNOWN,
+        stats=report.stats,
+        reason=f"proved on the reduced mesh, but on a larger one ({where}) the programs differ "
+        "on random inputs: the mesh reduction does not carry over for this pair, and the real "
+        f"mesh ({mesh.real_mesh.devices} devices) is too large to run; check with "
+        "--whole-mesh (reduce_mesh=False)",
     )
     out.notes.append(out.reason)
     return out

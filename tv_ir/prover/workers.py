@@ -356,6 +356,7 @@ class ChecksBeside:
         self.jobs: dict[str, Callable[[], Any]] = {}
         self.confirms = None  # the shape reduction whose confirmation is a job here
         self.real_mesh = None  # the real pair whose run on its whole mesh is a job here
+        self.larger_mesh = None  # the real pair whose run on a larger reduced mesh is one
         # a check made of parts (`add_parts`): its parts' names and how their results combine
         self._parts: dict[str, tuple[list[str], Callable[[list], Any]]] = {}
         self._here: dict[str, Any] = {}  # parts made here while a child made others
