@@ -560,3 +560,33 @@ def test_too_late_for_collectives_says_how_to_ask_for_them() -> None:
     line = _large_mesh("jax.devices()")
     assert line.startswith("BadInput XLA could not partition the module"), line
     assert "ensure_host_devices(4096)" in line, line
+
+
+ARGMAX_64 = """
+import jax, jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from tv_ir.frontends.jax import verify
+def fn(x):
+    return jnp.argmax(x, axis=0).astype(jnp.float32)
+x = jax.ShapeDtypeStruct((64 * 2, 64), jnp.float32)
+r = verify(fn, x, spec=fn, mesh={"x": 64}, in_shardings=(P("x", None),), out_shardings=P(),
+           time_limit=20)
+print("VERDICT", r.verdict)
+"""
+
+
+def test_an_all_gather_of_one_candidate_per_device_keeps_its_size():
+    """XLA's argmax over a dimension split over 64 devices gathers each device's candidate
+    (one row each) into 64 rows, as many as the columns: shape reduction shrank that
+    gathered dimension with the columns, and the interpreter stopped on the all_gather's
+    shapes (a traceback). 64 host devices: its own process."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=64")
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", ARGMAX_64], env=env, cwd=root, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "VERDICT" in done.stdout and "Traceback" not in done.stderr

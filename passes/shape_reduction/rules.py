@@ -947,6 +947,12 @@ class ShapeRules:
 
     def rule_all_gather(self, op: Op) -> None:
         self.pass_through(op)
+        dim = op.attrs.get("all_gather_dim")
+        for x, r in zip(op.operands, op.results, strict=False):
+            if dim is not None and x.type.shape[dim] == 1 < r.type.shape[dim]:
+                # one element per device gathered (each device's candidate of an argmax): the
+                # gathered dimension is the device count, which no shape reduction changes
+                self.d.keep(self.keys(r)[dim], f"all_gather at {op.loc} gathers one per device")
 
     def rule_reduce_scatter(self, op: Op) -> None:
         self.pass_through(op)
