@@ -370,6 +370,36 @@ def test_a_proof_checked_on_a_larger_mesh_says_so():
     assert any("checked concretely on a larger reduced mesh (x: 4)" in n for n in r.notes)
 
 
+def replicated_sum(axis: str):
+    """`x * 2` of a tile, and the sum of a replicated `w` over `axis` (2 w over "data")."""
+
+    def body(x, w):
+        return x * 2, jax.lax.psum(w, axis)
+
+    mesh = AbstractMesh((2, 64), ("data", "model"))
+    tiles = P("data", "model")
+    return jax.shard_map(
+        body, mesh=mesh, in_specs=(tiles, P()), out_specs=(tiles, P()), check_vma=False
+    )
+
+
+@pytest.mark.parametrize("axis, verdict", [("data", "equivalent"), ("model", "not_equivalent")])
+def test_a_sum_of_a_replicated_value_over_devices_counts_them(axis, verdict):
+    """`psum(w, "model")` of a replicated `w` is 64 w: "model" mixed up with "data" (2 w).
+    Before, "model" shrank to 2, the size of "data", and the mix-up was proved; now an axis
+    an all_reduce adds copies along keeps its size (varying.py)."""
+    args = (
+        jax.ShapeDtypeStruct((2 * 4096, 64 * 128), jnp.float32),
+        jax.ShapeDtypeStruct((4096, 256), jnp.float32),
+    )
+
+    def spec(x, w):
+        return x * 2, 2 * w
+
+    r = tv_ir.check(lower(spec, *args), lower(replicated_sum(axis), *args), time_limit=60)
+    assert r.verdict == verdict, str(r)
+
+
 def test_a_coordinate_in_arithmetic_keeps_its_axis():
     mesh = mesh_of(("data", 8))
     w = np.ones((32, 4), np.float32)

@@ -41,6 +41,7 @@ from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
 from tv_ir.ir.program import Module, Op, holds_integers, ignores_operands, walk
 
 from .device_counts import keep_counted_axes
+from .varying import keep_summed_copies
 
 ORDER_FREE = {"stablehlo.all_reduce"}  # the order of a group's devices does not matter
 RESHAPING = {
@@ -255,6 +256,9 @@ class Template:
     gathers: dict[int, tuple[int, ...]] = field(default_factory=dict)
     # id(dynamic_slice or dynamic_update_slice) -> {dimension: axes} of its tile starts
     tile_starts: dict[int, dict[int, tuple[int, ...]]] = field(default_factory=dict)
+    # per argument of the body read (a shard_map's region, or @main of a per-device
+    # program): for each dimension, the axes splitting it (None: `arg_axes`)
+    body_arg_axes: list[list[tuple[int, ...]]] | None = None
 
     def need(self, axis: int, n: int, why: str | None = None) -> None:
         if n > self.needs.get(axis, 2) and why is not None:
@@ -529,6 +533,7 @@ def _boundary(t: Template, main, mc: Op) -> None:
     if any(a is None for a in ins + outs):
         t.failed = "a shard_map sharding with sub-axes or unreduced axes"
         return
+    t.body_arg_axes = ins
     arg_index = {a.id: k for k, a in enumerate(main.args)}
     t.arg_axes = [[() for _ in getattr(a.type, "shape", ())] for a in main.args]
     for v, axes in zip(mc.operands, ins, strict=True):
@@ -575,6 +580,7 @@ def _body(t: Template, body) -> None:
         if t.failed:
             return
     keep_counted_axes(t.sites, t.keep, ops)
+    keep_summed_copies(t, body, t.body_arg_axes if t.body_arg_axes is not None else t.arg_axes)
     _marked(t)
 
 
