@@ -313,24 +313,33 @@ def device_mean(divisor: float):
     return spec
 
 
-def counted_mean(x):
-    """The mean of the 64 devices' blocks, the devices counted as `psum(x * 0 + 1)`: it reads
-    the input, but every device adds 1."""
+ONES = {  # 1 on every device, each read from the input
+    "x * 0 + 1": lambda v: v * 0 + 1,
+    "where(x > 0, 1, 1)": lambda v: jnp.where(v > 0, 1.0, 1.0),
+    "x == x": lambda v: (v == v).astype(jnp.float32),
+}
+
+
+def counted_mean(ones):
+    """The mean of the 64 devices' blocks, the devices counted as `psum(ones(x[0, 0]))`: it
+    reads the input, but every device adds 1."""
 
     def body(x):
-        return jax.lax.psum(x, "x") / jax.lax.psum(x[0, 0] * 0 + 1, "x")
+        return jax.lax.psum(x, "x") / jax.lax.psum(ones(x[0, 0]), "x")
 
     mesh = AbstractMesh((64,), ("x",))
-    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)(x)
+    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P(), check_vma=False)
 
 
+@pytest.mark.parametrize("ones", sorted(ONES))
 @pytest.mark.parametrize("divisor, verdict", [(64, "equivalent"), (2, "not_equivalent")])
-def test_a_count_of_devices_that_reads_the_input_keeps_its_axis(divisor, verdict):
-    """Before, `x * 0 + 1` read the input, so its sum over devices was no count: the axis
-    shrank to 2, where the count is 2, and a spec dividing by 2 was proved (the real mesh
-    too large to run), the one dividing by 64 refuted."""
+def test_a_count_of_devices_that_reads_the_input_keeps_its_axis(ones, divisor, verdict):
+    """Before, these counts read the input, so their sums over devices were no counts: the
+    axis shrank to 2, where the count is 2, and a spec dividing by 2 was proved (the real
+    mesh too large to run), the one dividing by 64 refuted."""
     x = jax.ShapeDtypeStruct((64 * 4096, 128), jnp.float32)
-    r = tv_ir.check(lower(device_mean(divisor), x), lower(counted_mean, x), time_limit=60)
+    impl = lower(counted_mean(ONES[ones]), x)
+    r = tv_ir.check(lower(device_mean(divisor), x), impl, time_limit=60)
     assert r.verdict == verdict, str(r)
 
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tv_ir.ir.attrs import SdyAxis, SdyMesh, SdySharding
-from tv_ir.ir.program import Module, Op, holds_integers, ignores_operands, walk
+from tv_ir.ir.program import Module, Op, holds_integers, read_operands, walk
 
 from .device_counts import keep_counted_axes
 from .varying import keep_summed_copies
@@ -605,7 +605,7 @@ def _reading_input(body, ops) -> set[int]:
     out = {a.id for a in body.args}
     for op in ops:
         inner = [a.id for r in op.regions for a in r.block.args]
-        if any(v.id in out for v in op.operands) and not ignores_operands(op):
+        if any(v.id in out for v in read_operands(op)):
             out.update(r.id for r in op.results)
             out.update(inner)
     return out

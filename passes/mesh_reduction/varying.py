@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from tv_ir.passes.shape_reduction.ranges import sums
 
-from tv_ir.ir.program import Block, Op
+from tv_ir.ir.program import Block, Op, read_operands
 
 SPREADING = ("stablehlo.reduce_scatter", "stablehlo.all_to_all", "stablehlo.collective_permute")
 UNIFORM = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.collective_broadcast")
@@ -50,7 +50,7 @@ def varying_axes(t, body: Block, arg_axes: list) -> dict[int, frozenset]:
 
 def _block(block: Block, out: dict, site_axes: dict, collective: dict, every) -> None:
     for op in block.ops:
-        ins = frozenset().union(*(out.get(v.id, NONE) for v in op.operands))
+        ins = frozenset().union(*(out.get(v.id, NONE) for v in read_operands(op)))
         if op.name == "stablehlo.partition_id":
             got = [every] * len(op.results)
         elif id(op) in site_axes:

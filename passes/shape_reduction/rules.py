@@ -29,7 +29,7 @@ from tv_ir.ir.program import (
     TensorType,
     Value,
     holds_integers,
-    ignores_operands,
+    read_operands,
     walk,
 )
 
@@ -196,9 +196,7 @@ class ShapeRules:
         for op in block.ops:
             for r in op.results:
                 dims_of(self.d, r, f"{op.short_name} at {op.loc}")
-            if op.operands and (
-                all(v.id in self.pos.independent for v in op.operands) or ignores_operands(op)
-            ):
+            if op.operands and all(v.id in self.pos.independent for v in read_operands(op)):
                 self.pos.independent.update(r.id for r in op.results)
             self.op(op)
             self.counts.step(op, self.pos.independent, self.pos.tables)

@@ -248,14 +248,43 @@ def _zero_constant(v: Value) -> bool:
     return value.size > 0 and not value.any()
 
 
-def ignores_operands(op: Op) -> bool:
-    """Whether op's result is the same whatever its operands hold (over the reals): `x * 0`,
-    `x - x`, `x ^ x`. A sum over devices of `x * 0 + 1` counts them as one of `1` does."""
-    if op.name == "stablehlo.multiply" and len(op.operands) == 2:
-        return any(_zero_constant(v) for v in op.operands)
-    if op.name in ("stablehlo.subtract", "stablehlo.xor") and len(op.operands) == 2:
-        return op.operands[0] is op.operands[1]
-    return False
+SAME_WHEN_EQUAL = {"EQ": True, "LE": True, "GE": True, "NE": False, "LT": False, "GT": False}
+
+
+def read_operands(op: Op) -> list[Value]:
+    """The operands op's result depends on (over the reals): all of them but where its
+    arithmetic ignores some. `x * 0`, `x - x`, `x ^ x` and `x == x` read none; `select(p,
+    a, a)`, `max(a, a)` and `clamp(c, x, c)` read `a` (`c`) alone. A sum over devices of
+    `x * 0 + 1` counts them as one of `1` does."""
+    ops = list(op.operands)
+    name = op.name
+    if name == "stablehlo.multiply" and len(ops) == 2 and any(_zero_constant(v) for v in ops):
+        return []
+    if len(ops) == 2 and ops[0] is ops[1]:
+        if name in ("stablehlo.subtract", "stablehlo.xor"):
+            return []
+        if name == "stablehlo.compare":
+            direction = getattr(op.attrs.get("comparison_direction"), "value", None)
+            return [] if direction in SAME_WHEN_EQUAL else ops
+        if name in ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or"):
+            return ops[:1]
+    if name == "stablehlo.select" and len(ops) == 3 and ops[1] is ops[2]:
+        return ops[1:2]
+    if name == "stablehlo.clamp" and len(ops) == 3 and _same_constant(ops[0], ops[2]):
+        return ops[:1]
+    return ops
+
+
+def _same_constant(a: Value, b: Value) -> bool:
+    if a is b:
+        return True
+    ca, cb = a.owner, b.owner
+    if ca is None or cb is None:
+        return False
+    if ca.name != "stablehlo.constant" or cb.name != "stablehlo.constant":
+        return False
+    x, y = np.asarray(ca.attrs.get("value")), np.asarray(cb.attrs.get("value"))
+    return x.shape == y.shape and bool(np.array_equal(x, y))
 
 
 def elements(m: Module) -> int:
