@@ -253,12 +253,14 @@ SAME_WHEN_EQUAL = {"EQ": True, "LE": True, "GE": True, "NE": False, "LT": False,
 
 def read_operands(op: Op) -> list[Value]:
     """The operands op's result depends on (over the reals): all of them but where its
-    arithmetic ignores some. `x * 0`, `x - x`, `x ^ x` and `x == x` read none; `select(p,
-    a, a)`, `max(a, a)` and `clamp(c, x, c)` read `a` (`c`) alone. A sum over devices of
-    `x * 0 + 1` counts them as one of `1` does."""
+    arithmetic ignores some. `x * 0`, `x - x`, `x ^ x`, `x == x` and `is_finite(x)` read
+    none; `select(p, a, a)`, `max(a, a)` and `clamp(c, x, c)` read `a` (`c`) alone. A sum
+    over devices of `x * 0 + 1` counts them as one of `1` does."""
     ops = list(op.operands)
     name = op.name
     if name == "stablehlo.multiply" and len(ops) == 2 and any(_zero_constant(v) for v in ops):
+        return []
+    if name == "stablehlo.is_finite":  # true of every real (a mask of finite losses)
         return []
     if len(ops) == 2 and ops[0] is ops[1]:
         if name in ("stablehlo.subtract", "stablehlo.xor"):
