@@ -434,6 +434,20 @@ def test_a_sum_of_a_replicated_value_over_devices_counts_them(axis, verdict):
     assert r.verdict == verdict, str(r)
 
 
+@pytest.mark.parametrize("divisor, wrong", [(2, "proved"), (64, "refuted")])
+def test_a_count_of_devices_no_rule_sees_makes_the_verdict_unknown(divisor, wrong):
+    """`psum(clip(x, 1, 1))` is the device count, by arithmetic no rule reads as such, at
+    shapes too large for the larger mesh: the pair on the reduced mesh adds, over the shrunk
+    axis, a value equal on every device (on random inputs), so neither its proof (against a
+    spec dividing by 2, proved before) nor its refutation (against 64, the right count)
+    carries over."""
+    x = jax.ShapeDtypeStruct((64 * 4096, 128), jnp.float32)
+    impl = lower(counted_mean(lambda v: jnp.clip(v, 1.0, 1.0)), x)
+    r = tv_ir.check(lower(device_mean(divisor), x), impl, time_limit=60)
+    assert r.verdict == "unknown", str(r)
+    assert r.reason.startswith(f"{wrong} on the reduced mesh, but its all_reduce"), r.reason
+
+
 def test_a_coordinate_in_arithmetic_keeps_its_axis():
     mesh = mesh_of(("data", 8))
     w = np.ones((32, 4), np.float32)

@@ -383,8 +383,18 @@ def _check_unrolled(
             found = aside.result(REAL_MESH)
         if aside.larger_mesh is whole_mesh and report.verdict == EQUIVALENT:
             larger = aside.result(LARGER_MESH)
+        if reduction is not None and reduction.reduced:
+            proved_on = (reduction.spec, reduction.impl, reduction.placement)
+        else:
+            proved_on = (mesh.spec, mesh.impl, reduced_placement(mesh))
         report = confirm_on_real_mesh(
-            report, mesh, *whole_mesh, seed=seed, found=found, larger=larger
+            report,
+            mesh,
+            *whole_mesh,
+            seed=seed,
+            found=found,
+            larger=larger,
+            reduced=proved_on,
         )
         if report.verdict == UNKNOWN and report.reason.startswith("mesh reduction"):
             options = Options(timeout, seed, progress, time_left())

@@ -132,6 +132,7 @@ def confirm_on_real_mesh(
     seed: int = 0,
     found=NOT_RUN,
     larger=NOT_RUN,
+    reduced=None,
 ):
     """A verdict on the reduced mesh, run concretely on every device of the real one when
     that fits (`runs_on_real_mesh`): a proof whose programs differ there is refuted there; a
@@ -139,7 +140,8 @@ def confirm_on_real_mesh(
     checks the real mesh as given). `found`: `differs_on_real_mesh`'s result, when it was
     computed beside the proof. Where the real mesh is too large, a proof is run on a larger
     reduced mesh instead, when that fits (`differs_on_larger_mesh`, whose result `larger`
-    is when computed beside the proof): a difference there makes it `unknown`."""
+    is when computed beside the proof): a difference there makes it `unknown`; and so does
+    a count of devices `uniform_sum` finds on `reduced`, the pair the proof was on."""
     from tv_ir.report.result import EQUIVALENT, NOT_EQUIVALENT, UNKNOWN, Report
 
     from .real_size import refuted_by_replay
@@ -147,6 +149,20 @@ def confirm_on_real_mesh(
     if report.verdict not in (EQUIVALENT, NOT_EQUIVALENT):
         return report
     if not runs_on_real_mesh(spec, impl, placement):
+        where = uniform_sum(mesh, *reduced, seed=seed) if reduced is not None else None
+        if where is not None:
+            what = "proved" if report.verdict == EQUIVALENT else "refuted"
+            out = Report(
+                UNKNOWN,
+                stats=report.stats,
+                reason=f"{what} on the reduced mesh, but its {where} adds a value equal on "
+                "every device of its groups over an axis the mesh reduction shrank (a count "
+                "of devices, which the reduced mesh has fewer of): the verdict does not carry "
+                f"over, and the real mesh ({mesh.real_mesh.devices} devices) is too large to "
+                "run; check with --whole-mesh (reduce_mesh=False)",
+            )
+            out.notes.append(out.reason)
+            return out
         if report.verdict == EQUIVALENT:
             if larger is NOT_RUN:
                 larger = differs_on_larger_mesh(mesh, spec, impl, placement, seed)
@@ -191,6 +207,53 @@ def confirm_on_real_mesh(
     )
     out.notes.append(out.reason)
     return out
+
+
+def uniform_sum(mesh: MeshReduction, spec, impl, placement, seed: int = 0) -> str | None:
+    """Where the reduced pair (on `mesh`'s reduced mesh) adds, over an axis the reduction
+    shrank, a value equal on every device of each group on random inputs (not all zero):
+    a count of those devices that no rule of the template saw (`psum(clip(x, 1, 1))`). Such
+    a sum is n x the value for n devices, so the pair on the reduced mesh is no instance of
+    the real one. Returns where, or None (also when the pair is too large to run)."""
+    from tv_ir.ir.program import elements, walk
+    from tv_ir.passes.mesh_reduction.template import generating_axes
+    from tv_ir.passes.shape_reduction.ranges import sums
+
+    from .real_size import REPLAY_LIMIT
+    from .simulate import random_inputs, run_traced_devices
+
+    small, real = mesh.reduced_mesh, mesh.real_mesh
+    shrunk = {a for a, (r, n) in enumerate(zip(small.sizes, real.sizes, strict=True)) if r < n}
+    adds = []
+    for op in walk(impl.main.body):
+        if op.name != "stablehlo.all_reduce" or not sums(op):
+            continue
+        groups = op.attrs.get("replica_groups")
+        if not isinstance(groups, np.ndarray) or groups.ndim != 2 or groups.shape[1] < 2:
+            continue
+        axes = generating_axes(small, groups, True)
+        if axes is not None and shrunk & set(axes):
+            adds.append((op, groups))
+    if not adds or elements(spec) + placement.num_devices * elements(impl) > REPLAY_LIMIT:
+        return None
+    x = random_inputs(spec.main, np.random.default_rng(seed))
+    trace = run_traced_devices(
+        impl, placement.shard_inputs(x), placement.num_replicas, placement.num_partitions
+    )
+    for op, groups in adds:
+        held = trace.values.get(op.operands[0].id)
+        if held is None:
+            continue
+        first = [np.asarray(held[g[0]]) for g in groups]
+        if not any(v.any() for v in first):
+            continue  # a sum of zeros is zero at any count
+        if all(
+            np.array_equal(v, np.asarray(held[d]), equal_nan=v.dtype.kind == "f")
+            for v, g in zip(first, groups, strict=True)
+            for d in g[1:]
+        ):
+            return f"all_reduce at {op.loc}"
+    return None
 
 
 def _on_larger_mesh(report, mesh: MeshReduction, found, sizes):
