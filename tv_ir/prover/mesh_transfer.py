@@ -149,6 +149,14 @@ def confirm_on_real_mesh(
     if report.verdict not in (EQUIVALENT, NOT_EQUIVALENT):
         return report
     if not runs_on_real_mesh(spec, impl, placement):
+        sizes = None  # the larger mesh the proof's pair ran on, if it did
+        if report.verdict == EQUIVALENT:
+            if larger is NOT_RUN:
+                larger = differs_on_larger_mesh(mesh, spec, impl, placement, seed)
+            if larger is not None:
+                differs, sizes = larger
+                if differs is not None:
+                    return _differs_on_larger_mesh(report, mesh, sizes)
         where = uniform_sum(mesh, *reduced, seed=seed) if reduced is not None else None
         if where is not None:
             what = "proved" if report.verdict == EQUIVALENT else "refuted"
@@ -163,14 +171,15 @@ def confirm_on_real_mesh(
             )
             out.notes.append(out.reason)
             return out
-        if report.verdict == EQUIVALENT:
-            if larger is NOT_RUN:
-                larger = differs_on_larger_mesh(mesh, spec, impl, placement, seed)
-            if larger is not None:
-                return _on_larger_mesh(report, mesh, *larger)
+        larger_too = (
+            f"; checked concretely on a larger reduced mesh ({_grown(mesh, sizes)}) too"
+            if sizes is not None
+            else ""
+        )
         report.notes.append(
-            f"the real mesh ({mesh.real_mesh.devices} devices) is too large to run concretely: "
-            "the verdict rests on the mesh reduction's template (docs/equivalence.md)"
+            f"the real mesh ({mesh.real_mesh.devices} devices) is too large to run concretely"
+            f"{larger_too}: the verdict rests on the mesh reduction's template "
+            "(docs/equivalence.md)"
         )
         return report
     if found is NOT_RUN:
@@ -256,29 +265,26 @@ def uniform_sum(mesh: MeshReduction, spec, impl, placement, seed: int = 0) -> st
     return None
 
 
-def _on_larger_mesh(report, mesh: MeshReduction, found, sizes):
-    """A proof on the reduced mesh, after its pair ran on a larger one (`sizes`)."""
-    from tv_ir.report.result import UNKNOWN, Report
-
-    where = ", ".join(
+def _grown(mesh: MeshReduction, sizes) -> str:
+    """The axes a larger reduced mesh grew, with their sizes there ("x: 4")."""
+    return ", ".join(
         f"{name}: {n}"
         for name, n, r in zip(mesh.real_mesh.names, sizes, mesh.reduced_mesh.sizes, strict=True)
         if n != r
     )
-    if found is None:
-        report.notes.append(
-            f"the real mesh ({mesh.real_mesh.devices} devices) is too large to run concretely; "
-            f"checked concretely on a larger reduced mesh ({where}) too: the verdict rests on "
-            "the mesh reduction's template (docs/equivalence.md)"
-        )
-        return report
+
+
+def _differs_on_larger_mesh(report, mesh: MeshReduction, sizes):
+    """A proof on the reduced mesh whose pair differs on a larger one (`sizes`)."""
+    from tv_ir.report.result import UNKNOWN, Report
+
     out = Report(
         UNKNOWN,
         stats=report.stats,
-        reason=f"proved on the reduced mesh, but on a larger one ({where}) the programs differ "
-        "on random inputs: the mesh reduction does not carry over for this pair, and the real "
-        f"mesh ({mesh.real_mesh.devices} devices) is too large to run; check with "
-        "--whole-mesh (reduce_mesh=False)",
+        reason=f"proved on the reduced mesh, but on a larger one ({_grown(mesh, sizes)}) the "
+        "programs differ on random inputs: the mesh reduction does not carry over for this "
+        f"pair, and the real mesh ({mesh.real_mesh.devices} devices) is too large to run; "
+        "check with --whole-mesh (reduce_mesh=False)",
     )
     out.notes.append(out.reason)
     return out
