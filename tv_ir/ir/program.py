@@ -248,9 +248,6 @@ def _zero_constant(v: Value) -> bool:
     return value.size > 0 and not value.any()
 
 
-SAME_WHEN_EQUAL = {"EQ": True, "LE": True, "GE": True, "NE": False, "LT": False, "GT": False}
-
-
 def read_operands(op: Op) -> list[Value]:
     """The operands op's result depends on (over the reals): all of them but where its
     arithmetic ignores some. `x * 0`, `x - x`, `x ^ x`, `x == x` and `is_finite(x)` read
@@ -263,11 +260,8 @@ def read_operands(op: Op) -> list[Value]:
     if name == "stablehlo.is_finite":  # true of every real (a mask of finite losses)
         return []
     if len(ops) == 2 and ops[0] is ops[1]:
-        if name in ("stablehlo.subtract", "stablehlo.xor"):
-            return []
-        if name == "stablehlo.compare":
-            direction = getattr(op.attrs.get("comparison_direction"), "value", None)
-            return [] if direction in SAME_WHEN_EQUAL else ops
+        if name in ("stablehlo.subtract", "stablehlo.xor", "stablehlo.compare"):
+            return []  # 0, or a real compared with itself: true (==, <=, >=) or false
         if name in ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or"):
             return ops[:1]
     if name == "stablehlo.select" and len(ops) == 3 and ops[1] is ops[2]:
