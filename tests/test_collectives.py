@@ -643,7 +643,7 @@ def test_diverging_control_flow_splitting_a_collective_group_is_unsupported() ->
     text = program(body, ["tensor<2xf32>"], ["tensor<2xf32>"], TABLES)
     with pytest.raises(Unsupported, match="differs across devices and a branch holds") as e:
         run_spmd(text, inputs(0, [(2,)]), 1, N)
-    assert "whose group [0, 4] devices [0] take and [4] do not" in str(e.value)
+    assert "whose group [0, 4]: device 0 takes and device 4 does not" in str(e.value)
     assert "hangs" in str(e.value)
 
 

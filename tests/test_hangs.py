@@ -145,7 +145,7 @@ def test_tv_check_says_the_per_device_program_hangs(tmp_path, capsys):
     assert code == 1, out
     assert out["verdict"] == "not_equivalent"
     ce = out["counterexample"]
-    assert "whose group [0, 4] devices [0] take and [4] do not" in ce["hang"]
+    assert "whose group [0, 4]: device 0 takes and device 4 does not" in ce["hang"]
     assert ce["device"] == 0 and ce["output"] is None
 
 
@@ -202,3 +202,88 @@ def test_a_suite_line_says_the_pair_hangs(tmp_path, capsys):
     line = next((x for x in out.splitlines() if " hang" in x), out)
     assert code == 1 and line.startswith("FAIL not_equivalent"), line
     assert "hangs at impl stablehlo.if" in line
+
+
+def skips_psum_on(mesh, axis: str, device: int, over: str):
+    """Every device psums over `over`, except the one at `device` along `axis` (a bug planted
+    on one device): its group waits for it forever."""
+
+    def body(x):
+        return jax.lax.cond(
+            jax.lax.axis_index(axis) == device,  # BUG: one device skips the psum
+            lambda v: v,
+            lambda v: jax.lax.pcast(jax.lax.psum(v, over), over, to="varying"),
+            x,
+        )
+
+    return jax.shard_map(body, mesh=mesh, in_specs=P(axis), out_specs=P(axis))
+
+
+def psum_blocks_of(n: int):
+    def spec(x):
+        return jnp.tile(x.reshape(n, -1).sum(0), n)
+
+    return spec
+
+
+def test_a_hang_on_device_4095_of_8192_is_named_at_its_real_device():
+    """Issue #12: the real mesh is too large to run, so the hang is found on the reduced mesh;
+    the report names the real device that skips the collective, with its coordinates, and
+    the real group (it named the reduced mesh's device ids; the check for counts of devices
+    run beside crashed on the hang)."""
+    from jax.sharding import AbstractMesh
+
+    x = jax.ShapeDtypeStruct((8192 * 64,), jnp.float32)
+    impl = skips_psum_on(AbstractMesh((8192,), ("data",)), "data", 4095, "data")
+    report = tv_ir.check(lower(psum_blocks_of(8192), x), lower(impl, x))
+    assert report.verdict == "not_equivalent", report.reason
+    assert report.mesh_reduction["devices"] == [8192, 8]
+    hang = report.counterexample.hang
+    assert "whose group [0-8191]: devices [0-4094, 4096-8191] take and device 4095 (data=4095)" \
+        " does not" in hang, hang  # fmt: skip
+    assert report.counterexample.hang_waiting == [d for d in range(8192) if d != 4095]
+    assert not any("replayed on every device of the real mesh" in n for n in report.notes)
+
+
+def test_a_hang_across_a_strided_group_names_its_devices_in_runs():
+    """A psum over "data" on a data x model mesh: each group strides the device ids; the
+    hang's devices are written as runs, not a list of 64 ids (both with the real mesh
+    replayed and with only the reduced one run)."""
+    from jax.sharding import AbstractMesh
+
+    mesh = AbstractMesh((64, 4), ("data", "model"))
+    impl = jax.shard_map(
+        lambda x: jax.lax.cond(
+            jax.lax.axis_index("data") == 37,  # BUG: one row of devices skips the psum
+            lambda v: v,
+            lambda v: jax.lax.pcast(jax.lax.psum(v, "data"), "data", to="varying"),
+            x,
+        ),
+        mesh=mesh,
+        in_specs=P("data", "model"),
+        out_specs=P("data", "model"),
+    )
+
+    def spec(x):
+        return jnp.tile(x.reshape(64, -1, x.shape[1]).sum(0), (64, 1))
+
+    for rows in (64, 64 * 512):  # the real mesh run, then too large to run
+        x = jax.ShapeDtypeStruct((rows, 8), jnp.float32)
+        report = tv_ir.check(lower(spec, x), lower(impl, x))
+        assert report.verdict == "not_equivalent", report.reason
+        ce = report.counterexample
+        group = f"whose group [{ce.device}, {ce.device + 4}, ..., {ce.device + 252}]: devices "
+        assert group in ce.hang, ce.hang
+        assert f"take and device {148 + ce.device} (data=37, model={ce.device}) does not" in ce.hang
+
+
+def test_device_ids_are_written_in_runs():
+    from tv_ir.errors import id_ranges
+
+    assert id_ranges(range(512)) == "0-511"
+    assert id_ranges([d for d in range(512) if d != 300]) == "0-299, 301-511"
+    assert id_ranges([1, 2, 4]) == "1, 2, 4"
+    assert (
+        id_ranges([d for d in range(0, 512, 4) if d != 152]) == "0, 4, ..., 148, 156, 160, ..., 508"
+    )
+    assert id_ranges([d * d for d in range(200)], limit=30) == "0, 1, 4, 9, 16, 25, 36, 49, ... (200 devices)"

@@ -144,6 +144,15 @@ class MeshReduction:
         named = self.coarse or self.real_mesh
         return device, dict(zip(named.names, named.coords(device), strict=True))
 
+    def real_devices(self, devices) -> list[int]:
+        """Every real device one of `devices` (of the reduced mesh) stands for: the runs of
+        real positions each reduced position stands for, along every axis."""
+        stands = np.ix_(
+            *(np.asarray(self._reduced_positions(a)) for a in range(len(self.real_mesh.sizes)))
+        )
+        reduced = np.ravel_multi_index(stands, self.reduced_mesh.sizes).reshape(-1)
+        return np.flatnonzero(np.isin(reduced, list(devices))).tolist()
+
     def _reduced_positions(self, axis: int) -> list[int]:
         """For each real coordinate along `axis`, the reduced coordinate standing for it."""
         r, n = self.reduced_mesh.sizes[axis], self.real_mesh.sizes[axis]

@@ -159,6 +159,8 @@ def _hang(spec: Module, impl: Module, placement, inputs: list, e: ProgramHangs):
         actual=None,
         device=device,
         hang=str(e),
+        hang_group=list(e.group),
+        hang_waiting=list(e.waiting),
     )
     if device is not None:
         ce.mesh_coords = mesh_coords(impl, device, placement.num_partitions)

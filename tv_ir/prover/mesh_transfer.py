@@ -50,7 +50,38 @@ def name_real_device(report, mesh: MeshReduction) -> None:
         f"{ce.device} ({_coords(reduced)}), which stands for device {device} "
         f"({_coords(coords)}) of the real {mesh.real_mesh.devices}"
     )
+    if ce.hang is not None and ce.hang_group:
+        _name_real_hang(ce, mesh, ce.device)
     ce.device, ce.mesh_coords = device, coords
+
+
+def _name_real_hang(ce, mesh: MeshReduction, reduced_device: int) -> None:
+    """A hang's devices, found on the reduced mesh, named by the real devices each stands
+    for (its run of them), in the real group of the real device `reduced_device` stands
+    for: the device a bug is planted on is named with its coordinates."""
+    from tv_ir.errors import renamed_devices
+
+    named = mesh.coarse or mesh.real_mesh
+
+    def name(d: int) -> str:
+        at = zip(named.names, named.coords(d), strict=True)
+        return f"device {d} ({', '.join(f'{k}={v}' for k, v in at)})"
+
+    small, real = mesh.reduced_mesh, mesh.real_mesh
+    # the axes the group does not run along: its real devices are at the representative's
+    # coordinates there (other real devices at those reduced coordinates are other groups)
+    fixed = [
+        a for a in range(len(small.sizes)) if len({small.coords(d)[a] for d in ce.hang_group}) == 1
+    ]
+    at = real.coords(mesh.real_device(reduced_device)[0])
+
+    def of_group(ids: list[int]) -> list[int]:
+        return [d for d in ids if all(real.coords(d)[a] == at[a] for a in fixed)]
+
+    group = of_group(mesh.real_devices(ce.hang_group))
+    waiting = of_group(mesh.real_devices(ce.hang_waiting))
+    ce.hang = renamed_devices(ce.hang, group, waiting, name)
+    ce.hang_group, ce.hang_waiting = group, waiting
 
 
 def runs_on_real_mesh(spec, impl, placement) -> bool:
@@ -224,12 +255,13 @@ def uniform_sum(mesh: MeshReduction, spec, impl, placement, seed: int = 0) -> st
     a count of those devices that no rule of the template saw (`psum(clip(x, 1, 1))`). Such
     a sum is n x the value for n devices, so the pair on the reduced mesh is no instance of
     the real one. Returns where, or None (also when the pair is too large to run)."""
+    from tv_ir.errors import ProgramHangs
     from tv_ir.ir.program import elements, walk
     from tv_ir.passes.mesh_reduction.template import generating_axes
     from tv_ir.passes.shape_reduction.ranges import sums
 
     from .real_size import REPLAY_LIMIT
-    from .simulate import random_inputs, run_traced_devices
+    from .simulate import Trace, random_inputs, run_traced_devices
 
     small, real = mesh.reduced_mesh, mesh.real_mesh
     shrunk = {a for a, (r, n) in enumerate(zip(small.sizes, real.sizes, strict=True)) if r < n}
@@ -246,9 +278,17 @@ def uniform_sum(mesh: MeshReduction, spec, impl, placement, seed: int = 0) -> st
     if not adds or elements(spec) + placement.num_devices * elements(impl) > REPLAY_LIMIT:
         return None
     x = random_inputs(spec.main, np.random.default_rng(seed))
-    trace = run_traced_devices(
-        impl, placement.shard_inputs(x), placement.num_replicas, placement.num_partitions
-    )
+    trace = Trace()
+    try:
+        run_traced_devices(
+            impl,
+            placement.shard_inputs(x),
+            placement.num_replicas,
+            placement.num_partitions,
+            trace=trace,
+        )
+    except ProgramHangs:
+        pass  # on these inputs the devices part ways: the sums that ran before are checked
     for op, groups in adds:
         held = trace.values.get(op.operands[0].id)
         if held is None:

@@ -356,12 +356,15 @@ def run_traced_devices(
     num_replicas: int,
     num_partitions: int,
     values: bool = True,
+    trace: Trace | None = None,
 ) -> Trace:
     """Run a per-device program on every device; values (unless `values` is False: the
-    outputs only, the devices' values held batched) and outputs are per-device lists."""
+    outputs only, the devices' values held batched) and outputs are per-device lists.
+    `trace`, when given, is filled as the run goes: a caller keeps the values computed
+    before an error (a hang) ended the run."""
     from tv_ir.semantics.interpreters.spmd import SpmdInterpreter
 
-    trace = Trace()
+    trace = Trace() if trace is None else trace
     n = num_replicas * num_partitions
 
     def hook(op, results):

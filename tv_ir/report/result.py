@@ -75,6 +75,9 @@ class Counterexample:
     # ways at a branch: `device` waits for the others): what happens instead, in one line.
     # `output`, `index`, `expected` and `actual` then say nothing (no output is produced)
     hang: str | None = None
+    # a hang's collective group and the devices of it that wait (`hang` names them)
+    hang_group: list[int] | None = None
+    hang_waiting: list[int] | None = None
 
     def what(self) -> str:
         """ "output 3 at [1, 2]", or "the implementation hangs (device 0 waits)" """

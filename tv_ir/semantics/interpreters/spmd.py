@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tv_ir.errors import BadInput, ProgramHangs, Unsupported
+from tv_ir.errors import BadInput, ProgramHangs, Unsupported, devices_clause
 from tv_ir.ir.attrs import SdySharding
 from tv_ir.ir.program import Block, Function, Module, Op, TensorType, walk
 from tv_ir.limits import CHECK_EVERY, check_time
@@ -340,7 +340,7 @@ class SpmdInterpreter:
             if split is not None:
                 decided_by = op.regions[0].block.results[0].owner
                 raise _hangs(op, "the loop predicate differs across devices and the body holds",
-                             split, decided_by)  # fmt: skip
+                             split, decided_by, self._device_name)  # fmt: skip
             if not self._agreed(op, "the loop predicate", preds):
                 return values
             values = self._region(op, 1, values)
@@ -396,8 +396,15 @@ class SpmdInterpreter:
             split = self._split_group(op, taken)
             if split is None:
                 return
-            raise _hangs(op, f"{what} {why} and a branch holds", split, op.operands[0].owner)
+            raise _hangs(
+                op, f"{what} {why} and a branch holds", split, op.operands[0].owner,
+                self._device_name,
+            )  # fmt: skip
         refuse_collective_branches(op.regions, f"{op.name}: {what}", op.loc, why)
+
+    def _device_name(self, device: int) -> str:
+        """'device 3 (x=3)', as the report names it."""
+        return device_name(self.module, device, self.grid.num_partitions)
 
     def _split_group(self, op: Op, taken: list[int]) -> tuple[Op, set, set] | None:
         """A collective in a branch whose group some of its devices take and others do not
@@ -665,18 +672,19 @@ def _write(envs: list, op: Op, results: PerDevice) -> None:
             env[v.id] = r
 
 
-def _hangs(op: Op, what: str, split: tuple, decided_by: Op | None) -> ProgramHangs:
+def _hangs(op: Op, what: str, split: tuple, decided_by: Op | None, name) -> ProgramHangs:
     """The devices of `split`'s collective group that reach it wait for the others, which
     `op`'s decision (made by `decided_by`) sent elsewhere."""
     collective, ids, waiting = split
     return ProgramHangs(
-        f"{op.name}: {what} {collective.name} at {collective.loc} whose group {sorted(ids)} "
-        f"devices {sorted(waiting)} take and {sorted(ids - waiting)} do not: those devices "
-        "would wait for the others (the program hangs)",
+        f"{op.name}: {what} {collective.name} at {collective.loc} "
+        f"{devices_clause(ids, waiting, name)}: those devices would wait for the others (the "
+        "program hangs)",
         op=op.name,
         loc=op.loc,
         sites=[(o.name, o.loc) for o in (op, collective, decided_by) if o is not None],
         waiting=sorted(waiting),
+        group=sorted(ids),
     )
 
 
