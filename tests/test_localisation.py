@@ -138,3 +138,48 @@ def test_a_search_for_the_op_that_never_ends_leaves_time_to_replay_at_real_size(
     assert r.verdict == "not_equivalent", r.reason
     assert r.counterexample.expected != r.counterexample.actual
     assert r.location.impl is None and "time limit" in r.location.note
+
+
+STAGE_FNS = [jnp.tanh, jnp.sin, lambda h: h * 2.0, jnp.cos]
+
+
+def per_stage_functions(bug: str | None):
+    """Each stage applies its own function, picked by `lax.switch` on its stage index: a
+    `case` whose branches read the data without taking it as an operand."""
+
+    def body(w, x):
+        h = x @ w[0]
+        i = jax.lax.axis_index("stage")
+        if bug == "order":
+            y = jax.lax.switch(i, [STAGE_FNS[k] for k in (0, 1, 3, 2)], h)  # ORDER
+        elif bug == "scale":
+            y = jax.lax.switch(i, STAGE_FNS, h) * 1.5  # SCALE
+        else:
+            y = jax.lax.switch(i, STAGE_FNS, h)
+        return y[None]
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("stage",))
+    return jax.shard_map(body, mesh=mesh, in_specs=(P("stage"), P()), out_specs=P("stage"))
+
+
+def stages_spec(w, x):
+    return jnp.stack([f(x @ w[k]) for k, f in enumerate(STAGE_FNS)])
+
+
+def test_a_bug_after_a_switch_on_the_stage_is_named_at_its_line() -> None:
+    """The values a `case` computes from data captured by its branches are data: the walk
+    named the whole shard_map (it read the switch's results as index arithmetic, as if
+    they came from the stage index alone)."""
+    args = [
+        jax.ShapeDtypeStruct((4, 16, 16), jnp.float32),
+        jax.ShapeDtypeStruct((8, 16), jnp.float32),
+    ]
+
+    def lower(f):
+        return jax.jit(f).lower(*args).as_text(debug_info=True)
+
+    assert tv_ir.check(lower(stages_spec), lower(per_stage_functions(None))).verdict == "equivalent"
+    for bug, op in (("order", "stablehlo.case"), ("scale", "stablehlo.multiply")):
+        r = tv_ir.check(lower(stages_spec), lower(per_stage_functions(bug)))
+        assert r.verdict == "not_equivalent", r.reason
+        assert r.location.impl.op == op and r.location.impl.line == _line(bug.upper()), str(r)

@@ -28,6 +28,7 @@ from tv_ir.ir.program import (
     Op,
     TensorType,
     Value,
+    captured,
     holds_integers,
     read_operands,
     walk,
@@ -1056,15 +1057,7 @@ class ShapeRules:
 
 def _captures(op: Op) -> bool:
     """Whether an op inside `op`'s regions reads a value defined outside them."""
-    inside = set()
-    for region in op.regions:
-        inside.update(a.id for a in region.block.args)
-        for inner in walk(region.block):
-            inside.update(r.id for r in inner.results)
-            inside.update(a.id for reg in inner.regions for a in reg.block.args)
-    read = [v for region in op.regions for inner in walk(region.block) for v in inner.operands]
-    read += [v for region in op.regions for v in region.block.results]
-    return any(v.id not in inside for v in read)
+    return bool(captured(op))
 
 
 def _rank(v: Value) -> int:

@@ -299,6 +299,27 @@ def walk(block: Block):
             yield from walk(region.block)
 
 
+def captured(op: Op) -> list[Value]:
+    """Values `op`'s regions read that are defined outside them (a `case` branch's or a
+    `while` body's use of an outer value, which StableHLO allows without passing it in)."""
+    if not op.regions:
+        return []
+    inside: set[int] = set()
+    read: list[Value] = []
+    for region in op.regions:
+        inside.update(a.id for a in region.block.args)
+        for inner in walk(region.block):
+            inside.update(r.id for r in inner.results)
+            inside.update(a.id for reg in inner.regions for a in reg.block.args)
+            read += inner.operands
+        read += region.block.results
+    out: dict[int, Value] = {}
+    for v in read:
+        if v.id not in inside:
+            out.setdefault(v.id, v)
+    return list(out.values())
+
+
 def integer_constant(v: Value) -> int | None:
     """The integer a one-element integer `stablehlo.constant` holds, else None."""
     op = v.owner

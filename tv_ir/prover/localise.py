@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tv_ir.ir.attrs import SdySharding
-from tv_ir.ir.program import Module, Op, TensorType
+from tv_ir.ir.program import Module, Op, TensorType, captured
 from tv_ir.report.result import NOT_EQUIVALENT, Counterexample, Location, OpSite, OutputResult
 from tv_ir.semantics.interpreters.mesh_coords import mesh_coords
 from tv_ir.semantics.layout import Layout
@@ -848,7 +848,9 @@ def _dependence(fn) -> tuple[set[int], set[int]]:
     device: set[int] = set()
     offsets: set[int] = set()
     for op in _execution_order(fn):
-        ids = [v.id for v in op.operands]
+        # a branch or loop body reads outer values without taking them as operands: a
+        # `case` on the stage picking a function of the data is data, not index arithmetic
+        ids = [v.id for v in op.operands] + [v.id for v in captured(op)]
         if any(i in data for i in ids):
             data.update(r.id for r in op.results)
         elif op.name in DEVICE_IDS or any(i in device for i in ids):
@@ -914,6 +916,7 @@ def _cone(value) -> set[int]:
         seen.add(v.id)
         if v.owner is not None:
             stack.extend(v.owner.operands)
+            stack.extend(captured(v.owner))
             if v.owner.name == "sdy.manual_computation" and v.owner.regions:
                 stack.extend(v.owner.regions[0].block.results)
     return seen
