@@ -835,3 +835,42 @@ def test_sizes_too_small_for_the_marked_positions_are_refused() -> None:
     assert reduce_mesh(spec, prog, placement).reduced_mesh.sizes == (8,)
     found = reduce_mesh(spec, prog, placement, sizes=(4,))
     assert not found.reduced and "too small there for its marked positions" in found.failed
+
+
+def test_a_refutation_the_larger_mesh_does_not_show_is_unknown() -> None:
+    """Where the real mesh is too large to run, a refutation on the reduced mesh is run on
+    a larger reduced mesh too, on its counterexample (blown up to the real mesh and cut to
+    the larger one) and on random inputs: if the programs agree there the mesh reduction
+    did not carry over, and the verdict is `unknown`, not a refutation replayed on the
+    reduced pair alone. Here a correct pair stands in for a reduction that went wrong: a
+    refutation of it, with inputs on which it agrees, is what such a reduction would give."""
+    from tv_ir.prover.mesh_transfer import (
+        confirm_on_real_mesh,
+        reduced_placement,
+        runs_on_real_mesh,
+    )
+    from tv_ir.report.result import Counterexample, Report
+
+    rows = jax.ShapeDtypeStruct((8192 * 2, 4), jnp.float32)
+    spec = prepare(lower(doubled, rows), "spec")
+    impl = prepare(
+        lower(doubled_rows(AbstractMesh((8192,), ("data",)), 4095, bug=False), rows), "impl"
+    )
+    placement = _boundary_placement(spec, impl, None)
+    mesh = reduce_mesh(spec, impl, placement)
+    assert mesh.reduced_mesh.sizes == (8,) and not runs_on_real_mesh(spec, impl, placement)
+    x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    ce = Counterexample(inputs={"x": x}, output=0, index=(0, 0), expected=0.0, actual=1.0, device=5)
+    report = Report("not_equivalent", counterexample=ce)
+    reduced = (mesh.spec, mesh.impl, reduced_placement(mesh))
+    out = confirm_on_real_mesh(report, mesh, spec, impl, placement, reduced=reduced)
+    assert out.verdict == "unknown", out
+    assert "refuted on the reduced mesh, but on a larger one (data: 16)" in out.reason
+
+    # the planted bug on device 4095 shows on the larger mesh too: it stays refuted
+    buggy = doubled_rows(AbstractMesh((8192,), ("data",)), 4095, bug=True)
+    r = tv_ir.check(lower(doubled, rows), lower(buggy, rows))
+    assert r.verdict == "not_equivalent", r.reason
+    assert any("checked concretely on a larger reduced mesh (data: 16)" in n for n in r.notes), (
+        r.notes
+    )

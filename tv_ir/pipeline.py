@@ -381,7 +381,7 @@ def _check_unrolled(
         found = larger = NOT_RUN
         if aside.real_mesh is whole_mesh and report.verdict in (EQUIVALENT, NOT_EQUIVALENT):
             found = aside.result(REAL_MESH)
-        if aside.larger_mesh is whole_mesh and report.verdict == EQUIVALENT:
+        if aside.larger_mesh is whole_mesh and report.verdict in (EQUIVALENT, NOT_EQUIVALENT):
             larger = aside.result(LARGER_MESH)
         if reduction is not None and reduction.reduced:
             proved_on = (reduction.spec, reduction.impl, reduction.placement)

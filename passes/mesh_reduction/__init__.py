@@ -133,16 +133,37 @@ class MeshReduction:
         """The real device a device of the reduced mesh stands for, and its coordinates: the
         first positions of each axis stand for the first, the last for the last."""
         coords = self.reduced_mesh.coords(device)
-        real = []
-        sizes = zip(coords, self.reduced_mesh.sizes, self.real_mesh.sizes, strict=True)
-        for axis, (c, r, n) in enumerate(sizes):
-            if axis in self.marks:
-                real.append(positions(n, r, self.marks[axis])[c])
-            else:
-                real.append(c if 2 * c < r else n - (r - c))
-        device = self.real_mesh.device(real)
+        device = self.real_mesh.device([self._real_position(a, c) for a, c in enumerate(coords)])
         named = self.coarse or self.real_mesh
         return device, dict(zip(named.names, named.coords(device), strict=True))
+
+    def _real_position(self, axis: int, c: int) -> int:
+        """The real coordinate reduced coordinate `c` along `axis` stands for."""
+        r, n = self.reduced_mesh.sizes[axis], self.real_mesh.sizes[axis]
+        if axis in self.marks:
+            return positions(n, r, self.marks[axis])[c]
+        return c if 2 * c < r else n - (r - c)
+
+    def picked(self, x, axes: list[tuple[int, ...]]):
+        """An argument of the spec at its real size cut to the reduced mesh: each reduced
+        device's block is the block of the real device it stands for (`blown_up`'s
+        inverse on what it makes)."""
+        import numpy as np
+
+        x = np.asarray(x)
+        for dim, ax in enumerate(axes):
+            if not ax or all(self.real_mesh.sizes[a] == self.reduced_mesh.sizes[a] for a in ax):
+                continue
+            red = [self.reduced_mesh.sizes[a] for a in ax]
+            real = [self.real_mesh.sizes[a] for a in ax]
+            tile = x.shape[dim] // int(np.prod(real))
+            blocks = []
+            for coords in np.ndindex(*red):
+                c = [self._real_position(a, k) for a, k in zip(ax, coords, strict=True)]
+                b = int(np.ravel_multi_index(c, real))
+                blocks.append(np.take(x, range(b * tile, (b + 1) * tile), axis=dim))
+            x = np.concatenate(blocks, axis=dim)
+        return x
 
     def real_devices(self, devices) -> list[int]:
         """Every real device one of `devices` (of the reduced mesh) stands for: the runs of

@@ -188,6 +188,17 @@ def confirm_on_real_mesh(
                 differs, sizes = larger
                 if differs is not None:
                     return _differs_on_larger_mesh(report, mesh, sizes)
+        elif report.verdict == NOT_EQUIVALENT:
+            if larger is NOT_RUN:
+                larger = differs_on_larger_mesh(mesh, spec, impl, placement, seed)
+            if (
+                larger is not None
+                and larger[0] is None
+                and not _counterexample_differs_on_larger_mesh(report, mesh, spec, impl, placement)
+            ):
+                return _agrees_on_larger_mesh(report, mesh, larger[1])
+            if larger is not None:
+                sizes = larger[1]
         where = uniform_sum(mesh, *reduced, seed=seed) if reduced is not None else None
         if where is not None:
             what = "proved" if report.verdict == EQUIVALENT else "refuted"
@@ -325,6 +336,54 @@ def _differs_on_larger_mesh(report, mesh: MeshReduction, sizes):
         "programs differ on random inputs: the mesh reduction does not carry over for this "
         f"pair, and the real mesh ({mesh.real_mesh.devices} devices) is too large to run; "
         "check with --whole-mesh (reduce_mesh=False)",
+    )
+    out.notes.append(out.reason)
+    return out
+
+
+def _counterexample_differs_on_larger_mesh(report, mesh: MeshReduction, spec, impl, placement):
+    """Whether the reduced counterexample, blown up to the real mesh and cut to the larger
+    reduced one (`larger_sizes`), still shows a difference there (True when it cannot be
+    carried there: nothing then says it does not)."""
+    from .localise import differs
+
+    ce = report.counterexample
+    sizes = larger_sizes(mesh)
+    if ce is None or sizes is None or len(ce.inputs) != len(mesh.arg_axes):
+        return True
+    found = reduce_mesh(spec, impl, placement, sizes=sizes)
+    if not found.reduced:
+        return True
+    try:
+        inputs = [
+            found.picked(mesh.blown_up(x, axes), axes) if axes else x
+            for x, axes in zip(ce.inputs.values(), mesh.arg_axes, strict=True)
+        ]
+        if any(
+            getattr(x, "shape", None) != tuple(t.shape)
+            for x, t in zip(inputs, found.spec.main.arg_types, strict=True)
+        ):
+            return True
+    except (ValueError, IndexError):
+        return True
+    from tv_ir.passes import dce
+
+    pair = (dce.run(found.spec), dce.run(found.impl), reduced_placement(found))
+    return differs(*pair, inputs, outputs_first=False)
+
+
+def _agrees_on_larger_mesh(report, mesh: MeshReduction, sizes):
+    """A refutation on the reduced mesh whose pair agrees on a larger one (`sizes`), on the
+    same counterexample and on random inputs."""
+    from tv_ir.report.result import UNKNOWN, Report
+
+    out = Report(
+        UNKNOWN,
+        stats=report.stats,
+        reason=f"refuted on the reduced mesh, but on a larger one ({_grown(mesh, sizes)}) the "
+        "programs agree on the same counterexample and on random inputs: the mesh reduction "
+        f"does not carry over for this pair, and the real mesh ({mesh.real_mesh.devices} "
+        "devices) is too large to run; check with --whole-mesh (reduce_mesh=False)",
     )
     out.notes.append(out.reason)
     return out
