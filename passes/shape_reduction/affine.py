@@ -113,7 +113,7 @@ def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
         found = _fit(u, values, needs)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
-    if best is not None and max(best[1].at(n) for n in needs) <= 32:
+    if best is not None and max(best[1].at(n) for n in needs) <= 64:
         return best[1]
     # none, or a small unit (52 for 2080 keys beside a top 48): two units may do better
     two = _two_units(values, needs)

@@ -50,6 +50,7 @@ from .ranges import (
     sums,
     zeros_and_ones,
 )
+from .windows import cumulative, whole_window
 
 # elementwise ops without attributes: two with the same operands are the same value
 SAME_FORM = {
@@ -367,6 +368,11 @@ class ClassCounts(Counts):
         if op.name == "stablehlo.reduce" and sums(op) and self.counted(op.operands[0]):
             kx = self.keys(op.operands[0])
             return tuple(kx[a] for a in op.attrs["dimensions"])
+        if op.name == "stablehlo.reduce_window" and sums(op) and self.counted(op.operands[0]):
+            # a running count (`cumsum` of a mask, or XLA's partitioned form of it): it
+            # counts along each dimension its windows fold whole
+            kx = self.keys(op.operands[0])
+            return tuple(kx[a] for a in range(len(kx)) if cumulative(op, a) or whole_window(op, a))
         if op.name == "stablehlo.dot_general":
             lhs, rhs = op.operands[0], op.operands[1]
             if grows(products(self.range(lhs), self.range(rhs))):

@@ -21,6 +21,7 @@ from tv_ir.semantics.scale_symbols import symbol_value
 from .affine import Affine
 from .classes import DimClasses
 from .rules import ELEMENTWISE, Rescale
+from .windows import cumulative, whole_window, window_pads
 
 
 def table_key(value: np.ndarray) -> str:
@@ -184,6 +185,8 @@ class Rewriter:
                 attrs[key] = tuple(self.at(x.id, a, p) for a, p in enumerate(attrs[key]))
         elif name == "dynamic_slice":
             attrs["slice_sizes"] = tuple(self.type_of(op.results[0]).shape)
+        elif name == "reduce_window":
+            attrs.update(self.cumulative_windows(op))
         elif name == "convolution":
             attrs.update(self.group_counts(op))
             attrs.update(self.outer_padding(op))
@@ -195,6 +198,33 @@ class Rewriter:
                 for a, (size, n) in enumerate(zip(attrs["slice_sizes"], x.type.shape, strict=True))
             )
         return attrs
+
+    def cumulative_windows(self, op: Op) -> dict:
+        """A reduce_window's window and padding at the reduced size of its dimensions that
+        fold the whole dimension (`windows.cumulative`, `windows.whole_window`)."""
+        x = op.operands[0]
+        rank = len(x.type.shape)
+        cum = [a for a in range(rank) if cumulative(op, a)]
+        whole = [a for a in range(rank) if whole_window(op, a)]
+        if not cum and not whole:
+            return {}
+        reduced = self.type_of(x).shape
+        window = list(op.attrs["window_dimensions"])
+        pads = window_pads(op).copy()
+        for a in cum:
+            window[a] = reduced[a]
+            pads[a] = (reduced[a] - 1, 0) if pads[a, 0] else (0, reduced[a] - 1)
+        for a in whole:
+            window[a] = self.at(x.id, a, window[a])
+            pads[a] = [self.at(x.id, a, int(p)) for p in pads[a]]
+        out = {"window_dimensions": tuple(window)}
+        padding = op.attrs.get("padding")
+        if padding is not None:
+            padding = np.asarray(padding)
+            out["padding"] = pads.reshape(padding.shape).astype(padding.dtype)
+        elif pads.any():
+            raise AssertionError(f"reduce_window at {op.loc}: padding from none")
+        return out
 
     def group_counts(self, op: Op) -> dict:
         """A convolution's group counts at the reduced sizes: the groups are a class of their

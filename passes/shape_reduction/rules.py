@@ -44,6 +44,7 @@ from .layer_stacks import MIN_LAYERS, LayerLoop, invariant_integers, layer_loop,
 from .per_device import PerDevice, batched, combinations, results, stacked_results, table_rows
 from .ranges import sums
 from .sorts import sort_rule
+from .windows import cumulative, whole_window
 
 ELEMENTWISE = {
     "stablehlo." + n
@@ -783,6 +784,12 @@ class ShapeRules:
         for a in range(rank):
             trivial = (window[a], strides[a], base[a], dilation[a]) == (1, 1, 1, 1)
             trivial = trivial and not pads[a].any()
+            if op.name == "stablehlo.reduce_window" and cumulative(op, a):
+                trivial = True  # a prefix (suffix) over the whole dimension, at any size
+            elif op.name == "stablehlo.reduce_window" and whole_window(op, a):
+                trivial = True  # windows of the class's size: window and pads rescale
+                for n in (window[a], *pads[a]):
+                    self.d.divides(first[a], int(n))
             for v in tensors:
                 if trivial:
                     self.d.tie(first[a], self.keys(v)[a])

@@ -130,6 +130,17 @@ def reduce_window(ctx, *operands):
     out = [max(o, 0) for o in out]
     if 0 in out:
         return [np.broadcast_to(i, out).copy() for i in inits]
+    kind = reducer_kind(ctx) if n == 1 else None
+    if kind is not None:  # each window's elements on trailing axes of a view (no copy)
+        reduction, binary = kind
+        span = [(w - 1) * d + 1 for w, d in zip(window, win_dil, strict=True)]
+        views = np.lib.stride_tricks.sliding_window_view(padded[0], span)
+        views = views[
+            tuple(slice(0, (o - 1) * s + 1, s) for o, s in zip(out, strides, strict=True))
+            + tuple(slice(None, None, d) for d in win_dil)
+        ]
+        reduced = getattr(ctx.alg, reduction)(views, tuple(range(rank, 2 * rank)))
+        return getattr(ctx.alg, binary)(np.broadcast_to(inits[0], out), reduced)
     slices = []
     for w in itertools.product(*[range(k) for k in window]):
         idx = tuple(
@@ -137,12 +148,6 @@ def reduce_window(ctx, *operands):
             for d in range(rank)
         )
         slices.append([p[idx] for p in padded])
-    kind = reducer_kind(ctx) if n == 1 else None
-    if kind is not None:
-        reduction, binary = kind
-        stacked = np.stack([s[0] for s in slices], axis=-1)
-        reduced = getattr(ctx.alg, reduction)(stacked, (rank,))
-        return getattr(ctx.alg, binary)(np.broadcast_to(inits[0], out), reduced)
     # general reducer: stack each window's elements on a last axis, fold each lane
     lanes = [np.stack([s[k] for s in slices], axis=-1) for k in range(n)]
     return fold_lanes(ctx, 0, list(inits), lanes)
