@@ -17,6 +17,7 @@ the same order, none of them empty. Why a verdict carries over: docs/equivalence
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from .classes import DimClasses, Key
@@ -65,14 +66,7 @@ class TwoUnits:
     def parts(self, n: int) -> tuple[int, int, int] | None:
         """The one (a, c, b) with |c| <= SECOND_LIMIT and |b| <= REMAINDER_LIMIT, or None
         when there is none or more than one."""
-        found = []
-        for c in range(-SECOND_LIMIT, SECOND_LIMIT + 1):
-            rest = n - c * self.unit2
-            a = (2 * rest + self.unit) // (2 * self.unit)
-            b = rest - a * self.unit
-            if abs(b) <= REMAINDER_LIMIT:
-                found.append((a, c, b))
-        return found[0] if len(found) == 1 else None
+        return _two_parts(self.unit, self.unit2, n)
 
     def at(self, n: int) -> int:
         if n < 0:
@@ -90,6 +84,20 @@ class TwoUnits:
             self.grown(),
             TwoUnits(self.unit, self.reduced, self.unit2, self.reduced2 + 1),
         ]
+
+
+@functools.lru_cache(maxsize=65536)
+def _two_parts(unit: int, unit2: int, n: int) -> tuple[int, int, int] | None:
+    """`TwoUnits.parts`, which depends on the units only (not their reduced sizes): the
+    search for reduced sizes asks it for the same numbers many times."""
+    found = []
+    for c in range(-SECOND_LIMIT, SECOND_LIMIT + 1):
+        rest = n - c * unit2
+        a = (2 * rest + unit) // (2 * unit)
+        b = rest - a * unit
+        if abs(b) <= REMAINDER_LIMIT:
+            found.append((a, c, b))
+    return found[0] if len(found) == 1 else None
 
 
 SECOND_LIMIT = 4  # the largest multiple |c| of a second unit
@@ -113,7 +121,7 @@ def affine_unit(d: DimClasses, members: list[Key]) -> Affine | None:
         found = _fit(u, values, needs)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
-    if best is not None and max(best[1].at(n) for n in needs) <= 64:
+    if best is not None and max(best[1].at(n) for n in needs) <= 32:
         return best[1]
     # none, or a small unit (52 for 2080 keys beside a top 48): two units may do better
     two = _two_units(values, needs)
