@@ -5,6 +5,7 @@
     python bench/jit_mesh_scale.py --meshes 2x4,8x4 --no-xla
     python bench/jit_mesh_scale.py --step llama-fsdp        # data x fsdp x model: 8 ... 8,192
     python bench/jit_mesh_scale.py --step llama-pipeline    # data x fsdp x stage x model
+    python bench/jit_mesh_scale.py --step cumsum            # one "data" axis: 8, 64, 512
 
 Steps (`--step`):
 - `llama`: the AdamW FSDP x TP step of examples/jax/llama_adamw_fsdp_tp.py (optax AdamW;
@@ -21,6 +22,8 @@ Steps (`--step`):
 - `llama-megatron`: the same AdamW step with data parallelism and Megatron tensor
   parallelism (parameters and moments replicated over "data"; attention heads, MLP and
   output head over "model"; 8 heads of 8);
+- `cumsum`: `jnp.cumsum` over columns split over "data" (`--meshes DATA`, 512 columns
+  per device);
 - `mlp`: one SGD step of a two-layer MLP, its weights FSDP over "data" and Megatron over
   "model", the batch over "data" (widths 128 and 256, 8 rows per "data" device).
 
@@ -206,18 +209,36 @@ def _mlp_step(mesh: dict[str, int]):
     return train_step, args, ins, (ins[0], ins[1], P())
 
 
+def _cumsum_step(mesh: dict[str, int]):
+    """(step, example args, in/out shardings) of a running sum over columns split over
+    "data" (512 per device): XLA gathers each row, pads it and slides a window of the row's
+    length over each device's stretch (docs/equivalence.md, "Kept classes")."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    def running_sum(x):
+        return jnp.cumsum(x, axis=1)
+
+    args = (jax.ShapeDtypeStruct((4, 512 * mesh["data"]), jnp.float32),)
+    return running_sum, args, (P(None, "data"),), P(None, "data")
+
+
 STEPS = {
     "llama": _step,
+    "cumsum": _cumsum_step,
     "llama-fsdp": _fsdp_step,
     "llama-megatron": _megatron_step,
     "llama-pipeline": _pipeline_step,
     "mlp": _mlp_step,
 }
 AXES = {  # the others: ("data", "model")
+    "cumsum": ("data",),
     "llama-fsdp": ("data", "fsdp", "model"),
     "llama-pipeline": ("data", "fsdp", "stage", "model"),
 }
 DEFAULT_MESHES = {
+    "cumsum": ["8", "64", "512"],
     "llama-fsdp": ["2x2x2", "4x4x4", "8x8x8", "16x16x8", "64x16x8"],
     "llama-pipeline": ["2x1x2x2", "2x2x2x2", "2x4x2x4", "8x4x2x8", "128x4x2x8"],
 }
