@@ -92,9 +92,9 @@ def test_a_solver_query_never_outlives_the_time_limit(monkeypatch) -> None:
         params.append(args[0] if args else next(iter(kwargs)))
         return real_set(self, *args, **kwargs)
 
-    def recording_backstop(ctx, cpu_s, wall_s, done):
+    def recording_backstop(ctx, cpu_s, wall_s, done, *rest):
         walls.append(wall_s)
-        return real_backstop(ctx, cpu_s, wall_s, done)
+        return real_backstop(ctx, cpu_s, wall_s, done, *rest)
 
     monkeypatch.setattr(z3.Solver, "set", recording_set)
     monkeypatch.setattr(smt, "_backstop", recording_backstop)
@@ -177,3 +177,27 @@ def test_the_memory_cap_holds_during_a_query_only(monkeypatch) -> None:
     assert smt.check_equal([(T.mul(x, y), T.add(T.mul(y, x), x))]).status == "sat"
     assert caps == ["64"]
     assert z3.get_param("memory_max_size") == "0"
+
+
+def test_no_query_for_a_moderate_model_begins_once_the_watchdog_fired(monkeypatch) -> None:
+    """A model with a large value is asked for again within bounds (`_moderate_model`):
+    those queries run under the first one's watchdog, and none begins once it has fired
+    (it interrupts once: past it they ran unbounded, 18 minutes of a 150-s limit)."""
+    import threading
+
+    from tv_ir.prover import smt
+
+    asked = []
+    monkeypatch.setattr(smt, "_model_with", lambda s, extra: asked.append(extra))
+    enc = smt._Encoder()
+    x = z3.Real("x")
+    enc.symbols[0] = x
+    s = z3.Solver()
+    s.add(x > 10**9)
+    assert s.check() == z3.sat
+    fired = threading.Event()
+    fired.set()
+    assert smt._moderate_model(s, enc, s.model(), fired) is not None
+    assert asked == []
+    smt._moderate_model(s, enc, s.model(), threading.Event())
+    assert len(asked) == 2  # not fired: both bounds tried (the stub finds no model)

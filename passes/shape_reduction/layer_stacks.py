@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tv_ir.ir.program import Op, TensorType, Value, integer_constant, walk
+from tv_ir.ir.program import Op, TensorType, Value, captured, integer_constant, walk
 
 from .classes import Key
 
@@ -55,6 +55,9 @@ class LayerLoop:
     # the counter compared with a constant K (op, constant operand, K): layer K singled out
     markers: list[tuple[Op, int, int]] = field(default_factory=list)
     aliases: list[int] = field(default_factory=list)  # state positions counting with it
+    # state positions (of any type) that change from one iteration to the next without
+    # reading data: a float counter `t = t + 1.0`, a schedule, a key split each layer
+    evolving: list[int] = field(default_factory=list)
 
     @property
     def singled_out(self) -> str | None:
@@ -63,6 +66,12 @@ class LayerLoop:
         why = [f"compares its layer index with {k} at {op.loc}" for op, _, k in self.markers]
         if self.aliases:
             why.append("carries a second layer counter")
+        if self.evolving:
+            where = ", ".join(str(j) for j in self.evolving)
+            why.append(
+                f"carries state (position {where}) that changes with each layer without "
+                "reading data (a counter in floats): its layers are not one function"
+            )
         return f"the loop at {self.loop.loc} " + " and ".join(why) if why else None
 
 
@@ -112,7 +121,62 @@ def layer_loop(loop: Op, known: dict) -> LayerLoop | str:
             return "its counter is carried in another position"
     if not out.stacks:
         return "it indexes no stacked value"
+    out.evolving = evolving_state(loop, set(ints))
     return out
+
+
+def evolving_state(loop: Op, counters: set[int]) -> list[int]:
+    """State positions (other than `counters`) whose values differ between iterations
+    without depending on data: each starts from constants and is updated from constants
+    and such positions alone, and is not passed on unchanged. Their value at iteration i
+    is a function of i, so a body reading them is not the same function at every layer:
+    layer 17 may do what layers 0 and 1 never do, and no run on random inputs need show it
+    (`where((t == 17.0) & (x[0, 0] == 3.0), 2 * h, h)`)."""
+    body = loop.regions[1].block
+    free = {j for j, v in enumerate(loop.operands) if j not in counters and _data_free(v, set())}
+    changed = True
+    while changed:  # drop positions whose update reads data (or a position that does)
+        changed = False
+        allowed = {body.args[j].id for j in free | counters}
+        for j in sorted(free):
+            if not _reads_only(body.results[j], allowed, body):
+                free.discard(j)
+                changed = True
+                break
+    return sorted(j for j in free if body.results[j] is not body.args[j])
+
+
+def _data_free(v: Value, seen: set[int]) -> bool:
+    """Whether `v` is computed from constants alone (no argument, no block argument)."""
+    if v.id in seen:
+        return True
+    seen.add(v.id)
+    op = v.owner
+    if op is None:
+        return False  # an argument: data
+    return all(_data_free(x, seen) for x in list(op.operands) + captured(op))
+
+
+def _reads_only(v: Value, allowed: set[int], block) -> bool:
+    """Whether `v`, computed in `block`, reads no block argument outside `allowed` and no
+    value from outside the loop other than constants."""
+    seen: set[int] = set()
+    todo = [v]
+    inside = {r.id for op in walk(block) for r in op.results}
+    while todo:
+        x = todo.pop()
+        if x.id in seen:
+            continue
+        seen.add(x.id)
+        if x.id in allowed:
+            continue
+        op = x.owner
+        if op is None:
+            return False  # another block argument: data
+        if x.id not in inside and not _data_free(x, set()):
+            return False
+        todo.extend(list(op.operands) + captured(op))
+    return True
 
 
 def invariant_integers(loop: Op, known: dict) -> list[int]:

@@ -378,20 +378,25 @@ def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
     s.add(z3.Or(diffs) if len(diffs) > 1 else diffs[0])
     # z3 does not always honour its limits on nonlinear queries: interrupt it past the
     # backstop (CPU seconds, so a loaded machine does not trigger it) or the time limit
-    done = threading.Event()
+    done, fired = threading.Event(), threading.Event()
     wall_s = None if left is None else max(0.01, left)
     watchdog = threading.Thread(
-        target=_backstop, args=(s.ctx, timeout_s * BACKSTOP_SLACK, wall_s, done), daemon=True
+        target=_backstop,
+        args=(s.ctx, timeout_s * BACKSTOP_SLACK, wall_s, done, fired),
+        daemon=True,
     )
     watchdog.start()
     try:
         r = s.check()
+        # the checks for a moderate model are queries too: under the same watchdog, and
+        # none begun once it has fired (it interrupts once: past it they ran unbounded, for
+        # 18 minutes of a 150-s limit on a 24-layer scan)
+        m = _moderate_model(s, enc, s.model(), fired) if r == z3.sat else None
     finally:
         done.set()
     if r == z3.unsat:
         return SmtResult("unsat")
     if r == z3.sat:
-        m = _moderate_model(s, enc, s.model())
         model = {}
         for aid, e in enc.symbols.items():
             v = m.eval(e, model_completion=True)
@@ -406,7 +411,7 @@ def _solve(enc: _Encoder, diffs: list, timeout_s: float) -> SmtResult:
 MODEL_MAGNITUDE = 2.0**20
 
 
-def _moderate_model(s, enc: _Encoder, m):
+def _moderate_model(s, enc: _Encoder, m, fired: threading.Event | None = None):
     """A model with the real symbols within MODEL_MAGNITUDE when one exists; else one with
     its large values twice as far out (`x < -1e9` for `max(x, -1e9) != x`: just below -1e9,
     float32's rounding carries x back across the threshold); else `m`. Only which
@@ -424,6 +429,8 @@ def _moderate_model(s, enc: _Encoder, m):
         [z3.And(e > -bound, e < bound) for e in reals],
         [e <= 2 * v if _to_float(v) < 0 else e >= 2 * v for e, v in large],
     ):
+        if fired is not None and fired.is_set():
+            break  # the query's time is up: the first model stands
         found = _model_with(s, extra)
         if found is not None:
             return found
@@ -442,13 +449,22 @@ def _model_with(s, extra: list):
         s.pop()
 
 
-def _backstop(ctx, cpu_s: float, wall_s: float | None, done: threading.Event) -> None:
+def _backstop(
+    ctx,
+    cpu_s: float,
+    wall_s: float | None,
+    done: threading.Event,
+    fired: threading.Event | None = None,
+) -> None:
     """Interrupt z3 once this process has spent `cpu_s` CPU seconds on the query, or
-    `wall_s` seconds have passed (the run's time limit), unless the query ended first."""
+    `wall_s` seconds have passed (the run's time limit), unless the query ended first;
+    `fired` is set when it does."""
     cpu0, t0 = time.process_time(), time.monotonic()
     while not done.wait(BACKSTOP_POLL_S):
         spent = time.process_time() - cpu0
         if spent > cpu_s or (wall_s is not None and time.monotonic() - t0 > wall_s):
+            if fired is not None:
+                fired.set()
             ctx.interrupt()
             return
 
