@@ -111,20 +111,31 @@ class MeshReduction:
         """An argument of the reduced spec at its real size: each real device's block is
         the block of the reduced device standing for it (first for first, last for last, a
         marked position for itself, the others one of their run)."""
+        stands: dict[int, list[int]] = {}
+
+        def stand(a: int, k: int) -> int:
+            if a not in stands:
+                stands[a] = self._reduced_positions(a)
+            return stands[a][k]
+
+        return self._recut(x, axes, self.reduced_mesh, self.real_mesh, stand)
+
+    def _recut(self, x, axes: list[tuple[int, ...]], source: Mesh, target: Mesh, stand):
+        """`x` with each dimension split over mesh axes `axes` cut into `target`'s blocks
+        from `source`'s: the block at coordinate k along axis a is source's block at
+        `stand(a, k)`."""
         import numpy as np
 
         x = np.asarray(x)
         for dim, ax in enumerate(axes):
             if not ax or all(self.real_mesh.sizes[a] == self.reduced_mesh.sizes[a] for a in ax):
                 continue
-            red = [self.reduced_mesh.sizes[a] for a in ax]
-            real = [self.real_mesh.sizes[a] for a in ax]
-            tile = x.shape[dim] // int(np.prod(red))
-            stands = [self._reduced_positions(a) for a in ax]
+            src = [source.sizes[a] for a in ax]
+            tile = x.shape[dim] // int(np.prod(src))
             blocks = []
-            for coords in np.ndindex(*real):
-                c = [stand[c] for stand, c in zip(stands, coords, strict=True)]
-                b = int(np.ravel_multi_index(c, red))
+            for coords in np.ndindex(*[target.sizes[a] for a in ax]):
+                c = [stand(a, k) for a, k in zip(ax, coords, strict=True)]
+                b = int(np.ravel_multi_index(c, src))
                 blocks.append(np.take(x, range(b * tile, (b + 1) * tile), axis=dim))
             x = np.concatenate(blocks, axis=dim)
         return x
@@ -148,22 +159,7 @@ class MeshReduction:
         """An argument of the spec at its real size cut to the reduced mesh: each reduced
         device's block is the block of the real device it stands for (`blown_up`'s
         inverse on what it makes)."""
-        import numpy as np
-
-        x = np.asarray(x)
-        for dim, ax in enumerate(axes):
-            if not ax or all(self.real_mesh.sizes[a] == self.reduced_mesh.sizes[a] for a in ax):
-                continue
-            red = [self.reduced_mesh.sizes[a] for a in ax]
-            real = [self.real_mesh.sizes[a] for a in ax]
-            tile = x.shape[dim] // int(np.prod(real))
-            blocks = []
-            for coords in np.ndindex(*red):
-                c = [self._real_position(a, k) for a, k in zip(ax, coords, strict=True)]
-                b = int(np.ravel_multi_index(c, real))
-                blocks.append(np.take(x, range(b * tile, (b + 1) * tile), axis=dim))
-            x = np.concatenate(blocks, axis=dim)
-        return x
+        return self._recut(x, axes, self.real_mesh, self.reduced_mesh, self._real_position)
 
     def real_devices(self, devices) -> list[int]:
         """Every real device one of `devices` (of the reduced mesh) stands for: the runs of

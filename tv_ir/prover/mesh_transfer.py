@@ -327,15 +327,23 @@ def _grown(mesh: MeshReduction, sizes) -> str:
 
 def _differs_on_larger_mesh(report, mesh: MeshReduction, sizes):
     """A proof on the reduced mesh whose pair differs on a larger one (`sizes`)."""
+    return _unknown_past_larger_mesh(
+        report, mesh, f"proved on the reduced mesh, but on a larger one ({_grown(mesh, sizes)}) "
+        "the programs differ on random inputs"
+    )  # fmt: skip
+
+
+def _unknown_past_larger_mesh(report, mesh: MeshReduction, what: str):
+    """`unknown`: what the larger mesh showed (`what`) says the reduction does not carry
+    over, and the real mesh is too large to run."""
     from tv_ir.report.result import UNKNOWN, Report
 
     out = Report(
         UNKNOWN,
         stats=report.stats,
-        reason=f"proved on the reduced mesh, but on a larger one ({_grown(mesh, sizes)}) the "
-        "programs differ on random inputs: the mesh reduction does not carry over for this "
-        f"pair, and the real mesh ({mesh.real_mesh.devices} devices) is too large to run; "
-        "check with --whole-mesh (reduce_mesh=False)",
+        reason=f"{what}: the mesh reduction does not carry over for this pair, and the real "
+        f"mesh ({mesh.real_mesh.devices} devices) is too large to run; check with "
+        "--whole-mesh (reduce_mesh=False)",
     )
     out.notes.append(out.reason)
     return out
@@ -375,18 +383,10 @@ def _counterexample_differs_on_larger_mesh(report, mesh: MeshReduction, spec, im
 def _agrees_on_larger_mesh(report, mesh: MeshReduction, sizes):
     """A refutation on the reduced mesh whose pair agrees on a larger one (`sizes`), on the
     same counterexample and on random inputs."""
-    from tv_ir.report.result import UNKNOWN, Report
-
-    out = Report(
-        UNKNOWN,
-        stats=report.stats,
-        reason=f"refuted on the reduced mesh, but on a larger one ({_grown(mesh, sizes)}) the "
-        "programs agree on the same counterexample and on random inputs: the mesh reduction "
-        f"does not carry over for this pair, and the real mesh ({mesh.real_mesh.devices} "
-        "devices) is too large to run; check with --whole-mesh (reduce_mesh=False)",
-    )
-    out.notes.append(out.reason)
-    return out
+    return _unknown_past_larger_mesh(
+        report, mesh, f"refuted on the reduced mesh, but on a larger one ({_grown(mesh, sizes)}) "
+        "the programs agree on the same counterexample and on random inputs"
+    )  # fmt: skip
 
 
 def _replayed(report, mesh: MeshReduction, spec, impl, placement):
