@@ -286,4 +286,5 @@ def test_device_ids_are_written_in_runs():
     assert (
         id_ranges([d for d in range(0, 512, 4) if d != 152]) == "0, 4, ..., 148, 156, 160, ..., 508"
     )
-    assert id_ranges([d * d for d in range(200)], limit=30) == "0, 1, 4, 9, 16, 25, 36, 49, ... (200 devices)"
+    squares = id_ranges([d * d for d in range(200)], limit=30)
+    assert squares == "0, 1, 4, 9, 16, 25, 36, 49, ... (200 devices)"
