@@ -134,15 +134,13 @@ def evolving_state(loop: Op, counters: set[int]) -> list[int]:
     (`where((t == 17.0) & (x[0, 0] == 3.0), 2 * h, h)`)."""
     body = loop.regions[1].block
     free = {j for j, v in enumerate(loop.operands) if j not in counters and _data_free(v, set())}
+    inside = {r.id for op in walk(body) for r in op.results}
     changed = True
     while changed:  # drop positions whose update reads data (or a position that does)
-        changed = False
         allowed = {body.args[j].id for j in free | counters}
-        for j in sorted(free):
-            if not _reads_only(body.results[j], allowed, body):
-                free.discard(j)
-                changed = True
-                break
+        reading = {j for j in free if not _reads_only(body.results[j], allowed, inside)}
+        free -= reading
+        changed = bool(reading)
     return sorted(j for j in free if body.results[j] is not body.args[j])
 
 
@@ -157,12 +155,12 @@ def _data_free(v: Value, seen: set[int]) -> bool:
     return all(_data_free(x, seen) for x in list(op.operands) + captured(op))
 
 
-def _reads_only(v: Value, allowed: set[int], block) -> bool:
-    """Whether `v`, computed in `block`, reads no block argument outside `allowed` and no
-    value from outside the loop other than constants."""
+def _reads_only(v: Value, allowed: set[int], inside: set[int]) -> bool:
+    """Whether `v`, computed in the loop body (whose op results are `inside`), reads no
+    block argument outside `allowed` and no value from outside the loop other than
+    constants."""
     seen: set[int] = set()
     todo = [v]
-    inside = {r.id for op in walk(block) for r in op.results}
     while todo:
         x = todo.pop()
         if x.id in seen:

@@ -769,7 +769,7 @@ class ShapeRules:
         same position of its inputs (elementwise along it: a pooling's batch and feature
         dimensions), so the dimension ties across `tensors`; any other dimension keeps its
         size. Regions that read values from outside keep everything."""
-        if _captures(op):
+        if captured(op):
             return self.keep_all(op, f"{op.short_name} at {op.loc} reading outer values")
         rank = len(op.operands[0].type.shape)
         ones = (1,) * rank
@@ -1060,11 +1060,6 @@ class ShapeRules:
 
     def rule_return(self, op: Op) -> None:
         pass
-
-
-def _captures(op: Op) -> bool:
-    """Whether an op inside `op`'s regions reads a value defined outside them."""
-    return bool(captured(op))
 
 
 def _rank(v: Value) -> int:
